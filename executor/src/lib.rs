@@ -1,0 +1,1 @@
+//! Executor: germlines, sandboxed copies and the broker that relays their egress.
