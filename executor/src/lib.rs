@@ -1,1 +1,27 @@
 //! Executor: germlines, sandboxed copies and the broker that relays their egress.
+//!
+//! A call flows: the model's Plan groups the call's destinations and consumers by view;
+//! for each group in order the germline (a data-free, sandboxed import of the release)
+//! forks one copy; the broker sets the copy up from outside (its view's items, its
+//! listeners), speaks MCP to it over the channel, relays its egress under the positional
+//! rule, stores its slot writes, labels its result, and kills it. The rules themselves are
+//! pure functions in `germline-model`; this crate is the thin shell of processes and
+//! sockets around them.
+
+pub mod confine;
+mod error;
+pub mod germline;
+pub mod inspect;
+pub mod manifest;
+pub mod outside;
+pub mod policy;
+pub mod seccomp;
+
+pub use error::ExecutorError;
+
+/// The broker's HTTP proxy port inside every copy's network namespace.
+pub const PROXY_PORT: u16 = 3128;
+/// The MCP channel port inside every copy's network namespace.
+pub const CHANNEL_PORT: u16 = 7070;
+/// The slot-write port inside every copy's network namespace.
+pub const SLOT_PORT: u16 = 7071;

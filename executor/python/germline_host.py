@@ -1,0 +1,349 @@
+"""germline's Python tool host.
+
+Runs in one of two modes:
+
+  germline  (inside the Rust-built sandbox) import the release, build its MCP server
+            object, then wait on the control socket (fd 3) for "fork" commands. Each
+            fork makes a copy in fresh user/PID/net/IPC/mount namespaces; the copy
+            connects to the broker's channel in its own network namespace, receives its
+            twin inputs and slot, and continues the server's own stdio loop there.
+  serve     (unprotected reference, `--runtime sig-pin`) the same server on real stdio.
+
+Nothing in this file is trusted: the release runs in the same interpreter and may
+rewrite any of it. Every guarantee is imposed before exec or checked from outside.
+"""
+
+import ctypes
+import hashlib
+import importlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+CONTROL_FD = 3
+CHANNEL_PORT = 7070
+SLOT_PORT = 7071
+
+
+# --- twin inputs -----------------------------------------------------------------
+# Installed before the release is imported, so `from time import time` and
+# `from datetime import datetime` in release code bind the twin-aware versions. Inactive
+# (real clock) in the germline; activated per copy with the broker's frozen values.
+
+class _Twin:
+    active = False
+    clock = 0.0
+    counter = 0
+    stream = b""
+    stream_counter = 0
+
+
+_twin = _Twin()
+_real = {
+    "time": time.time,
+    "time_ns": time.time_ns,
+    "monotonic": time.monotonic,
+    "monotonic_ns": time.monotonic_ns,
+    "perf_counter": time.perf_counter,
+    "perf_counter_ns": time.perf_counter_ns,
+    "localtime": time.localtime,
+    "gmtime": time.gmtime,
+    "ctime": time.ctime,
+    "strftime": time.strftime,
+    "urandom": os.urandom,
+}
+
+
+def _tick_ns():
+    _twin.counter += 1000
+    return int(1_000_000_000 + _twin.counter)
+
+
+def _patch_time():
+    def t():
+        return _twin.clock if _twin.active else _real["time"]()
+
+    def t_ns():
+        return int(_twin.clock * 1e9) if _twin.active else _real["time_ns"]()
+
+    def mono():
+        return _tick_ns() / 1e9 if _twin.active else _real["monotonic"]()
+
+    def mono_ns():
+        return _tick_ns() if _twin.active else _real["monotonic_ns"]()
+
+    def perf():
+        return _tick_ns() / 1e9 if _twin.active else _real["perf_counter"]()
+
+    def perf_ns():
+        return _tick_ns() if _twin.active else _real["perf_counter_ns"]()
+
+    def localtime(secs=None):
+        return _real["localtime"](t() if secs is None else secs)
+
+    def gmtime(secs=None):
+        return _real["gmtime"](t() if secs is None else secs)
+
+    def ctime(secs=None):
+        return _real["ctime"](t() if secs is None else secs)
+
+    def strftime(fmt, tt=None):
+        return _real["strftime"](fmt, localtime() if tt is None else tt)
+
+    time.time, time.time_ns = t, t_ns
+    time.monotonic, time.monotonic_ns = mono, mono_ns
+    time.perf_counter, time.perf_counter_ns = perf, perf_ns
+    time.localtime, time.gmtime, time.ctime, time.strftime = localtime, gmtime, ctime, strftime
+
+    import datetime as _dt
+
+    real_datetime = _dt.datetime
+
+    class datetime(real_datetime):
+        @classmethod
+        def now(cls, tz=None):
+            if _twin.active:
+                return cls.fromtimestamp(_twin.clock, tz)
+            return super().now(tz)
+
+        @classmethod
+        def utcnow(cls):
+            if _twin.active:
+                return cls.fromtimestamp(_twin.clock, _dt.timezone.utc).replace(tzinfo=None)
+            return super().utcnow()
+
+        @classmethod
+        def today(cls):
+            return cls.now()
+
+    datetime.__name__ = "datetime"
+    datetime.__qualname__ = "datetime"
+    _dt.datetime = datetime
+
+
+def _twin_urandom(n):
+    if not _twin.active:
+        return _real["urandom"](n)
+    out = b""
+    while len(out) < n:
+        _twin.stream_counter += 1
+        out += hashlib.sha256(_twin.stream + _twin.stream_counter.to_bytes(8, "big")).digest()
+    return out[:n]
+
+
+def _patch_random():
+    import random
+
+    os.urandom = _twin_urandom
+    random._urandom = _twin_urandom
+
+
+def _activate_twin(twin):
+    _twin.clock = float(twin["clock"])
+    _twin.counter = 0
+    _twin.stream = bytes.fromhex(twin["seed"])
+    _twin.stream_counter = 0
+    _twin.active = True
+    import random
+
+    random.seed(_twin.stream)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed(int.from_bytes(_twin.stream[:4], "big"))
+        except Exception:
+            pass
+
+
+# --- the release -----------------------------------------------------------------
+
+def _load_manifest(release_dir):
+    import tomllib
+
+    with open(os.path.join(release_dir, "germline.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _build_server(release_dir):
+    rel = _load_manifest(release_dir)["release"]
+    for p in reversed(rel.get("python_path", ["."])):
+        sys.path.insert(0, os.path.normpath(os.path.join(release_dir, p)))
+    if "factory" in rel:
+        mod, _, attr = rel["factory"].partition(":")
+        return getattr(importlib.import_module(mod), attr)()
+    mod = importlib.import_module(rel["module"])
+    return getattr(mod, rel.get("attribute", "server"))
+
+
+async def _serve_stdio(server):
+    from mcp.server.fastmcp import FastMCP
+
+    if isinstance(server, FastMCP):
+        await server.run_stdio_async()
+        return
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+def _run_server(server):
+    import anyio
+
+    anyio.run(_serve_stdio, server)
+
+
+def _preload():
+    # What every copy needs, imported once in the germline so copies don't pay for it.
+    import anyio  # noqa: F401
+    import anyio._backends._asyncio  # noqa: F401
+    import asyncio  # noqa: F401
+    import mcp.server.stdio  # noqa: F401
+    import mcp.server.fastmcp  # noqa: F401
+    import urllib.request  # noqa: F401
+    import germline_slot  # noqa: F401
+
+
+# --- forking copies --------------------------------------------------------------
+
+_CLONE_FLAGS = (
+    0x10000000  # CLONE_NEWUSER
+    | 0x20000000  # CLONE_NEWPID
+    | 0x40000000  # CLONE_NEWNET
+    | 0x08000000  # CLONE_NEWIPC
+    | 0x00020000  # CLONE_NEWNS
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x01000000  # CLONE_CHILD_SETTID
+    | signal.SIGCHLD
+)
+_SYS_clone = 56
+_SYS_gettid = 186
+
+
+def _tid_field():
+    """Address of glibc's cached tid in struct pthread, so the copy's is set by the kernel."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.pthread_self.restype = ctypes.c_void_p
+    base = libc.pthread_self()
+    tid = libc.syscall(_SYS_gettid)
+    words = (ctypes.c_int * 256).from_address(base)
+    hits = [i for i in range(256) if words[i] == tid]
+    return base + hits[0] * 4 if len(hits) == 1 else None
+
+
+def _clone(libc, ctid):
+    py = ctypes.pythonapi
+    py.PyOS_BeforeFork()
+    flags = _CLONE_FLAGS if ctid else _CLONE_FLAGS & ~0x01000000
+    pid = libc.syscall(_SYS_clone, ctypes.c_ulong(flags), None, None, ctypes.c_void_p(ctid or 0), None)
+    if pid == 0:
+        py.PyOS_AfterFork_Child()
+    else:
+        py.PyOS_AfterFork_Parent()
+    return pid
+
+
+def _connect_channel(port, budget=10.0):
+    deadline = _real["monotonic"]() + budget
+    delay = 0.0001
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.connect(("127.0.0.1", port))
+            return s
+        except OSError:
+            s.close()
+            if _real["monotonic"]() > deadline:
+                raise
+            _real_sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+
+_real_sleep = time.sleep
+
+
+def _read_line(sock, limit=64 << 20):
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise EOFError("broker closed the channel")
+        buf += chunk
+        if len(buf) > limit:
+            raise ValueError("preamble too large")
+    return bytes(buf)
+
+
+def _run_copy(server):
+    chan = _connect_channel(CHANNEL_PORT)
+    preamble = json.loads(_read_line(chan))
+    _activate_twin(preamble["twin"])
+    import germline_slot
+
+    germline_slot._attach(preamble.get("slot", {}), lambda: _connect_channel(SLOT_PORT))
+    for k, v in preamble.get("env", {}).items():
+        os.environ[k] = v
+    rfile = chan.makefile("rb")
+    wfile = chan.makefile("wb")
+    sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8", write_through=True)
+    _run_server(server)
+
+
+def germline_main(release_dir):
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    server = _build_server(release_dir)
+    _preload()
+    ctrl = socket.socket(fileno=CONTROL_FD)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ctid = _tid_field()
+    ctrl.sendall(b"ready\n")
+    while True:
+        cmd = ctrl.recv(16)
+        if not cmd:
+            os._exit(0)
+        if cmd != b"fork\n":
+            continue
+        pid = _clone(libc, ctid)
+        if pid == 0:
+            code = 0
+            try:
+                ctrl.detach()
+                os.close(CONTROL_FD)
+                _run_copy(server)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        elif pid < 0:
+            ctrl.sendall(b"error %d\n" % ctypes.get_errno())
+        else:
+            ctrl.sendall(b"forked\n")
+
+
+def serve_main(release_dir):
+    server = _build_server(release_dir)
+    _run_server(server)
+
+
+def main():
+    mode, release_dir = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if mode == "germline":
+        _patch_time()
+        _patch_random()
+        germline_main(release_dir)
+    elif mode == "serve":
+        serve_main(release_dir)
+    else:
+        raise SystemExit("usage: germline_host.py germline|serve RELEASE_DIR")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+//! The germline's irremovable sandbox, imposed by Rust before the interpreter starts
+//! (DESIGN §5).
+//!
+//! Everything here runs in the child between `fork` and `execve` of the Python tool
+//! host, so nothing the release does later can undo it: new user, mount, network, IPC,
+//! UTS and cgroup namespaces; empty tmpfs over every data root (the germline cannot even
+//! name user data); the whole mount tree read-only; Landlock (read-only allowlist,
+//! TCP only to the broker's fixed ports, signal and abstract-socket scoping); seccomp
+//! closing every inter-copy channel; no-new-privs; every capability dropped; rlimits.
+//! Copies inherit all of it at fork.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use landlock::{
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
+};
+
+use crate::seccomp::SeccompPolicy;
+use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT, SLOT_PORT};
+
+/// Per-process limits set on the germline and inherited by every copy.
+#[derive(Clone, Debug)]
+pub struct ResourceLimits {
+    /// Address-space limit in bytes (RLIMIT_AS).
+    pub memory_bytes: u64,
+    /// Processes per user namespace (RLIMIT_NPROC).
+    pub processes: u64,
+    /// CPU seconds per process (RLIMIT_CPU).
+    pub cpu_seconds: u64,
+    /// Open descriptors per process (RLIMIT_NOFILE).
+    pub open_files: u64,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            memory_bytes: 2 << 30,
+            processes: 256,
+            cpu_seconds: 60,
+            open_files: 1024,
+        }
+    }
+}
+
+/// What the germline may read and which directories it must see empty.
+#[derive(Clone, Debug, Default)]
+pub struct Confinement {
+    /// Read-only (and executable) paths: interpreter, libraries, the release, the shim.
+    pub read_only: Vec<PathBuf>,
+    /// Directories that may hold user data: shadowed by an empty tmpfs in the germline,
+    /// where the broker later mounts each copy's view.
+    pub data_roots: Vec<PathBuf>,
+    /// Process limits.
+    pub limits: ResourceLimits,
+}
+
+/// A prepared sandbox: everything that allocates is done in the parent, so the child
+/// between fork and exec only makes syscalls on ready-made buffers.
+pub struct PreparedSandbox {
+    uid_map: CString,
+    gid_map: CString,
+    data_roots: Vec<CString>,
+    ruleset: Option<RulesetCreated>,
+    seccomp: Vec<seccompiler::BpfProgram>,
+    limits: ResourceLimits,
+    control_fd: RawFd,
+}
+
+/// The Landlock ABI germline needs: V6 brings signal and abstract-socket scoping, without
+/// which copies alive at once could signal each other.
+const LANDLOCK_ABI: ABI = ABI::V6;
+
+impl Confinement {
+    /// Builds the Landlock ruleset and seccomp programs in the parent.
+    pub fn prepare(&self, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let ruleset = self.landlock_ruleset()?;
+        let seccomp = SeccompPolicy::germline().compile()?;
+        let data_roots = self
+            .data_roots
+            .iter()
+            .map(|p| cstring(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PreparedSandbox {
+            uid_map: CString::new(format!("0 {uid} 1")).map_err(|_| ExecutorError::internal("uid map"))?,
+            gid_map: CString::new(format!("0 {gid} 1")).map_err(|_| ExecutorError::internal("gid map"))?,
+            data_roots,
+            ruleset: Some(ruleset),
+            seccomp,
+            limits: self.limits.clone(),
+            control_fd,
+        })
+    }
+
+    fn landlock_ruleset(&self) -> Result<RulesetCreated, ExecutorError> {
+        let ll = |e: landlock::RulesetError| ExecutorError::Sandbox(format!("landlock: {e}"));
+        let mut rs = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessFs::from_all(LANDLOCK_ABI))
+            .map_err(ll)?
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(ll)?
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(ll)?
+            .create()
+            .map_err(ll)?;
+        let read = AccessFs::from_read(LANDLOCK_ABI);
+        for p in self.read_only.iter().chain(self.data_roots.iter()) {
+            let fd = PathFd::new(p).map_err(|e| {
+                ExecutorError::Sandbox(format!("landlock: cannot open {}: {e}", p.display()))
+            })?;
+            let access = if p.is_dir() { read } else { read & AccessFs::from_file(LANDLOCK_ABI) };
+            rs = rs.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
+        }
+        let devnull = PathFd::new("/dev/null")
+            .map_err(|e| ExecutorError::Sandbox(format!("landlock: /dev/null: {e}")))?;
+        rs = rs
+            .add_rule(PathBeneath::new(devnull, AccessFs::ReadFile | AccessFs::WriteFile))
+            .map_err(ll)?;
+        for port in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT] {
+            rs = rs.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(ll)?;
+        }
+        Ok(rs)
+    }
+}
+
+fn cstring(p: &Path) -> Result<CString, ExecutorError> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| ExecutorError::Sandbox(format!("path with NUL: {}", p.display())))
+}
+
+/// The fd number the control socket has inside the germline.
+pub const GERMLINE_CONTROL_FD: RawFd = 3;
+
+impl PreparedSandbox {
+    /// Installs the sandbox as the command's pre-exec step.
+    pub fn install(mut self, cmd: &mut Command) {
+        // SAFETY: the closure runs in the forked child before exec; it only makes syscalls
+        // on buffers prepared above (glibc keeps malloc usable in a forked child, and the
+        // Landlock call allocates nothing of note).
+        unsafe {
+            cmd.pre_exec(move || self.apply_in_child());
+        }
+    }
+
+    fn apply_in_child(&mut self) -> io::Result<()> {
+        use libc::*;
+        check(unsafe {
+            // SAFETY: plain syscall.
+            unshare(
+                CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP,
+            )
+        })?;
+        write_proc(c"/proc/self/setgroups", c"deny")?;
+        write_proc(c"/proc/self/uid_map", &self.uid_map)?;
+        write_proc(c"/proc/self/gid_map", &self.gid_map)?;
+        // SAFETY: mount syscalls on NUL-terminated strings prepared in the parent.
+        unsafe {
+            check(mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                MS_REC | MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            for root in &self.data_roots {
+                check(mount(
+                    c"germline-empty".as_ptr(),
+                    root.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                    c"size=4k,mode=0555".as_ptr().cast(),
+                ))?;
+            }
+        }
+        make_tree_read_only()?;
+        for (res, val) in [
+            (RLIMIT_AS, self.limits.memory_bytes),
+            (RLIMIT_NPROC, self.limits.processes),
+            (RLIMIT_CPU, self.limits.cpu_seconds),
+            (RLIMIT_NOFILE, self.limits.open_files),
+            (RLIMIT_CORE, 0),
+        ] {
+            let lim = rlimit { rlim_cur: val, rlim_max: val };
+            // SAFETY: valid pointer to a local rlimit.
+            check(unsafe { setrlimit(res, &lim) })?;
+        }
+        drop_capabilities()?;
+        // SAFETY: prctl with constant arguments.
+        check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
+        let ruleset = self
+            .ruleset
+            .take()
+            .ok_or_else(|| io::Error::other("sandbox applied twice"))?;
+        let status = ruleset.restrict_self().map_err(io::Error::other)?;
+        if status.ruleset != landlock::RulesetStatus::FullyEnforced {
+            return Err(io::Error::other("landlock not fully enforced"));
+        }
+        for prog in &self.seccomp {
+            seccompiler::apply_filter(prog).map_err(io::Error::other)?;
+        }
+        if self.control_fd != GERMLINE_CONTROL_FD {
+            // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
+            check(unsafe { dup2(self.control_fd, GERMLINE_CONTROL_FD) })?;
+        } else {
+            // SAFETY: clear close-on-exec so the control socket survives exec.
+            check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) })?;
+        }
+        Ok(())
+    }
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn write_proc(path: &std::ffi::CStr, value: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: open/write/close on a NUL-terminated path and a live buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let bytes = value.to_bytes();
+        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if n as usize != bytes.len() {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// Recursively read-only, nosuid, nodev; atime updates off where the kernel lets us
+/// (an inherited, locked atime setting stays: reading a shared file may then still move
+/// its atime, at most once a day under relatime).
+fn make_tree_read_only() -> io::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_NOATIME: u64 = 0x10;
+    const MOUNT_ATTR__ATIME: u64 = 0x70;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    let setattr = |set: u64, clr: u64| -> libc::c_long {
+        let attr = MountAttr { attr_set: set, attr_clr: clr, propagation: 0, userns_fd: 0 };
+        // SAFETY: mount_setattr on "/" with a correctly sized attribute struct.
+        unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                c"/".as_ptr(),
+                AT_RECURSIVE,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        }
+    };
+    if setattr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0) < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let _ = setattr(MOUNT_ATTR_NOATIME, MOUNT_ATTR__ATIME);
+    Ok(())
+}
+
+fn drop_capabilities() -> io::Result<()> {
+    // SAFETY: prctl/capset with constant arguments and local structs.
+    unsafe {
+        for cap in 0..=63 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    break;
+                }
+                return Err(e);
+            }
+        }
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let hdr = Header { version: 0x2008_0522, pid: 0 };
+        let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        if libc::syscall(libc::SYS_capset, &hdr as *const Header, data.as_ptr()) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the raw fd of a socket alive in the parent until the child has execed.
+pub fn raw(fd: &impl AsRawFd) -> RawFd {
+    fd.as_raw_fd()
+}

@@ -1,0 +1,59 @@
+//! The executor's one error type.
+
+use std::io;
+
+/// Everything that can stop a germline call, with enough context to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The release manifest is missing, malformed or inconsistent.
+    #[error("release manifest: {0}")]
+    Manifest(String),
+    /// The deployer's policy is malformed or inconsistent.
+    #[error("policy: {0}")]
+    Policy(String),
+    /// A call's input is malformed (unknown tool, unlabelled item, bad arguments).
+    #[error("call: {0}")]
+    Call(String),
+    /// Building or entering the sandbox failed.
+    #[error("sandbox: {0}")]
+    Sandbox(String),
+    /// The germline failed a check (G1 one thread, G2 no stray descriptors, G3 no shared
+    /// writable mapping, or a faked per-copy step): the release is refused.
+    #[error("germline refused ({check}): {detail}")]
+    GermlineRefused {
+        /// Which check failed: "G1", "G2", "G3", "namespaces", "children", "start".
+        check: &'static str,
+        /// What was found.
+        detail: String,
+    },
+    /// A copy failed, broke protocol or ran over its budget.
+    #[error("copy: {0}")]
+    Copy(String),
+    /// The model rejected the call's metadata.
+    #[error(transparent)]
+    Model(#[from] germline_model::ModelError),
+    /// An I/O failure, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+impl ExecutorError {
+    /// Wraps an I/O error with context.
+    pub fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> ExecutorError {
+        let context = context.into();
+        move |source| ExecutorError::Io { context, source }
+    }
+
+    pub(crate) fn internal(what: &str) -> ExecutorError {
+        ExecutorError::Sandbox(format!("internal: {what}"))
+    }
+
+    pub(crate) fn refused(check: &'static str, detail: impl Into<String>) -> ExecutorError {
+        ExecutorError::GermlineRefused { check, detail: detail.into() }
+    }
+}

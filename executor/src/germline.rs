@@ -1,0 +1,406 @@
+//! The germline process: a release's MCP server, imported once inside the sandbox, from
+//! which every copy is forked. The broker treats it as hostile (DESIGN §5): it stops the
+//! germline with SIGSTOP whenever it is not forking, checks G1–G3 from `/proc` before and
+//! after every fork, and identifies the copy and its namespaces by what the kernel shows.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::confine::{Confinement, ResourceLimits};
+use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
+use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
+
+/// The Python tool host and helper module, shipped inside the binary.
+const HOST_PY: &str = include_str!("../python/germline_host.py");
+const SLOT_PY: &str = include_str!("../python/germline_slot.py");
+
+/// Where the interpreter and shim live; everything here is read-only to the germline.
+#[derive(Clone, Debug)]
+pub struct PythonRuntime {
+    /// The interpreter to run.
+    pub python: PathBuf,
+    /// Directory holding `germline_host.py` and `germline_slot.py`.
+    pub shim_dir: PathBuf,
+    /// Paths the interpreter needs to read (prefixes, stdlib, site-packages).
+    pub read_paths: Vec<PathBuf>,
+}
+
+impl PythonRuntime {
+    /// Finds the interpreter (`GERMLINE_PYTHON`, else `python3`), asks it where it reads
+    /// from, and writes the shim into `shim_root` (content-addressed, so a tampered copy
+    /// is never reused).
+    pub fn discover(shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
+        let python = PathBuf::from(std::env::var_os("GERMLINE_PYTHON").unwrap_or_else(|| "python3".into()));
+        let out = Command::new(&python)
+            .args(["-I", "-c", "import sys,json;print(json.dumps([sys.executable,sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix]+sys.path))"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(ExecutorError::io(format!("running {}", python.display())))?;
+        if !out.status.success() {
+            return Err(ExecutorError::Sandbox(format!("{} failed: {}", python.display(), String::from_utf8_lossy(&out.stderr))));
+        }
+        let paths: Vec<String> = serde_json::from_slice(&out.stdout)
+            .map_err(|e| ExecutorError::Sandbox(format!("interpreter paths: {e}")))?;
+        let mut read: BTreeSet<PathBuf> = BTreeSet::new();
+        for p in paths.iter().filter(|p| !p.is_empty()) {
+            let pb = PathBuf::from(p);
+            if pb.exists() {
+                read.insert(pb.canonicalize().unwrap_or(pb.clone()));
+                read.insert(pb);
+            }
+        }
+        if let Ok(real) = python.canonicalize() {
+            if let Some(dir) = real.parent() {
+                read.insert(dir.to_path_buf());
+            }
+        }
+        // System libraries and configuration the interpreter and its extensions load.
+        for sys in ["/usr", "/lib", "/lib64", "/etc", "/bin", "/sbin"] {
+            if Path::new(sys).exists() {
+                read.insert(PathBuf::from(sys));
+            }
+        }
+        let shim_dir = write_shim(shim_root)?;
+        read.insert(shim_dir.clone());
+        let read_paths = fold_nested(read);
+        Ok(PythonRuntime { python, shim_dir, read_paths })
+    }
+}
+
+fn fold_nested(set: BTreeSet<PathBuf>) -> Vec<PathBuf> {
+    let all: Vec<PathBuf> = set.into_iter().collect();
+    all.iter().filter(|p| !all.iter().any(|o| o != *p && p.starts_with(o))).cloned().collect()
+}
+
+fn write_shim(root: &Path) -> Result<PathBuf, ExecutorError> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(HOST_PY);
+    h.update(SLOT_PY);
+    let dir = root.join(format!("shim-{}", &hex::encode(h.finalize())[..16]));
+    let want = [("germline_host.py", HOST_PY), ("germline_slot.py", SLOT_PY)];
+    let intact = want.iter().all(|(n, c)| std::fs::read_to_string(dir.join(n)).is_ok_and(|s| s == *c));
+    if !intact {
+        std::fs::create_dir_all(&dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+        for (n, c) in want {
+            let tmp = dir.join(format!(".{n}.tmp{}", std::process::id()));
+            std::fs::write(&tmp, c).map_err(ExecutorError::io(format!("writing {}", tmp.display())))?;
+            std::fs::rename(&tmp, dir.join(n)).map_err(ExecutorError::io("installing shim"))?;
+        }
+    }
+    Ok(dir)
+}
+
+/// How to start one germline.
+#[derive(Clone, Debug)]
+pub struct GermlineSpec {
+    /// The interpreter and shim.
+    pub runtime: PythonRuntime,
+    /// The (admitted or local) release directory.
+    pub release_dir: PathBuf,
+    /// Directories that may hold user data (shadowed by empty tmpfs in the germline).
+    pub data_roots: Vec<PathBuf>,
+    /// Limits inherited by every copy.
+    pub limits: ResourceLimits,
+    /// How long importing the release may take.
+    pub start_timeout: Duration,
+    /// Extra CA bundle path (HTTPS through the broker), read-only.
+    pub extra_read: Vec<PathBuf>,
+}
+
+/// Namespaces held by copies alive right now, across every germline of this process.
+static LIVE_COPY_NAMESPACES: Mutex<BTreeSet<NsId>> = Mutex::new(BTreeSet::new());
+
+/// A running germline.
+pub struct Germline {
+    child: Child,
+    pid: i32,
+    control: UnixStream,
+    allowed: AllowedFds,
+    namespaces: Vec<NsId>,
+    /// Time the germline took to import the release.
+    pub start_time: Duration,
+}
+
+impl Germline {
+    /// Starts the germline under its sandbox, waits for it to import the release, and
+    /// checks G1–G3. The germline is left stopped.
+    pub fn start(spec: &GermlineSpec) -> Result<Germline, ExecutorError> {
+        let t0 = Instant::now();
+        let release_dir = spec
+            .release_dir
+            .canonicalize()
+            .map_err(ExecutorError::io(format!("release directory {}", spec.release_dir.display())))?;
+        for root in &spec.data_roots {
+            if !root.is_dir() {
+                return Err(ExecutorError::Policy(format!("data root {} is not a directory", root.display())));
+            }
+        }
+        let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("control socketpair"))?;
+        let control_inode = std::fs::metadata(format!("/proc/self/fd/{}", theirs.as_raw_fd()))
+            .map(|m| m.ino())
+            .map_err(ExecutorError::io("control socket inode"))?;
+        let mut read_only = spec.runtime.read_paths.clone();
+        read_only.push(release_dir.clone());
+        read_only.extend(spec.extra_read.iter().cloned());
+        let confinement = Confinement { read_only, data_roots: spec.data_roots.clone(), limits: spec.limits.clone() };
+        let sandbox = confinement.prepare(theirs.as_raw_fd())?;
+        let mut cmd = Command::new(&spec.runtime.python);
+        cmd.arg("-I")
+            .arg(spec.runtime.shim_dir.join("germline_host.py"))
+            .arg("germline")
+            .arg(&release_dir)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("PYTHONHASHSEED", "0")
+            .current_dir(&release_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some() { Stdio::inherit() } else { Stdio::null() });
+        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+            cmd.env(var, &proxy);
+        }
+        sandbox.install(&mut cmd);
+        let child = cmd.spawn().map_err(|e| ExecutorError::refused("start", format!("could not start the germline: {e}")))?;
+        drop(theirs);
+        let pid = child.id() as i32;
+        let mut g = Germline {
+            child,
+            pid,
+            control: ours,
+            allowed: AllowedFds { control_socket_inode: control_inode },
+            namespaces: Vec::new(),
+            start_time: Duration::ZERO,
+        };
+        let line = g.read_control(spec.start_timeout).map_err(|e| {
+            ExecutorError::refused("start", format!("the release did not finish importing: {e}"))
+        })?;
+        if line != "ready" {
+            return Err(ExecutorError::refused("start", format!("unexpected message {line:?}")));
+        }
+        g.stop()?;
+        g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
+        inspect::check_germline(pid, &g.allowed)?;
+        if !inspect::live_children(pid)?.is_empty() {
+            return Err(ExecutorError::refused("children", "the germline left a process running at start"));
+        }
+        g.start_time = t0.elapsed();
+        Ok(g)
+    }
+
+    /// The germline's pid (in the broker's PID namespace).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn read_control(&mut self, timeout: Duration) -> Result<String, ExecutorError> {
+        self.control.set_read_timeout(Some(timeout)).map_err(ExecutorError::io("control timeout"))?;
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            use std::io::Read;
+            let n = (&self.control).read(&mut byte).map_err(ExecutorError::io("reading the germline's control socket"))?;
+            if n == 0 {
+                return Err(ExecutorError::refused("start", "the germline exited"));
+            }
+            if byte[0] == b'\n' {
+                break;
+            }
+            line.push(byte[0]);
+            if line.len() > 64 {
+                return Err(ExecutorError::refused("start", "oversized control message"));
+            }
+        }
+        Ok(String::from_utf8_lossy(&line).into_owned())
+    }
+
+    fn signal(&self, sig: i32) -> Result<(), ExecutorError> {
+        // SAFETY: kill on our own child's pid, which stays valid (unreaped) while `child` lives.
+        if unsafe { libc::kill(self.pid, sig) } < 0 {
+            return Err(ExecutorError::io("signalling the germline")(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), ExecutorError> {
+        self.signal(libc::SIGSTOP)?;
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            match inspect::state(self.pid)? {
+                'T' | 't' => return Ok(()),
+                'Z' | 'X' => return Err(ExecutorError::refused("start", "the germline died")),
+                _ if Instant::now() > until => return Err(ExecutorError::refused("start", "the germline did not stop")),
+                _ => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    }
+
+    /// Forks one copy: checks G1–G3, lets the germline run just long enough to fork,
+    /// stops it again, re-checks G1–G3, and identifies the copy by the kernel's view:
+    /// the germline's only live child, in fresh user, PID, network, IPC and mount
+    /// namespaces shared with nothing else alive. A germline that fails any of this is
+    /// refused, and the copy (if any) is killed before it holds data.
+    pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
+        inspect::check_germline(self.pid, &self.allowed)?;
+        // Drain anything a previous copy wrote into the inherited control socket.
+        self.control.set_nonblocking(true).map_err(ExecutorError::io("control socket"))?;
+        let mut junk = [0u8; 4096];
+        while matches!(std::io::Read::read(&mut &self.control, &mut junk), Ok(n) if n > 0) {}
+        self.control.set_nonblocking(false).map_err(ExecutorError::io("control socket"))?;
+
+        self.signal(libc::SIGCONT)?;
+        (&self.control).write_all(b"fork\n").map_err(ExecutorError::io("asking the germline to fork"))?;
+        let reply = self.read_control(Duration::from_secs(5));
+        self.stop()?;
+        let children = inspect::live_children(self.pid)?;
+        let reply = reply?;
+        if reply != "forked" {
+            kill_all(&children);
+            return Err(ExecutorError::Copy(format!("germline could not fork: {reply}")));
+        }
+        let copy_pid = match children.as_slice() {
+            [one] => *one,
+            _ => {
+                kill_all(&children);
+                return Err(ExecutorError::refused("children", format!("{} live children after fork, expected 1", children.len())));
+            }
+        };
+        let pidfd = pidfd_open(copy_pid)?;
+        let fail = |e: ExecutorError| {
+            let _ = pidfd_kill(&pidfd);
+            e
+        };
+        inspect::check_germline(self.pid, &self.allowed).map_err(fail)?;
+        if inspect::parent(copy_pid).map_err(fail)? != self.pid {
+            return Err(fail(ExecutorError::refused("children", "the copy is not the germline's child")));
+        }
+        let mut ns = Vec::new();
+        for (i, kind) in COPY_NAMESPACES.iter().enumerate() {
+            let id = inspect::namespace(copy_pid, kind).map_err(fail)?;
+            if id == self.namespaces[i] {
+                return Err(fail(ExecutorError::refused("namespaces", format!("the copy shares the germline's {kind} namespace"))));
+            }
+            ns.push(id);
+        }
+        {
+            let mut live = LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner());
+            if ns.iter().any(|id| live.contains(id)) {
+                return Err(fail(ExecutorError::refused("namespaces", "the copy shares a namespace with a live copy")));
+            }
+            live.extend(ns.iter().copied());
+        }
+        Ok(CopyProcess { pid: copy_pid, pidfd, namespaces: ns })
+    }
+}
+
+impl Drop for Germline {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.signal(libc::SIGCONT);
+        let _ = self.child.wait();
+    }
+}
+
+fn kill_all(pids: &[i32]) {
+    for p in pids {
+        if let Ok(fd) = pidfd_open(*p) {
+            let _ = pidfd_kill(&fd);
+        }
+    }
+}
+
+fn pidfd_open(pid: i32) -> Result<OwnedFd, ExecutorError> {
+    // SAFETY: pidfd_open returns a new descriptor we take ownership of.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(ExecutorError::io(format!("pidfd_open({pid})"))(std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn pidfd_kill(fd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: signalling through a pidfd we own.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, 0, 0) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// One live copy, held by a pidfd so a recycled pid can never be mistaken for it.
+pub struct CopyProcess {
+    /// The copy's pid in the broker's PID namespace.
+    pub pid: i32,
+    pidfd: OwnedFd,
+    namespaces: Vec<NsId>,
+}
+
+impl CopyProcess {
+    /// Kills the copy; as PID 1 of its PID namespace, every descendant dies with it.
+    /// Waits (bounded) until the kernel reports it gone.
+    pub fn kill(&self) -> Result<(), ExecutorError> {
+        pidfd_kill(&self.pidfd).map_err(ExecutorError::io("killing a copy"))?;
+        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one pidfd we own.
+        let rc = unsafe { libc::poll(&mut pfd, 1, 5000) };
+        if rc <= 0 {
+            return Err(ExecutorError::Copy("copy did not die within 5 s of SIGKILL".into()));
+        }
+        Ok(())
+    }
+
+    /// A handle that can kill this copy from another thread (the deadline watchdog).
+    pub fn killer(&self) -> Result<CopyKiller, ExecutorError> {
+        let fd = self.pidfd.try_clone().map_err(ExecutorError::io("duplicating pidfd"))?;
+        Ok(CopyKiller(fd))
+    }
+
+    /// The copy's network namespace identity.
+    pub fn net_namespace(&self) -> NsId {
+        self.namespaces[2]
+    }
+
+    /// The copy's PID namespace identity (all its descendants live there).
+    pub fn pid_namespace(&self) -> NsId {
+        self.namespaces[1]
+    }
+}
+
+impl Drop for CopyProcess {
+    fn drop(&mut self) {
+        let _ = self.kill();
+        let mut live = LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner());
+        for id in &self.namespaces {
+            live.remove(id);
+        }
+    }
+}
+
+/// Kills a copy from another thread.
+pub struct CopyKiller(OwnedFd);
+
+impl CopyKiller {
+    /// Sends SIGKILL to the copy.
+    pub fn kill(&self) {
+        let _ = pidfd_kill(&self.0);
+    }
+}
+
+/// The port a copy's channel connects to (for tests and docs).
+pub const fn channel_port() -> u16 {
+    CHANNEL_PORT
+}

@@ -1,0 +1,192 @@
+//! Facts about a process that the kernel vouches for, read from `/proc` by the broker:
+//! the germline checks G1–G3, namespace identities and children (DESIGN §2, A2).
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use crate::ExecutorError;
+
+/// Identity of one namespace (device and inode of `/proc/PID/ns/KIND`).
+pub type NsId = (u64, u64);
+
+/// The namespace kinds every copy must have fresh.
+pub const COPY_NAMESPACES: [&str; 5] = ["user", "pid", "net", "ipc", "mnt"];
+
+/// Reads the identity of namespace `kind` of `pid`.
+pub fn namespace(pid: i32, kind: &str) -> Result<NsId, ExecutorError> {
+    let m = fs::metadata(format!("/proc/{pid}/ns/{kind}"))
+        .map_err(ExecutorError::io(format!("reading namespace {kind} of {pid}")))?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// The process state letter from `/proc/PID/stat` (R, S, T, Z, ...).
+pub fn state(pid: i32) -> Result<char, ExecutorError> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/stat")))?;
+    // The command name may contain spaces and parentheses: the state follows the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    rest.trim_start().chars().next().ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
+}
+
+/// The parent pid from `/proc/PID/stat`.
+pub fn parent(pid: i32) -> Result<i32, ExecutorError> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/stat")))?;
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    rest.split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
+}
+
+/// Live (non-zombie) children of every thread of `pid`, as pids in our namespace.
+pub fn live_children(pid: i32) -> Result<Vec<i32>, ExecutorError> {
+    let mut out = Vec::new();
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(ExecutorError::io(format!("listing threads of {pid}")))?;
+    for t in tasks.flatten() {
+        let path = t.path().join("children");
+        let Ok(s) = fs::read_to_string(&path) else { continue };
+        for c in s.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+            if state(c).map(|s| s != 'Z' && s != 'X').unwrap_or(false) {
+                out.push(c);
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// What a germline may hold open (G2).
+pub struct AllowedFds {
+    /// Inode of the germline's end of its control socket.
+    pub control_socket_inode: u64,
+}
+
+/// G1: exactly one thread.
+pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/status")))?;
+    let threads = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .ok_or_else(|| ExecutorError::refused("G1", "no thread count in /proc status"))?;
+    if threads != 1 {
+        return Err(ExecutorError::refused("G1", format!("{threads} threads, expected 1")));
+    }
+    Ok(())
+}
+
+/// G2: no descriptor but the control socket, /dev/null and read-only regular files.
+pub fn check_g2(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
+    let dir = format!("/proc/{pid}/fd");
+    let entries = fs::read_dir(&dir).map_err(ExecutorError::io(format!("listing {dir}")))?;
+    for e in entries {
+        let e = e.map_err(ExecutorError::io(format!("listing {dir}")))?;
+        let fd = e.file_name().to_string_lossy().into_owned();
+        let target = fs::read_link(e.path())
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "?".into());
+        if target == format!("socket:[{}]", allowed.control_socket_inode) || target == "/dev/null" {
+            continue;
+        }
+        let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("flags:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            });
+        let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
+        let regular = fs::metadata(e.path()).map(|m| m.file_type().is_file()).unwrap_or(false);
+        let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
+        if !(read_only && regular && !anonymous) {
+            return Err(ExecutorError::refused(
+                "G2",
+                format!("descriptor {fd} -> {target} is not the control socket, /dev/null or a read-only file"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// G3: no shared writable mapping, and no shared mapping of anything that could be made
+/// writable later (shared anonymous memory, memfd, SysV segments, deleted files).
+pub fn check_g3(pid: i32) -> Result<(), ExecutorError> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/maps")))?;
+    for line in maps.lines() {
+        let mut parts = line.split_whitespace();
+        let (range, perms) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let path = parts.nth(3).unwrap_or("");
+        let shared = perms.as_bytes().get(3) == Some(&b's');
+        if !shared {
+            continue;
+        }
+        let writable = perms.as_bytes().get(1) == Some(&b'w');
+        let anonymous = path.is_empty()
+            || path.starts_with("/dev/zero")
+            || path.starts_with("/memfd:")
+            || path.starts_with("/SYSV")
+            || line.ends_with("(deleted)");
+        if writable || anonymous {
+            return Err(ExecutorError::refused("G3", format!("shared mapping {range} {perms} {path}")));
+        }
+    }
+    Ok(())
+}
+
+/// G1–G3 together.
+pub fn check_germline(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
+    check_g1(pid)?;
+    check_g2(pid, allowed)?;
+    check_g3(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_test_process_fails_g1_and_reads_state() {
+        // The test harness is multi-threaded: G1 must say so.
+        let me = std::process::id() as i32;
+        let t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
+        let err = check_g1(me).unwrap_err().to_string();
+        assert!(err.contains("G1"), "{err}");
+        t.join().unwrap();
+        assert!(matches!(state(me).unwrap(), 'R' | 'S'));
+        assert_eq!(parent(me).unwrap(), std::os::unix::process::parent_id() as i32);
+    }
+
+    #[test]
+    fn g2_flags_a_pipe() {
+        let me = std::process::id() as i32;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 into a local array.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let err = check_g2(me, &AllowedFds { control_socket_inode: 0 }).unwrap_err().to_string();
+        assert!(err.contains("G2"), "{err}");
+        // SAFETY: closing the descriptors just made.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+    }
+
+    #[test]
+    fn g3_flags_shared_writable_memory() {
+        let me = std::process::id() as i32;
+        // SAFETY: anonymous shared mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let err = check_g3(me).unwrap_err().to_string();
+        // SAFETY: unmapping what was mapped above.
+        unsafe { libc::munmap(p, 4096) };
+        assert!(err.contains("G3"), "{err}");
+    }
+}

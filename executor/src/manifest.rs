@@ -1,0 +1,182 @@
+//! The release manifest (`germline.toml`, signed with the release): what the release
+//! declares about itself. Parsed once into typed form; anything unknown is an error so a
+//! typo cannot silently widen what a tool may do.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use germline_model::HostName;
+use serde::Deserialize;
+
+use crate::ExecutorError;
+
+/// The manifest's file name at the root of a release directory.
+pub const MANIFEST_FILE: &str = "germline.toml";
+
+/// A parsed release manifest.
+#[derive(Clone, Debug)]
+pub struct Manifest {
+    /// Release name.
+    pub name: String,
+    /// Release version.
+    pub version: String,
+    /// How the tool host builds the server.
+    pub entry: Entry,
+    /// Directories (relative to the release root) put on `sys.path`.
+    pub python_path: Vec<PathBuf>,
+    /// Release-wide determinism declaration.
+    pub deterministic: bool,
+    /// Per-tool declarations.
+    pub tools: BTreeMap<String, ToolDecl>,
+}
+
+/// How the server object is made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `module:callable` returning the server (built once, in the germline).
+    Factory(String),
+    /// A module with a server attribute.
+    Module {
+        /// Module name.
+        module: String,
+        /// Attribute holding the server.
+        attribute: String,
+    },
+}
+
+/// What the manifest declares for one tool.
+#[derive(Clone, Debug, Default)]
+pub struct ToolDecl {
+    /// Declared destination hosts.
+    pub hosts: Vec<HostName>,
+    /// An argument whose value (a URL or host name) names a further destination.
+    pub host_argument: Option<String>,
+    /// Paths the tool reads.
+    pub read_paths: Vec<String>,
+    /// Per-tool determinism declaration (falls back to the release's).
+    pub deterministic: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    release: RawRelease,
+    #[serde(default)]
+    tools: BTreeMap<String, RawTool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRelease {
+    name: String,
+    version: String,
+    runtime: String,
+    factory: Option<String>,
+    module: Option<String>,
+    attribute: Option<String>,
+    #[serde(default)]
+    python_path: Vec<String>,
+    #[serde(default)]
+    deterministic: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    #[serde(default)]
+    hosts: Vec<String>,
+    host_argument: Option<String>,
+    #[serde(default)]
+    read_paths: Vec<String>,
+    deterministic: Option<bool>,
+}
+
+impl Manifest {
+    /// Reads and validates `DIR/germline.toml`.
+    pub fn load(release_dir: &Path) -> Result<Manifest, ExecutorError> {
+        let path = release_dir.join(MANIFEST_FILE);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ExecutorError::Manifest(format!("{}: {e}", path.display())))?;
+        Self::parse(&text)
+    }
+
+    /// Parses manifest text.
+    pub fn parse(text: &str) -> Result<Manifest, ExecutorError> {
+        let raw: RawManifest = toml::from_str(text).map_err(|e| ExecutorError::Manifest(e.to_string()))?;
+        let r = raw.release;
+        let name_ok = |s: &str| {
+            !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        };
+        if !name_ok(&r.name) {
+            return Err(ExecutorError::Manifest(format!("release name {:?} must be [a-z0-9._-]+", r.name)));
+        }
+        if r.runtime != "python" {
+            return Err(ExecutorError::Manifest(format!("runtime {:?} is not supported (only \"python\")", r.runtime)));
+        }
+        let entry = match (r.factory, r.module) {
+            (Some(f), None) if f.contains(':') => Entry::Factory(f),
+            (Some(f), None) => return Err(ExecutorError::Manifest(format!("factory {f:?} must be module:callable"))),
+            (None, Some(m)) => Entry::Module { module: m, attribute: r.attribute.unwrap_or_else(|| "server".into()) },
+            (Some(_), Some(_)) => return Err(ExecutorError::Manifest("give factory or module, not both".into())),
+            (None, None) => return Err(ExecutorError::Manifest("give factory or module".into())),
+        };
+        let mut python_path = Vec::new();
+        for p in r.python_path {
+            let pb = PathBuf::from(&p);
+            if pb.is_absolute() || pb.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+                return Err(ExecutorError::Manifest(format!("python_path {p:?} must stay inside the release")));
+            }
+            python_path.push(pb);
+        }
+        let mut tools = BTreeMap::new();
+        for (name, t) in raw.tools {
+            let hosts = t
+                .hosts
+                .iter()
+                .map(|h| HostName::new(h).map_err(|e| ExecutorError::Manifest(format!("tool {name}: {e}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            tools.insert(
+                name,
+                ToolDecl { hosts, host_argument: t.host_argument, read_paths: t.read_paths, deterministic: t.deterministic },
+            );
+        }
+        Ok(Manifest { name: r.name, version: r.version, entry, python_path, deterministic: r.deterministic, tools })
+    }
+
+    /// The declaration for `tool`; a tool the manifest does not declare has no
+    /// destinations (it can still run; every egress is denied).
+    pub fn tool(&self, tool: &str) -> ToolDecl {
+        self.tools.get(tool).cloned().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects() {
+        let m = Manifest::parse(
+            r#"
+            [release]
+            name = "ocr"
+            version = "1.0.0"
+            runtime = "python"
+            factory = "ocr_server:create_server"
+            python_path = ["src"]
+            [tools.scan]
+            hosts = ["ocr.example"]
+            read_paths = ["/data/**"]
+            deterministic = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(m.tool("scan").hosts[0].as_str(), "ocr.example");
+        assert_eq!(m.tool("other").hosts.len(), 0);
+        let bad = |s: &str| Manifest::parse(s).unwrap_err().to_string();
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='node'\nmodule='m'").contains("runtime"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\nsurprise=1").contains("surprise"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\npython_path=['../x']").contains("inside"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\n[tools.t]\nhosts=['Evil:80']").contains("host"));
+    }
+}

@@ -1,0 +1,295 @@
+//! Per-copy steps imposed from outside the copy (DESIGN §5): the broker never trusts the
+//! germline to have set up a copy; it enters the copy's fresh namespaces itself.
+//!
+//! A short-lived helper process, forked from the broker, enters the copy's user, network
+//! and mount namespaces; maps the copy's ids; brings its loopback up; opens the broker's
+//! listeners there (proxy, MCP channel, slot), so a connection accepted on one of them
+//! provably came from that copy's network namespace; mounts a fresh tmpfs over each data
+//! root holding exactly the copy's view (empty files for out-of-view items), read-only;
+//! and passes the listeners back over a socketpair. The helper is forked because
+//! `setns(2)` into a user namespace needs a single-threaded caller; everything it uses is
+//! prepared before the fork, so the child only makes syscalls.
+
+use std::ffi::CString;
+use std::io;
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT, SLOT_PORT};
+
+/// A file the copy will find at `path`: the item's contents if it is in the copy's view,
+/// otherwise empty.
+#[derive(Clone, Debug)]
+pub struct CopyFile {
+    /// Absolute path (under one of the data roots).
+    pub path: PathBuf,
+    /// Contents the copy may see.
+    pub contents: Vec<u8>,
+}
+
+/// The broker's three listeners inside a copy's network namespace.
+pub struct CopyListeners {
+    /// HTTP proxy: the copy's only way out.
+    pub proxy: TcpListener,
+    /// MCP channel: the copy's stdio.
+    pub channel: TcpListener,
+    /// Slot writes.
+    pub slot: TcpListener,
+}
+
+struct Prepared {
+    ns_user: CString,
+    ns_net: CString,
+    ns_mnt: CString,
+    setgroups: CString,
+    uid_map_path: CString,
+    gid_map_path: CString,
+    roots: Vec<CString>,
+    dirs: Vec<CString>,
+    files: Vec<(CString, Vec<u8>)>,
+    tmpfs_opts: CString,
+}
+
+/// Sets up the copy `pid` from outside and returns the listeners in its network namespace.
+pub fn prepare_copy(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<CopyListeners, ExecutorError> {
+    let p = prepare(pid, data_roots, files)?;
+    let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
+    // SAFETY: the child only performs syscalls on buffers prepared above and exits with
+    // _exit; it never returns into Rust code of the parent.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(ExecutorError::io("forking the set-up helper")(io::Error::last_os_error()));
+    }
+    if child == 0 {
+        let code = match child_main(&p, theirs.as_raw_fd()) {
+            Ok(()) => 0,
+            Err((step, errno)) => {
+                let msg = [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8];
+                // SAFETY: write of a local buffer to an open socket.
+                unsafe { libc::write(theirs.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+                1
+            }
+        };
+        // SAFETY: leave without running destructors or atexit handlers of the parent.
+        unsafe { libc::_exit(code) };
+    }
+    drop(theirs);
+    let result = receive_listeners(&ours);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    result
+}
+
+fn prepare(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepared, ExecutorError> {
+    let c = |s: String| CString::new(s).map_err(|_| ExecutorError::internal("NUL in path"));
+    let cp = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| ExecutorError::Call(format!("NUL in {}", p.display())));
+    let mut dirs = Vec::new();
+    let mut out_files = Vec::new();
+    let mut total = 0usize;
+    for f in files {
+        let root = data_roots
+            .iter()
+            .find(|r| f.path.starts_with(r))
+            .ok_or_else(|| ExecutorError::Call(format!("item {} is under no data root", f.path.display())))?;
+        let mut d = f.path.parent();
+        let mut chain = Vec::new();
+        while let Some(dir) = d {
+            if dir == root.as_path() {
+                break;
+            }
+            chain.push(dir.to_path_buf());
+            d = dir.parent();
+        }
+        for dir in chain.into_iter().rev() {
+            let cd = cp(&dir)?;
+            if !dirs.contains(&cd) {
+                dirs.push(cd);
+            }
+        }
+        total += f.contents.len();
+        out_files.push((cp(&f.path)?, f.contents.clone()));
+    }
+    Ok(Prepared {
+        ns_user: c(format!("/proc/{pid}/ns/user"))?,
+        ns_net: c(format!("/proc/{pid}/ns/net"))?,
+        ns_mnt: c(format!("/proc/{pid}/ns/mnt"))?,
+        setgroups: c(format!("/proc/{pid}/setgroups"))?,
+        uid_map_path: c(format!("/proc/{pid}/uid_map"))?,
+        gid_map_path: c(format!("/proc/{pid}/gid_map"))?,
+        roots: data_roots.iter().map(|r| cp(r)).collect::<Result<_, _>>()?,
+        dirs,
+        files: out_files,
+        tmpfs_opts: c(format!("size={},mode=0755,nr_inodes={}", total + (1 << 20), files.len() * 2 + 64))?,
+    })
+}
+
+type StepErr = (u8, i32);
+
+fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn ck(step: u8, rc: libc::c_long) -> Result<libc::c_long, StepErr> {
+    if rc < 0 {
+        Err((step, errno()))
+    } else {
+        Ok(rc)
+    }
+}
+
+const NS_GET_PARENT: libc::c_ulong = 0xb702;
+
+fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
+    use libc::*;
+    // SAFETY (whole block): raw syscalls on NUL-terminated strings and buffers prepared
+    // before fork; descriptors are our own.
+    unsafe {
+        let user = ck(b'a', open(p.ns_user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        let net = ck(b'b', open(p.ns_net.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        let mnt = ck(b'c', open(p.ns_mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        let parent_user = ck(b'd', ioctl(user, NS_GET_PARENT) as c_long)? as c_int;
+        ck(b'e', setns(parent_user, CLONE_NEWUSER) as c_long)?;
+        write_file(b'f', &p.setgroups, b"deny", true)?;
+        write_file(b'g', &p.uid_map_path, b"0 0 1", false)?;
+        write_file(b'h', &p.gid_map_path, b"0 0 1", false)?;
+        ck(b'i', setns(user, CLONE_NEWUSER) as c_long)?;
+        ck(b'j', setns(net, CLONE_NEWNET) as c_long)?;
+        loopback_up()?;
+        let mut fds = [0 as c_int; 3];
+        for (i, port) in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT].into_iter().enumerate() {
+            fds[i] = listen_on(port)?;
+        }
+        ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
+        for root in &p.roots {
+            ck(b'l', mount(c"germline-view".as_ptr(), root.as_ptr(), c"tmpfs".as_ptr(),
+                MS_NOSUID | MS_NODEV | MS_NOEXEC, p.tmpfs_opts.as_ptr().cast()) as c_long)?;
+        }
+        for d in &p.dirs {
+            if mkdir(d.as_ptr(), 0o755) < 0 && errno() != EEXIST {
+                return Err((b'm', errno()));
+            }
+        }
+        for (path, contents) in &p.files {
+            let fd = ck(b'n', open(path.as_ptr(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o444) as c_long)? as c_int;
+            let mut off = 0;
+            while off < contents.len() {
+                let n = ck(b'o', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
+                off += n as usize;
+            }
+            close(fd);
+        }
+        for root in &p.roots {
+            ck(b'p', mount(std::ptr::null(), root.as_ptr(), std::ptr::null(),
+                MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, std::ptr::null()) as c_long)?;
+        }
+        send_fds(sock, &fds)?;
+    }
+    Ok(())
+}
+
+unsafe fn write_file(step: u8, path: &CString, data: &[u8], optional: bool) -> Result<(), StepErr> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return if optional { Ok(()) } else { Err((step, errno())) };
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let e = errno();
+    libc::close(fd);
+    if n < 0 && !optional {
+        return Err((step, e));
+    }
+    Ok(())
+}
+
+unsafe fn loopback_up() -> Result<(), StepErr> {
+    let s = ck(b'q', libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) as libc::c_long)? as libc::c_int;
+    let mut ifr: libc::ifreq = std::mem::zeroed();
+    for (i, b) in b"lo".iter().enumerate() {
+        ifr.ifr_name[i] = *b as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    ck(b'r', libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr) as libc::c_long)?;
+    libc::close(s);
+    Ok(())
+}
+
+unsafe fn listen_on(port: u16) -> Result<libc::c_int, StepErr> {
+    let s = ck(b's', libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) as libc::c_long)? as libc::c_int;
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be() },
+        sin_zero: [0; 8],
+    };
+    ck(b't', libc::bind(s, (&addr as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32) as libc::c_long)?;
+    ck(b'u', libc::listen(s, 64) as libc::c_long)?;
+    Ok(s)
+}
+
+unsafe fn send_fds(sock: RawFd, fds: &[libc::c_int; 3]) -> Result<(), StepErr> {
+    let payload = *b"OK";
+    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut _, iov_len: payload.len() };
+    let space = libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as usize;
+    let mut cbuf = [0u8; 64];
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    let cmsg = libc::CMSG_FIRSTHDR(&msg);
+    (*cmsg).cmsg_level = libc::SOL_SOCKET;
+    (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+    (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as usize;
+    std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), 3);
+    ck(b'v', libc::sendmsg(sock, &msg, 0) as libc::c_long)?;
+    Ok(())
+}
+
+fn receive_listeners(sock: &UnixStream) -> Result<CopyListeners, ExecutorError> {
+    let mut buf = [0u8; 4];
+    let mut cbuf = [0u8; 64];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: recvmsg into local buffers; received descriptors are taken into OwnedFd.
+    let (n, fds) = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.len();
+        let n = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<libc::c_int>();
+                let data = libc::CMSG_DATA(cmsg) as *const libc::c_int;
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(*data.add(i)));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        (n, fds)
+    };
+    if n >= 4 && buf[0] == b'E' {
+        let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
+        return Err(ExecutorError::Sandbox(format!(
+            "setting up copy from outside failed at step '{}': {}",
+            buf[1] as char,
+            io::Error::from_raw_os_error(errno)
+        )));
+    }
+    if n < 2 || &buf[..2] != b"OK" || fds.len() != 3 {
+        return Err(ExecutorError::Sandbox("copy set-up helper died".into()));
+    }
+    let mut it = fds.into_iter().map(TcpListener::from);
+    let (proxy, channel, slot) = match (it.next(), it.next(), it.next()) {
+        (Some(a), Some(b), Some(c)) => (a, b, c),
+        _ => return Err(ExecutorError::internal("listener count")),
+    };
+    Ok(CopyListeners { proxy, channel, slot })
+}

@@ -1,0 +1,332 @@
+//! The deployer's policy: labels of items, clearances of destinations and consumers, and
+//! test host overrides. Labels and clearances come from here, never from a release.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use germline_model::{Clearance, ConsumerName, HostName, Label, Tag};
+use globset::{Glob, GlobMatcher};
+use serde::Deserialize;
+
+use crate::ExecutorError;
+
+/// A parsed, validated policy.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Whose data this deployment holds (slots are keyed by user as well as horizon).
+    pub user: String,
+    path_rules: Vec<PathRule>,
+    arg_rules: Vec<ArgRule>,
+    destinations: BTreeMap<HostName, Clearance>,
+    consumers: BTreeMap<ConsumerName, Clearance>,
+    host_map: BTreeMap<HostName, SocketAddr>,
+    /// Per-copy budgets.
+    pub limits: Limits,
+}
+
+#[derive(Clone, Debug)]
+struct PathRule {
+    glob: String,
+    matcher: GlobMatcher,
+    root: PathBuf,
+    label: Label,
+}
+
+#[derive(Clone, Debug)]
+struct ArgRule {
+    argument: String,
+    tool: Option<String>,
+    label: Label,
+}
+
+/// Budgets for each copy.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Absolute deadline for a copy on the broker's clock.
+    pub deadline: Duration,
+    /// Memory per copy in bytes.
+    pub memory_bytes: u64,
+    /// Processes per copy.
+    pub processes: u64,
+    /// CPU seconds per copy process.
+    pub cpu_seconds: u64,
+    /// Largest MCP message or HTTP request/response the broker accepts, in bytes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_secs(30),
+            memory_bytes: 1 << 30,
+            processes: 128,
+            cpu_seconds: 60,
+            max_message_bytes: 8 << 20,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default = "default_user")]
+    user: String,
+    tags: Vec<String>,
+    #[serde(default)]
+    items: Vec<RawItem>,
+    #[serde(default)]
+    destinations: BTreeMap<String, RawClearance>,
+    #[serde(default)]
+    consumers: BTreeMap<String, RawClearance>,
+    #[serde(default)]
+    hosts: BTreeMap<String, String>,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+fn default_user() -> String {
+    "default".into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawItem {
+    path: Option<String>,
+    argument: Option<String>,
+    tool: Option<String>,
+    label: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClearance {
+    clearance: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    deadline_ms: Option<u64>,
+    memory_mb: Option<u64>,
+    processes: Option<u64>,
+    cpu_seconds: Option<u64>,
+    max_message_bytes: Option<usize>,
+}
+
+fn perr(s: impl Into<String>) -> ExecutorError {
+    ExecutorError::Policy(s.into())
+}
+
+impl Policy {
+    /// Reads and validates a policy file.
+    pub fn load(path: &Path) -> Result<Policy, ExecutorError> {
+        let text = std::fs::read_to_string(path).map_err(|e| perr(format!("{}: {e}", path.display())))?;
+        Self::parse(&text)
+    }
+
+    /// Parses and validates policy text.
+    pub fn parse(text: &str) -> Result<Policy, ExecutorError> {
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| perr(e.to_string()))?;
+        let known: BTreeSet<Tag> = raw
+            .tags
+            .iter()
+            .map(|t| Tag::new(t).map_err(|e| perr(e.to_string())))
+            .collect::<Result<_, _>>()?;
+        let tags = |names: &[String], what: &str| -> Result<BTreeSet<Tag>, ExecutorError> {
+            names
+                .iter()
+                .map(|n| {
+                    let t = Tag::new(n).map_err(|e| perr(format!("{what}: {e}")))?;
+                    if known.contains(&t) {
+                        Ok(t)
+                    } else {
+                        Err(perr(format!("{what}: unknown tag {n:?} (declare it in `tags`)")))
+                    }
+                })
+                .collect()
+        };
+        let mut path_rules = Vec::new();
+        let mut arg_rules = Vec::new();
+        for (i, item) in raw.items.iter().enumerate() {
+            let label = Label::from_tags(tags(&item.label, &format!("items[{i}]"))?);
+            match (&item.path, &item.argument) {
+                (Some(glob), None) => {
+                    if item.tool.is_some() {
+                        return Err(perr(format!("items[{i}]: `tool` goes with `argument`")));
+                    }
+                    path_rules.push(path_rule(glob, label)?);
+                }
+                (None, Some(arg)) => arg_rules.push(ArgRule { argument: arg.clone(), tool: item.tool.clone(), label }),
+                _ => return Err(perr(format!("items[{i}]: give exactly one of `path` or `argument`"))),
+            }
+        }
+        for (i, a) in path_rules.iter().enumerate() {
+            for b in &path_rules[i + 1..] {
+                let overlap = a.matcher.is_match(&b.glob) || b.matcher.is_match(&a.glob) || a.glob == b.glob;
+                if overlap && a.label != b.label {
+                    return Err(perr(format!(
+                        "item globs {:?} {} and {:?} {} overlap with conflicting labels",
+                        a.glob, a.label, b.glob, b.label
+                    )));
+                }
+            }
+        }
+        let mut destinations = BTreeMap::new();
+        for (h, c) in &raw.destinations {
+            let host = HostName::new(h).map_err(|e| perr(format!("destinations: {e}")))?;
+            destinations.insert(host, Clearance::from_tags(tags(&c.clearance, &format!("destination {h}"))?));
+        }
+        let mut consumers = BTreeMap::new();
+        for (n, c) in &raw.consumers {
+            let name = ConsumerName::new(n).map_err(|e| perr(format!("consumers: {e}")))?;
+            consumers.insert(name, Clearance::from_tags(tags(&c.clearance, &format!("consumer {n}"))?));
+        }
+        let mut host_map = BTreeMap::new();
+        for (h, addr) in &raw.hosts {
+            let host = HostName::new(h).map_err(|e| perr(format!("hosts: {e}")))?;
+            let sa: SocketAddr = addr
+                .parse()
+                .map_err(|_| perr(format!("hosts: {h} -> {addr:?} is not an IP:port address")))?;
+            host_map.insert(host, sa);
+        }
+        let d = Limits::default();
+        let l = raw.limits;
+        let limits = Limits {
+            deadline: l.deadline_ms.map(Duration::from_millis).unwrap_or(d.deadline),
+            memory_bytes: l.memory_mb.map(|m| m << 20).unwrap_or(d.memory_bytes),
+            processes: l.processes.unwrap_or(d.processes),
+            cpu_seconds: l.cpu_seconds.unwrap_or(d.cpu_seconds),
+            max_message_bytes: l.max_message_bytes.unwrap_or(d.max_message_bytes),
+        };
+        if limits.deadline.is_zero() || limits.max_message_bytes < 1024 {
+            return Err(perr("limits: deadline must be positive and max_message_bytes at least 1024"));
+        }
+        Ok(Policy { user: raw.user, path_rules, arg_rules, destinations, consumers, host_map, limits })
+    }
+
+    /// The label of a file item, or an error if no rule (or conflicting rules) cover it.
+    pub fn label_path(&self, path: &Path) -> Result<Label, ExecutorError> {
+        let hits: Vec<&PathRule> = self.path_rules.iter().filter(|r| r.matcher.is_match(path)).collect();
+        match hits.as_slice() {
+            [] => Err(ExecutorError::Call(format!("item {} has no label in the policy", path.display()))),
+            [first, rest @ ..] => {
+                if rest.iter().any(|r| r.label != first.label) {
+                    return Err(ExecutorError::Call(format!("item {} matches conflicting labels", path.display())));
+                }
+                Ok(first.label.clone())
+            }
+        }
+    }
+
+    /// The label of argument `arg` of `tool`, if the policy labels it.
+    pub fn label_argument(&self, tool: &str, arg: &str) -> Option<Label> {
+        self.arg_rules
+            .iter()
+            .filter(|r| r.argument == arg && r.tool.as_deref().is_none_or(|t| t == tool))
+            .map(|r| r.label.clone())
+            .reduce(|a, b| a.join(&b))
+    }
+
+    /// A destination's clearance; an unknown destination may see nothing labelled.
+    pub fn destination_clearance(&self, host: &HostName) -> Clearance {
+        self.destinations.get(host).cloned().unwrap_or_default()
+    }
+
+    /// A consumer's clearance; unknown consumers are an error (results would otherwise
+    /// reach someone the deployer never named).
+    pub fn consumer_clearance(&self, c: &ConsumerName) -> Result<Clearance, ExecutorError> {
+        self.consumers.get(c).cloned().ok_or_else(|| ExecutorError::Call(format!("consumer {c} is not in the policy")))
+    }
+
+    /// Where the broker sends requests for `host` (tests map names to loopback).
+    pub fn host_address(&self, host: &HostName) -> Option<SocketAddr> {
+        self.host_map.get(host).copied()
+    }
+
+    /// Directories that may hold user data: the fixed prefixes of every path rule, with
+    /// nested ones folded into their parents.
+    pub fn data_roots(&self) -> Vec<PathBuf> {
+        let mut roots: Vec<PathBuf> = self.path_rules.iter().map(|r| r.root.clone()).collect();
+        roots.sort();
+        roots.dedup();
+        let all = roots.clone();
+        roots.retain(|r| !all.iter().any(|o| o != r && r.starts_with(o)));
+        roots
+    }
+}
+
+fn path_rule(glob: &str, label: Label) -> Result<PathRule, ExecutorError> {
+    if !glob.starts_with('/') {
+        return Err(perr(format!("item path {glob:?} must be absolute")));
+    }
+    let matcher = Glob::new(glob).map_err(|e| perr(format!("item path {glob:?}: {e}")))?.compile_matcher();
+    let mut root = PathBuf::from("/");
+    for comp in glob.split('/').filter(|c| !c.is_empty()) {
+        if comp.contains(['*', '?', '[', '{']) {
+            break;
+        }
+        root.push(comp);
+    }
+    if root == Path::new("/") {
+        return Err(perr(format!("item path {glob:?} needs a fixed directory prefix")));
+    }
+    if !glob[root.as_os_str().len()..].starts_with('/') {
+        root.pop();
+    }
+    if root.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return Err(perr(format!("item path {glob:?} must not contain ..")));
+    }
+    Ok(PathRule { glob: glob.to_owned(), matcher, root, label })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = r#"
+        tags = ["finance", "hr", "public"]
+        [[items]]
+        path = "/srv/data/finance/**"
+        label = ["finance"]
+        [[items]]
+        path = "/srv/data/hr/*.pdf"
+        label = ["hr"]
+        [[items]]
+        argument = "note"
+        label = ["hr"]
+        [destinations."ocr.example"]
+        clearance = ["finance"]
+        [consumers.agent]
+        clearance = ["finance", "hr"]
+        [hosts]
+        "ocr.example" = "127.0.0.1:9999"
+    "#;
+
+    #[test]
+    fn labels_and_clearances() {
+        let p = Policy::parse(P).unwrap();
+        let fin = Label::parse(["finance"]).unwrap();
+        assert_eq!(p.label_path(Path::new("/srv/data/finance/a/b.pdf")).unwrap(), fin);
+        assert!(p.label_path(Path::new("/srv/other")).is_err());
+        assert_eq!(p.label_argument("any", "note"), Some(Label::parse(["hr"]).unwrap()));
+        assert!(p.label_argument("any", "other").is_none());
+        let ocr = HostName::new("ocr.example").unwrap();
+        assert_eq!(p.destination_clearance(&ocr), Clearance::parse(["finance"]).unwrap());
+        assert!(p.destination_clearance(&HostName::new("blog.example").unwrap()).is_empty());
+        assert_eq!(p.host_address(&ocr).unwrap().port(), 9999);
+        assert_eq!(p.data_roots(), vec![PathBuf::from("/srv/data/finance"), PathBuf::from("/srv/data/hr")]);
+    }
+
+    #[test]
+    fn rejects_bad_policies() {
+        let bad = |s: &str| Policy::parse(s).unwrap_err().to_string();
+        assert!(bad("tags=['a']\n[[items]]\npath='/d/**'\nlabel=['b']").contains("unknown tag"));
+        assert!(bad("tags=['a','b']\n[[items]]\npath='/d/**'\nlabel=['a']\n[[items]]\npath='/d/x/**'\nlabel=['b']")
+            .contains("conflicting"));
+        assert!(bad("tags=['a']\n[hosts]\n'x.example'='nowhere'").contains("IP:port"));
+        assert!(bad("tags=['a']\n[destinations.'Bad Host']\nclearance=[]").contains("host"));
+        assert!(bad("tags=['a']\n[[items]]\npath='**/x'\nlabel=['a']").contains("absolute"));
+    }
+}
