@@ -5,11 +5,23 @@
 //! labels. Keeping the rules here, away from processes and sockets, lets unit tests drive
 //! them exhaustively (DESIGN §2).
 
+mod label;
+mod plan;
+mod replay;
+mod slot;
 mod vocab;
 
+pub use label::OutputLabel;
+pub use plan::{plan_groups, Group, Horizon, Item, Member, Plan, PlanInput, View};
+pub use replay::{CallRecords, EgressDecision, Exchange, RequestDigest, Trigger, TriggerKind};
+pub use slot::{
+    Slot, SlotEntry, SlotKey, MAX_SLOT_ENTRIES, MAX_SLOT_KEY_BYTES, MAX_SLOT_TOTAL_BYTES,
+    MAX_SLOT_VALUE_BYTES, MAX_USER_BYTES,
+};
 pub use vocab::{Clearance, ConsumerName, HostName, ItemName, Label, ReleaseHash, Tag};
 
-/// Errors from parsing untrusted input into model types.
+/// The crate's one error type: untrusted input that does not parse into the model, or a
+/// request the model refuses (so callers fail closed instead of guessing).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ModelError {
     /// A tag outside `[a-z0-9._-]`, empty, or too long.
@@ -27,4 +39,65 @@ pub enum ModelError {
     /// Empty, too long or with a NUL byte.
     #[error("bad item name {0:?}")]
     BadItemName(String),
+    /// Two items of one call share a name, so a view could not say which one it holds.
+    #[error("duplicate item {0:?} in one call")]
+    DuplicateItem(String),
+    /// A host is declared twice, so it could end up in two copies.
+    #[error("duplicate destination host {0:?} in one call")]
+    DuplicateHost(String),
+    /// A consumer is named twice, so it could receive two return values.
+    #[error("duplicate consumer {0:?} in one call")]
+    DuplicateConsumer(String),
+    /// A group without members has no horizon; Plan never builds one.
+    #[error("a group needs at least one member")]
+    EmptyGroup,
+    /// The broker's host clearances do not cover a host of the plan, or disagree with it.
+    #[error("clearance of declared host {0:?} is missing or disagrees with the plan")]
+    HostClearance(String),
+    /// An exchange was recorded for a host without a matching delivered request.
+    #[error("no delivered request to {host:?} matches the exchange being recorded")]
+    UnexpectedExchange {
+        /// The host named in the exchange.
+        host: String,
+    },
+    /// A group index outside the plan.
+    #[error("no group {0} in this plan")]
+    NoSuchGroup(usize),
+    /// A slot key is empty or longer than the bound.
+    #[error("slot key of {len} bytes: keys must be 1..={max} bytes")]
+    SlotKeySize {
+        /// The key's length in bytes.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A slot value serialises to more bytes than the bound.
+    #[error("slot value for {key:?} is {len} bytes, above the bound of {max}")]
+    SlotValueSize {
+        /// The entry's key.
+        key: String,
+        /// The value's serialised length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A write would leave the slot with more entries than the bound.
+    #[error("slot would hold {count} entries, above the bound of {max}")]
+    SlotEntries {
+        /// Entries after the write.
+        count: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A write would leave the slot larger than the bound.
+    #[error("slot would hold {len} bytes, above the bound of {max}")]
+    SlotTotalSize {
+        /// Bytes after the write.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A user name for a slot key is empty, too long or has control characters.
+    #[error("bad user name {0:?} for a state slot")]
+    BadUser(String),
 }
