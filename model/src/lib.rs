@@ -4,6 +4,46 @@
 //! items, Plan groups and horizons, the positional replay rule, slot labelling, output
 //! labels. Keeping the rules here, away from processes and sockets, lets unit tests drive
 //! them exhaustively (DESIGN §2).
+//!
+//! How the pieces meet in one call, with the DESIGN example (an OCR host cleared for
+//! finance, an agent cleared for finance and hr):
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use germline_model::*;
+//!
+//! let fin = Clearance::parse(["finance"])?;
+//! let input = PlanInput {
+//!     items: vec![
+//!         Item { name: ItemName::new("invoice.pdf")?, label: Label::parse(["finance"])? },
+//!         Item { name: ItemName::new("payslip.pdf")?, label: Label::parse(["hr"])? },
+//!     ],
+//!     hosts: vec![(HostName::new("ocr.example")?, fin.clone())],
+//!     consumers: vec![(ConsumerName::new("agent")?, Clearance::parse(["finance", "hr"])?)],
+//! };
+//! let plan = plan_groups(&input)?;
+//! assert_eq!(plan.copy_count(), 2);
+//!
+//! let ocr = HostName::new("ocr.example")?;
+//! let clearances = BTreeMap::from([(ocr.clone(), fin)]);
+//! let mut records = CallRecords::new(&plan, &clearances)?;
+//! let req = RequestDigest::of_bytes(b"POST /ocr invoice");
+//!
+//! // Copy 0 serves the OCR host: its request is delivered and recorded.
+//! let slot = Slot::new();
+//! let mut out = OutputLabel::new(plan.groups[0].view.label_of(&input.items), slot.label());
+//! assert_eq!(records.positional_reply(0, &ocr, 0, req, &mut out), EgressDecision::Deliver);
+//! records.record_exchange(&ocr, req, b"text".to_vec())?;
+//! assert!(records.finish_copy(0).is_empty());
+//!
+//! // Copy 1 (the agent's) sends the same request: answered from the record.
+//! let mut out = OutputLabel::new(plan.groups[1].view.label_of(&input.items), slot.label());
+//! let reply = records.positional_reply(1, &ocr, 0, req, &mut out);
+//! assert_eq!(reply, EgressDecision::Recorded(b"text".to_vec()));
+//! assert!(records.finish_copy(1).is_empty());
+//! assert_eq!(out.label(), Label::parse(["finance", "hr"])?);
+//! # Ok::<(), ModelError>(())
+//! ```
 
 mod label;
 mod plan;

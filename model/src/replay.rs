@@ -883,4 +883,147 @@ mod tests {
         assert!(json.contains("\"reordered\""));
         assert_eq!(serde_json::from_str::<Trigger>(&json).unwrap(), t);
     }
+
+    /// A simulated release: given the declared host, the copy's view and the host's own
+    /// view `V(h)`, the requests the copy sends to that host.
+    type Release = fn(&HostName, &View, &View) -> Vec<RequestDigest>;
+
+    fn digest_of(host: &HostName, view: &View, i: usize) -> RequestDigest {
+        let mut bytes = host.as_str().as_bytes().to_vec();
+        for name in view.items() {
+            bytes.extend_from_slice(b"\0");
+            bytes.extend_from_slice(name.as_str().as_bytes());
+        }
+        bytes.extend_from_slice(&i.to_le_bytes());
+        RequestDigest::of_bytes(&bytes)
+    }
+
+    /// Flow-compliant: requests to `h` depend only on the items `h` may see.
+    fn honest(h: &HostName, v: &View, vh: &View) -> Vec<RequestDigest> {
+        let seen = View::new(v.items().filter(|i| vh.contains(i)).cloned().collect());
+        (0..=seen.len() % 3)
+            .map(|i| digest_of(h, &seen, i))
+            .collect()
+    }
+
+    /// Leaky: requests to `h` depend on the copy's whole view.
+    fn leaky(h: &HostName, v: &View, _: &View) -> Vec<RequestDigest> {
+        (0..=v.len() % 3).map(|i| digest_of(h, v, i)).collect()
+    }
+
+    struct Run {
+        recs: CallRecords,
+        labels: Vec<Label>,
+    }
+
+    /// Runs every copy of the plan in order; each copy talks to every declared host and
+    /// one undeclared one. Checks the per-decision invariants on the way.
+    fn run(input: &PlanInput, plan: &Plan, release: Release) -> Run {
+        let hc: BTreeMap<HostName, Clearance> = input.hosts.iter().cloned().collect();
+        let mut recs = CallRecords::new(plan, &hc).unwrap();
+        let mut labels = Vec::new();
+        let undeclared = host("undeclared.example");
+        for (g, group) in plan.groups.iter().enumerate() {
+            let view_label = group.view.label_of(&input.items);
+            let mut out = OutputLabel::new(view_label, Label::empty());
+            for (h, c) in &input.hosts {
+                let vh = View::of_clearance(&input.items, c);
+                for (k, req) in release(h, &group.view, &vh).into_iter().enumerate() {
+                    let serving = recs.serving_group(h).unwrap();
+                    let earlier = recs.record(h).unwrap().get(k).cloned();
+                    match recs.positional_reply(g, h, k, req, &mut out) {
+                        EgressDecision::Deliver => {
+                            assert_eq!(serving, g);
+                            let reply = [h.as_str().as_bytes(), &req.0].concat();
+                            recs.record_exchange(h, req, reply).unwrap();
+                        }
+                        EgressDecision::Recorded(reply) => {
+                            assert!(serving < g);
+                            assert!(group.horizon.admits(c));
+                            let x = earlier.unwrap();
+                            assert_eq!((x.request, x.reply), (req, reply));
+                        }
+                        EgressDecision::Placeholder => assert_ne!(serving, g),
+                        EgressDecision::Deny => panic!("declared host denied"),
+                    }
+                }
+            }
+            assert_eq!(
+                recs.positional_reply(g, &undeclared, 0, RequestDigest([0; 32]), &mut out),
+                EgressDecision::Deny
+            );
+            // Nothing outside the horizon ever reaches a copy.
+            assert!(out.label().flows_to(&group.horizon.0));
+            for (_, mc) in group.member_clearances() {
+                assert!(out.label().flows_to(&mc));
+            }
+            labels.push(out.label());
+            for t in recs.finish_copy(g) {
+                let s = &plan.groups[t.serving_group_index];
+                assert_eq!(t.group_index, g);
+                assert!(t.serving_group_index < g);
+                assert!(s.hosts.contains(&t.host));
+                if t.kind == TriggerKind::Missing {
+                    assert!(s.view.is_strict_subset(&group.view));
+                } else {
+                    assert!(s.view.is_subset(&group.view));
+                }
+            }
+        }
+        Run { recs, labels }
+    }
+
+    #[test]
+    fn flow_compliant_release_never_triggers() {
+        for seed in 0..2000 {
+            let mut rng = crate::plan::gen::Rng::new(seed);
+            let input = crate::plan::gen::plan_input(&mut rng);
+            let plan = plan_groups(&input).unwrap();
+            let r = run(&input, &plan, honest);
+            assert!(r.recs.triggers().is_empty(), "seed {seed}");
+            assert_eq!(r.labels.len(), plan.copy_count());
+        }
+    }
+
+    #[test]
+    fn leaky_release_triggers_wherever_a_smaller_view_served_the_host() {
+        let mut seen_trigger = false;
+        for seed in 0..2000 {
+            let mut rng = crate::plan::gen::Rng::new(seed);
+            let input = crate::plan::gen::plan_input(&mut rng);
+            let plan = plan_groups(&input).unwrap();
+            let r = run(&input, &plan, leaky);
+            for (g, group) in plan.groups.iter().enumerate() {
+                for (h, _) in &input.hosts {
+                    let s = r.recs.serving_group(h).unwrap();
+                    let expect = s < g && plan.groups[s].view.is_strict_subset(&group.view);
+                    let got = r
+                        .recs
+                        .triggers()
+                        .iter()
+                        .any(|t| t.group_index == g && &t.host == h);
+                    assert_eq!(got, expect, "seed {seed} group {g} host {h}");
+                    seen_trigger |= got;
+                }
+            }
+        }
+        assert!(seen_trigger);
+    }
+
+    #[test]
+    fn arbitrary_requests_keep_labels_within_horizon() {
+        fn noisy(h: &HostName, v: &View, _: &View) -> Vec<RequestDigest> {
+            // Mixes repeats, reorders and view-dependent lengths.
+            let n = (h.as_str().len() + v.len()) % 5;
+            (0..n)
+                .map(|i| RequestDigest([((i * 7 + v.len()) % 3) as u8; 32]))
+                .collect()
+        }
+        for seed in 0..2000 {
+            let mut rng = crate::plan::gen::Rng::new(seed);
+            let input = crate::plan::gen::plan_input(&mut rng);
+            let plan = plan_groups(&input).unwrap();
+            run(&input, &plan, noisy);
+        }
+    }
 }
