@@ -140,6 +140,13 @@ impl Slot {
             .fold(self.removed.clone(), |acc, e| acc.join(&e.label))
     }
 
+    /// Whether everything in the slot may be seen at `horizon`. Every writer's label lies
+    /// within its horizon, so `false` means slots of different horizons got mixed up and
+    /// the caller must refuse to hand this slot to a copy.
+    pub fn fits(&self, horizon: &Horizon) -> bool {
+        self.label().flows_to(&horizon.0)
+    }
+
     /// One entry by key.
     pub fn get(&self, key: &str) -> Option<&SlotEntry> {
         self.entries.get(key)
@@ -266,6 +273,8 @@ mod tests {
             .unwrap();
         assert_eq!(s.get("b").unwrap().value, json!([1, 2]));
         assert_eq!(s.label(), l(&["finance", "hr"]));
+        assert!(s.fits(&Horizon(Clearance::parse(["finance", "hr"]).unwrap())));
+        assert!(!s.fits(&Horizon(Clearance::parse(["finance"]).unwrap())));
         assert_eq!(s.iter().map(|(k, _)| k).collect::<Vec<_>>(), ["a", "b"]);
     }
 
