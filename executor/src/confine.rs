@@ -3,9 +3,10 @@
 //!
 //! Everything here runs in the child between `fork` and `execve` of the Python tool
 //! host, so nothing the release does later can undo it: new user, mount, network, IPC,
-//! UTS and cgroup namespaces; empty tmpfs over every data root (the germline cannot even
-//! name user data); the whole mount tree read-only; Landlock (read-only allowlist,
-//! TCP only to the broker's fixed ports, signal and abstract-socket scoping); seccomp
+//! UTS and cgroup namespaces; a fresh root file system holding only the read-only
+//! allowlist and empty data roots (the germline cannot even name user data), all of it
+//! read-only; Landlock (read-only, TCP only to the broker's fixed ports, signal and
+//! abstract-socket scoping); seccomp
 //! closing every inter-copy channel; no-new-privs; every capability dropped; rlimits.
 //! Copies inherit all of it at fork.
 
@@ -18,7 +19,7 @@ use std::process::Command;
 
 use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope, ABI,
+    RulesetAttr, RulesetCreatedAttr, Scope, ABI,
 };
 
 use crate::seccomp::SeccompPolicy;
@@ -53,82 +54,134 @@ impl Default for ResourceLimits {
 pub struct Confinement {
     /// Read-only (and executable) paths: interpreter, libraries, the release, the shim.
     pub read_only: Vec<PathBuf>,
-    /// Directories that may hold user data: shadowed by an empty tmpfs in the germline,
-    /// where the broker later mounts each copy's view.
+    /// Directories that may hold user data: empty in the germline; the broker mounts each
+    /// copy's view there.
     pub data_roots: Vec<PathBuf>,
     /// Process limits.
     pub limits: ResourceLimits,
 }
 
-/// A prepared sandbox: everything that allocates is done in the parent, so the child
-/// between fork and exec only makes syscalls on ready-made buffers.
+/// A prepared sandbox: everything that allocates much is done in the parent, so the
+/// child between fork and exec mostly makes syscalls on ready-made buffers.
 pub struct PreparedSandbox {
     uid_map: CString,
     gid_map: CString,
-    data_roots: Vec<CString>,
-    ruleset: Option<RulesetCreated>,
+    stage: CString,
+    root_ops: Vec<RootOp>,
+    workdir: CString,
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
     control_fd: RawFd,
+}
+
+/// One step of building the germline's root filesystem under the stage directory.
+enum RootOp {
+    Mkdir(CString),
+    Touch(CString),
+    Bind(CString, CString),
+    Symlink(CString, CString),
 }
 
 /// The Landlock ABI germline needs: V6 brings signal and abstract-socket scoping, without
 /// which copies alive at once could signal each other.
 const LANDLOCK_ABI: ABI = ABI::V6;
 
+/// Devices a Python process expects; bound read-only except /dev/null.
+const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
+
 impl Confinement {
-    /// Builds the Landlock ruleset and seccomp programs in the parent.
-    pub fn prepare(&self, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
+    /// Plans the germline's root filesystem and compiles seccomp in the parent.
+    ///
+    /// The germline gets a fresh tmpfs root holding only the read-only paths (bound
+    /// read-only), a few devices, and an empty directory at each data root; nothing else
+    /// of the host exists for it. Landlock then makes that whole root read-only. (A
+    /// Landlock rule on a directory does not reach a file system mounted on it, so the
+    /// view the broker later mounts at a data root inside a copy is covered by the rule
+    /// on `/`.)
+    pub fn prepare(&self, stage: &Path, workdir: &Path, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let ruleset = self.landlock_ruleset()?;
         let seccomp = SeccompPolicy::germline().compile()?;
-        let data_roots = self
-            .data_roots
-            .iter()
-            .map(|p| cstring(p))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut ops = Vec::new();
+        let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+        let staged = |p: &Path| stage.join(p.strip_prefix("/").unwrap_or(p));
+        let mut mkdirs = |p: &Path, ops: &mut Vec<RootOp>| -> Result<(), ExecutorError> {
+            let mut acc = PathBuf::from("/");
+            for c in p.components().skip(1) {
+                acc.push(c);
+                if made.insert(acc.clone()) {
+                    ops.push(RootOp::Mkdir(cstring(&staged(&acc))?));
+                }
+            }
+            Ok(())
+        };
+        let mut paths: Vec<&PathBuf> = self.read_only.iter().collect();
+        paths.sort();
+        for p in paths {
+            if !p.is_absolute() {
+                return Err(ExecutorError::Sandbox(format!("read-only path {} is not absolute", p.display())));
+            }
+            let meta = std::fs::symlink_metadata(p)
+                .map_err(|e| ExecutorError::Sandbox(format!("read-only path {}: {e}", p.display())))?;
+            if let Some(parent) = p.parent() {
+                mkdirs(parent, &mut ops)?;
+            }
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(p).map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
+                ops.push(RootOp::Symlink(cstring(&target)?, cstring(&staged(p))?));
+            } else if meta.is_dir() {
+                mkdirs(p, &mut ops)?;
+                ops.push(RootOp::Bind(cstring(p)?, cstring(&staged(p))?));
+            } else {
+                ops.push(RootOp::Touch(cstring(&staged(p))?));
+                ops.push(RootOp::Bind(cstring(p)?, cstring(&staged(p))?));
+            }
+        }
+        mkdirs(Path::new("/dev"), &mut ops)?;
+        for d in DEVICES {
+            ops.push(RootOp::Touch(cstring(&staged(Path::new(d)))?));
+            ops.push(RootOp::Bind(cstring(Path::new(d))?, cstring(&staged(Path::new(d)))?));
+        }
+        for r in &self.data_roots {
+            mkdirs(r, &mut ops)?;
+        }
         Ok(PreparedSandbox {
             uid_map: CString::new(format!("0 {uid} 1")).map_err(|_| ExecutorError::internal("uid map"))?,
             gid_map: CString::new(format!("0 {gid} 1")).map_err(|_| ExecutorError::internal("gid map"))?,
-            data_roots,
-            ruleset: Some(ruleset),
+            stage: cstring(stage)?,
+            root_ops: ops,
+            workdir: cstring(workdir)?,
             seccomp,
             limits: self.limits.clone(),
             control_fd,
         })
     }
+}
 
-    fn landlock_ruleset(&self) -> Result<RulesetCreated, ExecutorError> {
-        let ll = |e: landlock::RulesetError| ExecutorError::Sandbox(format!("landlock: {e}"));
-        let mut rs = Ruleset::default()
-            .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(AccessFs::from_all(LANDLOCK_ABI))
-            .map_err(ll)?
-            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-            .map_err(ll)?
-            .scope(Scope::AbstractUnixSocket | Scope::Signal)
-            .map_err(ll)?
-            .create()
-            .map_err(ll)?;
-        let read = AccessFs::from_read(LANDLOCK_ABI);
-        for p in self.read_only.iter().chain(self.data_roots.iter()) {
-            let fd = PathFd::new(p).map_err(|e| {
-                ExecutorError::Sandbox(format!("landlock: cannot open {}: {e}", p.display()))
-            })?;
-            let access = if p.is_dir() { read } else { read & AccessFs::from_file(LANDLOCK_ABI) };
-            rs = rs.add_rule(PathBeneath::new(fd, access)).map_err(ll)?;
-        }
-        let devnull = PathFd::new("/dev/null")
-            .map_err(|e| ExecutorError::Sandbox(format!("landlock: /dev/null: {e}")))?;
-        rs = rs
-            .add_rule(PathBeneath::new(devnull, AccessFs::ReadFile | AccessFs::WriteFile))
-            .map_err(ll)?;
-        for port in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT] {
-            rs = rs.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(ll)?;
-        }
-        Ok(rs)
+fn landlock_restrict() -> io::Result<()> {
+    let ll = io::Error::other;
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(LANDLOCK_ABI))
+        .map_err(ll)?
+        .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+        .map_err(ll)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(ll)?
+        .create()
+        .map_err(ll)?;
+    let root = PathFd::new("/").map_err(io::Error::other)?;
+    rs = rs.add_rule(PathBeneath::new(root, AccessFs::from_read(LANDLOCK_ABI))).map_err(ll)?;
+    let devnull = PathFd::new("/dev/null").map_err(io::Error::other)?;
+    rs = rs.add_rule(PathBeneath::new(devnull, AccessFs::ReadFile | AccessFs::WriteFile)).map_err(ll)?;
+    for port in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT] {
+        rs = rs.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(ll)?;
     }
+    let status = rs.restrict_self().map_err(ll)?;
+    if status.ruleset != landlock::RulesetStatus::FullyEnforced {
+        return Err(io::Error::other("landlock not fully enforced"));
+    }
+    Ok(())
 }
 
 fn cstring(p: &Path) -> Result<CString, ExecutorError> {
@@ -143,12 +196,48 @@ pub const GERMLINE_CONTROL_FD: RawFd = 3;
 impl PreparedSandbox {
     /// Installs the sandbox as the command's pre-exec step.
     pub fn install(mut self, cmd: &mut Command) {
-        // SAFETY: the closure runs in the forked child before exec; it only makes syscalls
-        // on buffers prepared above (glibc keeps malloc usable in a forked child, and the
-        // Landlock call allocates nothing of note).
+        // SAFETY: the closure runs in the forked child before exec; it makes syscalls on
+        // buffers prepared above, and Landlock's small allocations are safe in a forked
+        // child under glibc (malloc is reinitialised at fork).
         unsafe {
             cmd.pre_exec(move || self.apply_in_child());
         }
+    }
+
+    fn build_root(&self) -> io::Result<()> {
+        use libc::*;
+        // SAFETY (whole block): mount/mkdir/open/symlink/pivot_root on NUL-terminated
+        // strings prepared in the parent.
+        unsafe {
+            check(mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), MS_REC | MS_PRIVATE, std::ptr::null()))?;
+            check(mount(c"germline-root".as_ptr(), self.stage.as_ptr(), c"tmpfs".as_ptr(), MS_NOSUID | MS_NODEV,
+                c"size=1m,mode=0755".as_ptr().cast()))?;
+            for op in &self.root_ops {
+                match op {
+                    RootOp::Mkdir(p) => {
+                        if mkdir(p.as_ptr(), 0o755) < 0 && *__errno_location() != EEXIST {
+                            return Err(io::Error::last_os_error());
+                        }
+                    }
+                    RootOp::Touch(p) => {
+                        let fd = open(p.as_ptr(), O_WRONLY | O_CREAT | O_CLOEXEC, 0o444);
+                        if fd < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        close(fd);
+                    }
+                    RootOp::Bind(src, dst) => {
+                        check(mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()))?;
+                    }
+                    RootOp::Symlink(target, at) => check(symlink(target.as_ptr(), at.as_ptr()))?,
+                }
+            }
+            check(chdir(self.stage.as_ptr()))?;
+            check(syscall(SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as c_int)?;
+            check(umount2(c".".as_ptr(), MNT_DETACH))?;
+            check(chdir(c"/".as_ptr()))?;
+        }
+        make_tree_read_only()
     }
 
     fn apply_in_child(&mut self) -> io::Result<()> {
@@ -162,26 +251,9 @@ impl PreparedSandbox {
         write_proc(c"/proc/self/setgroups", c"deny")?;
         write_proc(c"/proc/self/uid_map", &self.uid_map)?;
         write_proc(c"/proc/self/gid_map", &self.gid_map)?;
-        // SAFETY: mount syscalls on NUL-terminated strings prepared in the parent.
-        unsafe {
-            check(mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                MS_REC | MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
-            for root in &self.data_roots {
-                check(mount(
-                    c"germline-empty".as_ptr(),
-                    root.as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
-                    c"size=4k,mode=0555".as_ptr().cast(),
-                ))?;
-            }
-        }
-        make_tree_read_only()?;
+        self.build_root()?;
+        // SAFETY: chdir to a prepared path.
+        check(unsafe { chdir(self.workdir.as_ptr()) })?;
         for (res, val) in [
             (RLIMIT_AS, self.limits.memory_bytes),
             (RLIMIT_NPROC, self.limits.processes),
@@ -196,14 +268,7 @@ impl PreparedSandbox {
         drop_capabilities()?;
         // SAFETY: prctl with constant arguments.
         check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
-        let ruleset = self
-            .ruleset
-            .take()
-            .ok_or_else(|| io::Error::other("sandbox applied twice"))?;
-        let status = ruleset.restrict_self().map_err(io::Error::other)?;
-        if status.ruleset != landlock::RulesetStatus::FullyEnforced {
-            return Err(io::Error::other("landlock not fully enforced"));
-        }
+        landlock_restrict()?;
         for prog in &self.seccomp {
             seccompiler::apply_filter(prog).map_err(io::Error::other)?;
         }
@@ -214,6 +279,9 @@ impl PreparedSandbox {
             // SAFETY: clear close-on-exec so the control socket survives exec.
             check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) })?;
         }
+        // Nothing else the broker holds (or inherited) may reach the germline.
+        // SAFETY: close_range over descriptors above the control socket.
+        check(unsafe { syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int })?;
         Ok(())
     }
 }

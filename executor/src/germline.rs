@@ -4,7 +4,7 @@
 //! after every fork, and identifies the copy and its namespaces by what the kernel shows.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
@@ -38,6 +38,7 @@ impl PythonRuntime {
     /// is never reused).
     pub fn discover(shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
         let python = PathBuf::from(std::env::var_os("GERMLINE_PYTHON").unwrap_or_else(|| "python3".into()));
+        let python = if python.is_absolute() { python } else { which(&python)? };
         let out = Command::new(&python)
             .args(["-I", "-c", "import sys,json;print(json.dumps([sys.executable,sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix]+sys.path))"])
             .stdin(Stdio::null())
@@ -72,6 +73,14 @@ impl PythonRuntime {
         let read_paths = fold_nested(read);
         Ok(PythonRuntime { python, shim_dir, read_paths })
     }
+}
+
+fn which(name: &Path) -> Result<PathBuf, ExecutorError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| ExecutorError::Sandbox(format!("{} not found on PATH", name.display())))
 }
 
 fn fold_nested(set: BTreeSet<PathBuf>) -> Vec<PathBuf> {
@@ -151,7 +160,13 @@ impl Germline {
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
         let confinement = Confinement { read_only, data_roots: spec.data_roots.clone(), limits: spec.limits.clone() };
-        let sandbox = confinement.prepare(theirs.as_raw_fd())?;
+        let stage = spec.runtime.shim_dir.with_file_name("stage");
+        std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
+        let sandbox = confinement.prepare(&stage, &release_dir, theirs.as_raw_fd())?;
+        let debug_stderr = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
+        if debug_stderr {
+            tracing::warn!("GERMLINE_DEBUG_GERMLINE is set: the germline's stderr stays open (debugging only)");
+        }
         let mut cmd = Command::new(&spec.runtime.python);
         cmd.arg("-I")
             .arg(spec.runtime.shim_dir.join("germline_host.py"))
@@ -165,7 +180,7 @@ impl Germline {
             .current_dir(&release_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some() { Stdio::inherit() } else { Stdio::null() });
+            .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);
@@ -178,7 +193,7 @@ impl Germline {
             child,
             pid,
             control: ours,
-            allowed: AllowedFds { control_socket_inode: control_inode },
+            allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr },
             namespaces: Vec::new(),
             start_time: Duration::ZERO,
         };

@@ -61,6 +61,8 @@ pub fn live_children(pid: i32) -> Result<Vec<i32>, ExecutorError> {
 pub struct AllowedFds {
     /// Inode of the germline's end of its control socket.
     pub control_socket_inode: u64,
+    /// Debugging only (`GERMLINE_DEBUG_GERMLINE`): stderr left open to the terminal.
+    pub debug_stderr: bool,
 }
 
 /// G1: exactly one thread.
@@ -88,7 +90,10 @@ pub fn check_g2(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
         let target = fs::read_link(e.path())
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "?".into());
-        if target == format!("socket:[{}]", allowed.control_socket_inode) || target == "/dev/null" {
+        if target == format!("socket:[{}]", allowed.control_socket_inode)
+            || target == "/dev/null"
+            || (allowed.debug_stderr && fd == "2")
+        {
             continue;
         }
         let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
@@ -166,7 +171,7 @@ mod tests {
         let mut fds = [0; 2];
         // SAFETY: pipe2 into a local array.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let err = check_g2(me, &AllowedFds { control_socket_inode: 0 }).unwrap_err().to_string();
+        let err = check_g2(me, &AllowedFds { control_socket_inode: 0, debug_stderr: false }).unwrap_err().to_string();
         assert!(err.contains("G2"), "{err}");
         // SAFETY: closing the descriptors just made.
         unsafe {
