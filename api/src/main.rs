@@ -1,13 +1,37 @@
 //! The `germline` binary: CLI, HTTP API and MCP front.
 
-use clap::Parser;
+mod exec_cmd;
+
+use clap::{Parser, Subcommand};
 
 /// Runs signed MCP tool releases so that each destination sees only what it is cleared for.
 #[derive(Parser)]
 #[command(name = "germline", version)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one tool call and print {result, label, copies, triggers, error} as JSON.
+    Call(exec_cmd::CallArgs),
+    /// Run a scripted session (JSON lines) on one germline; one JSON object per call.
+    Session(exec_cmd::SessionArgs),
+}
 
 fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GERMLINE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Call(a) => exec_cmd::call(a)?,
+        Command::Session(a) => exec_cmd::session(a)?,
+    };
+    std::process::exit(code);
 }

@@ -54,6 +54,9 @@ impl ExecutorError {
     }
 
     pub(crate) fn refused(check: &'static str, detail: impl Into<String>) -> ExecutorError {
-        ExecutorError::GermlineRefused { check, detail: detail.into() }
+        ExecutorError::GermlineRefused {
+            check,
+            detail: detail.into(),
+        }
     }
 }

@@ -14,8 +14,9 @@ pub const COPY_NAMESPACES: [&str; 5] = ["user", "pid", "net", "ipc", "mnt"];
 
 /// Reads the identity of namespace `kind` of `pid`.
 pub fn namespace(pid: i32, kind: &str) -> Result<NsId, ExecutorError> {
-    let m = fs::metadata(format!("/proc/{pid}/ns/{kind}"))
-        .map_err(ExecutorError::io(format!("reading namespace {kind} of {pid}")))?;
+    let m = fs::metadata(format!("/proc/{pid}/ns/{kind}")).map_err(ExecutorError::io(format!(
+        "reading namespace {kind} of {pid}"
+    )))?;
     Ok((m.dev(), m.ino()))
 }
 
@@ -25,7 +26,10 @@ pub fn state(pid: i32) -> Result<char, ExecutorError> {
         .map_err(ExecutorError::io(format!("reading /proc/{pid}/stat")))?;
     // The command name may contain spaces and parentheses: the state follows the last ')'.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    rest.trim_start().chars().next().ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
+    rest.trim_start()
+        .chars()
+        .next()
+        .ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
 }
 
 /// The parent pid from `/proc/PID/stat`.
@@ -46,7 +50,9 @@ pub fn live_children(pid: i32) -> Result<Vec<i32>, ExecutorError> {
         .map_err(ExecutorError::io(format!("listing threads of {pid}")))?;
     for t in tasks.flatten() {
         let path = t.path().join("children");
-        let Ok(s) = fs::read_to_string(&path) else { continue };
+        let Ok(s) = fs::read_to_string(&path) else {
+            continue;
+        };
         for c in s.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
             if state(c).map(|s| s != 'Z' && s != 'X').unwrap_or(false) {
                 out.push(c);
@@ -75,7 +81,10 @@ pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
         .and_then(|v| v.trim().parse::<u32>().ok())
         .ok_or_else(|| ExecutorError::refused("G1", "no thread count in /proc status"))?;
     if threads != 1 {
-        return Err(ExecutorError::refused("G1", format!("{threads} threads, expected 1")));
+        return Err(ExecutorError::refused(
+            "G1",
+            format!("{threads} threads, expected 1"),
+        ));
     }
     Ok(())
 }
@@ -104,7 +113,9 @@ pub fn check_g2(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
                     .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
             });
         let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
-        let regular = fs::metadata(e.path()).map(|m| m.file_type().is_file()).unwrap_or(false);
+        let regular = fs::metadata(e.path())
+            .map(|m| m.file_type().is_file())
+            .unwrap_or(false);
         let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
         if !(read_only && regular && !anonymous) {
             return Err(ExecutorError::refused(
@@ -136,7 +147,10 @@ pub fn check_g3(pid: i32) -> Result<(), ExecutorError> {
             || path.starts_with("/SYSV")
             || line.ends_with("(deleted)");
         if writable || anonymous {
-            return Err(ExecutorError::refused("G3", format!("shared mapping {range} {perms} {path}")));
+            return Err(ExecutorError::refused(
+                "G3",
+                format!("shared mapping {range} {perms} {path}"),
+            ));
         }
     }
     Ok(())
@@ -162,7 +176,10 @@ mod tests {
         assert!(err.contains("G1"), "{err}");
         t.join().unwrap();
         assert!(matches!(state(me).unwrap(), 'R' | 'S'));
-        assert_eq!(parent(me).unwrap(), std::os::unix::process::parent_id() as i32);
+        assert_eq!(
+            parent(me).unwrap(),
+            std::os::unix::process::parent_id() as i32
+        );
     }
 
     #[test]
@@ -171,7 +188,15 @@ mod tests {
         let mut fds = [0; 2];
         // SAFETY: pipe2 into a local array.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let err = check_g2(me, &AllowedFds { control_socket_inode: 0, debug_stderr: false }).unwrap_err().to_string();
+        let err = check_g2(
+            me,
+            &AllowedFds {
+                control_socket_inode: 0,
+                debug_stderr: false,
+            },
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("G2"), "{err}");
         // SAFETY: closing the descriptors just made.
         unsafe {
@@ -185,8 +210,14 @@ mod tests {
         let me = std::process::id() as i32;
         // SAFETY: anonymous shared mapping, unmapped below.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         assert_ne!(p, libc::MAP_FAILED);
         let err = check_g3(me).unwrap_err().to_string();

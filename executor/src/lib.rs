@@ -8,14 +8,20 @@
 //! pure functions in `germline-model`; this crate is the thin shell of processes and
 //! sockets around them.
 
+pub mod broker;
+pub mod call;
 pub mod confine;
 mod error;
 pub mod germline;
+pub mod http;
 pub mod inspect;
 pub mod manifest;
+pub mod mcp;
 pub mod outside;
 pub mod policy;
+pub mod runtime;
 pub mod seccomp;
+pub mod sigpin;
 
 pub use error::ExecutorError;
 

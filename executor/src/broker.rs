@@ -1,0 +1,374 @@
+//! The broker's work for one copy: relay its egress under the positional rule, take its
+//! slot writes, speak MCP to it, and enforce its deadline. Every decision is the model's
+//! (`CallRecords::positional_reply`); this module only moves bytes.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use germline_model::{CallRecords, EgressDecision, HostName, OutputLabel};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::germline::CopyKiller;
+use crate::http::{self, HttpRequest};
+use crate::mcp::{read_line_bounded, McpClient};
+use crate::outside::CopyListeners;
+use crate::policy::Policy;
+use crate::ExecutorError;
+
+/// What one call's copies share: the records of each host, in the model's terms.
+pub struct CallShared {
+    /// The positional-rule state of the call.
+    pub records: CallRecords,
+}
+
+/// One egress attempt, for logs and tests.
+#[derive(Clone, Debug, Serialize)]
+pub struct EgressEvent {
+    /// Plan group of the copy.
+    pub group: usize,
+    /// Host the copy named.
+    pub host: String,
+    /// `delivered`, `recorded`, `placeholder` or `denied`.
+    pub decision: &'static str,
+}
+
+/// How a copy ended.
+pub struct CopyResult {
+    /// The tool result, or why there is none.
+    pub result: Result<Value, String>,
+    /// The copy's output label accumulator at the end.
+    pub label: OutputLabel,
+    /// Slot writes the copy made, in order.
+    pub slot_writes: Vec<(String, Option<Value>)>,
+    /// Egress attempts.
+    pub egress: Vec<EgressEvent>,
+}
+
+/// Everything the broker needs to serve one copy.
+pub struct CopyJob<'a> {
+    /// The copy's Plan group index.
+    pub group_index: usize,
+    /// Listeners in the copy's network namespace.
+    pub listeners: CopyListeners,
+    /// Twin inputs and slot, sent before MCP starts.
+    pub preamble: Value,
+    /// Tool to call.
+    pub tool: &'a str,
+    /// Arguments with out-of-view items blanked.
+    pub arguments: Value,
+    /// Absolute deadline on the broker's clock.
+    pub deadline: Instant,
+    /// Budget as configured (for error messages).
+    pub budget: Duration,
+    /// Policy (host map, sizes).
+    pub policy: &'a Policy,
+    /// Starting output label (view and slot).
+    pub label: OutputLabel,
+    /// Kills the copy (deadline watchdog).
+    pub killer: CopyKiller,
+}
+
+struct CopyState {
+    label: OutputLabel,
+    egress: Vec<EgressEvent>,
+    sent: BTreeMap<HostName, usize>,
+}
+
+/// Serves one copy until it returns its tool result, fails, or runs out of time.
+pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResult {
+    let CopyJob {
+        group_index,
+        listeners,
+        preamble,
+        tool,
+        arguments,
+        deadline,
+        budget,
+        policy,
+        label,
+        killer,
+    } = job;
+    let max = policy.limits.max_message_bytes;
+    let stop = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(Mutex::new(CopyState {
+        label,
+        egress: Vec::new(),
+        sent: BTreeMap::new(),
+    }));
+    let slot_writes = Arc::new(Mutex::new(Vec::new()));
+
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let timed_out = timed_out.clone();
+        thread::spawn(move || {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            if done_rx.recv_timeout(wait).is_err() {
+                timed_out.store(true, Ordering::SeqCst);
+                killer.kill();
+            }
+        })
+    };
+    let proxy = {
+        let (stop, state, shared, policy) =
+            (stop.clone(), state.clone(), shared.clone(), policy.clone());
+        let listener = listeners.proxy;
+        thread::spawn(move || {
+            proxy_loop(
+                listener,
+                &stop,
+                group_index,
+                &state,
+                &shared,
+                &policy,
+                deadline,
+            )
+        })
+    };
+    let slots = {
+        let (stop, writes) = (stop.clone(), slot_writes.clone());
+        let listener = listeners.slot;
+        thread::spawn(move || slot_loop(listener, &stop, &writes, max))
+    };
+
+    let result = talk(listeners.channel, &preamble, tool, arguments, deadline, max);
+    stop.store(true, Ordering::SeqCst);
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
+    let _ = proxy.join();
+    let _ = slots.join();
+
+    let result = if timed_out.load(Ordering::SeqCst) {
+        Err(format!(
+            "copy exceeded its deadline of {} ms and was killed",
+            budget.as_millis()
+        ))
+    } else {
+        result.map_err(|e| e.to_string())
+    };
+    let st = Arc::try_unwrap(state).map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()));
+    let (label, egress) = match st {
+        Ok(s) => (s.label, s.egress),
+        Err(arc) => {
+            let s = arc.lock().unwrap_or_else(|p| p.into_inner());
+            (s.label.clone(), s.egress.clone())
+        }
+    };
+    let writes = std::mem::take(&mut *slot_writes.lock().unwrap_or_else(|p| p.into_inner()));
+    CopyResult {
+        result,
+        label,
+        slot_writes: writes,
+        egress,
+    }
+}
+
+fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) -> Option<TcpStream> {
+    listener.set_nonblocking(true).ok()?;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).ok()?;
+                return Some(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if stop.load(Ordering::SeqCst) || Instant::now() > deadline {
+                    return None;
+                }
+                thread::sleep(Duration::from_micros(200));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+fn talk(
+    channel: TcpListener,
+    preamble: &Value,
+    tool: &str,
+    arguments: Value,
+    deadline: Instant,
+    max: usize,
+) -> Result<Value, ExecutorError> {
+    let never = AtomicBool::new(false);
+    let conn = accept_until(&channel, &never, deadline)
+        .ok_or_else(|| ExecutorError::Copy("the copy never connected to its channel".into()))?;
+    let remaining = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(remaining))
+        .map_err(ExecutorError::io("channel timeout"))?;
+    conn.set_write_timeout(Some(remaining))
+        .map_err(ExecutorError::io("channel timeout"))?;
+    let mut writer = conn.try_clone().map_err(ExecutorError::io("channel"))?;
+    let mut line = serde_json::to_vec(preamble).map_err(|e| ExecutorError::Copy(e.to_string()))?;
+    line.push(b'\n');
+    writer
+        .write_all(&line)
+        .map_err(ExecutorError::io("sending the preamble"))?;
+    let mut client = McpClient::new(BufReader::new(conn), writer, max);
+    client.initialize()?;
+    match client.request("tools/call", json!({"name": tool, "arguments": arguments}))? {
+        Ok(result) => Ok(result),
+        Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
+    }
+}
+
+fn proxy_loop(
+    listener: TcpListener,
+    stop: &AtomicBool,
+    group: usize,
+    state: &Mutex<CopyState>,
+    shared: &Mutex<CallShared>,
+    policy: &Policy,
+    deadline: Instant,
+) {
+    let max = policy.limits.max_message_bytes;
+    // Bounded: at most this many connections per copy.
+    for _ in 0..10_000 {
+        let Some(mut conn) = accept_until(&listener, stop, deadline) else {
+            return;
+        };
+        let remaining = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        let _ = conn.set_read_timeout(Some(remaining));
+        let _ = conn.set_write_timeout(Some(remaining));
+        let reply = match http::read_request(&mut conn, max) {
+            Ok(Some(req)) => egress(&req, group, state, shared, policy, deadline),
+            Ok(None) => continue,
+            Err(e) => http::denied_response(&format!("bad request: {e}")),
+        };
+        let _ = conn.write_all(&reply);
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn egress(
+    req: &HttpRequest,
+    group: usize,
+    state: &Mutex<CopyState>,
+    shared: &Mutex<CallShared>,
+    policy: &Policy,
+    deadline: Instant,
+) -> Vec<u8> {
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    let Ok(host) = HostName::new(&req.host) else {
+        st.egress.push(EgressEvent {
+            group,
+            host: req.host.clone(),
+            decision: "denied",
+        });
+        return http::denied_response("not a host name");
+    };
+    if req.method == "CONNECT" {
+        st.egress.push(EgressEvent {
+            group,
+            host: host.to_string(),
+            decision: "denied",
+        });
+        return http::denied_response("HTTPS tunnels are not relayed by this broker");
+    }
+    let k = *st.sent.get(&host).unwrap_or(&0);
+    st.sent.insert(host.clone(), k + 1);
+    let digest = req.digest();
+    let decision = {
+        let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+        sh.records
+            .positional_reply(group, &host, k, digest, &mut st.label)
+    };
+    let (name, reply) = match decision {
+        EgressDecision::Deliver => {
+            let reply = match policy.host_address(&host) {
+                Some(addr) => http::forward(req, addr, deadline, policy.limits.max_message_bytes)
+                    .unwrap_or_else(|e| gateway_error(&e.to_string())),
+                None => gateway_error("no address for this host"),
+            };
+            let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = sh.records.record_exchange(&host, digest, reply.clone()) {
+                tracing::warn!(%host, "recording exchange failed: {e}");
+            }
+            ("delivered", reply)
+        }
+        EgressDecision::Recorded(reply) => ("recorded", reply),
+        EgressDecision::Placeholder => ("placeholder", http::placeholder_response()),
+        EgressDecision::Deny => (
+            "denied",
+            http::denied_response("destination not declared for this tool"),
+        ),
+    };
+    st.egress.push(EgressEvent {
+        group,
+        host: host.to_string(),
+        decision: name,
+    });
+    reply
+}
+
+fn gateway_error(why: &str) -> Vec<u8> {
+    let body = format!("germline: {why}\n");
+    format!("HTTP/1.1 502 Bad Gateway\r\nx-germline: unreachable\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+const MAX_SLOT_WRITES: usize = 1024;
+
+fn slot_loop(
+    listener: TcpListener,
+    stop: &AtomicBool,
+    writes: &Mutex<Vec<(String, Option<Value>)>>,
+    max: usize,
+) {
+    let far = Instant::now() + Duration::from_secs(24 * 3600);
+    let Some(conn) = accept_until(&listener, stop, far) else {
+        return;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+    let Ok(mut w) = conn.try_clone() else { return };
+    let mut r = BufReader::new(conn);
+    while !stop.load(Ordering::SeqCst) {
+        match r.fill_buf() {
+            Ok([]) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+        let Ok(line) = read_line_bounded(&mut r, max) else {
+            return;
+        };
+        let parsed: Option<(String, Option<Value>)> =
+            serde_json::from_slice::<Value>(&line).ok().and_then(|v| {
+                let key = v.get("key")?.as_str()?.to_owned();
+                match v.get("op")?.as_str()? {
+                    "set" => Some((key, Some(v.get("value")?.clone()))),
+                    "delete" => Some((key, None)),
+                    _ => None,
+                }
+            });
+        let mut ws = writes.lock().unwrap_or_else(|p| p.into_inner());
+        let reply: &[u8] = match parsed {
+            Some(wr) if ws.len() < MAX_SLOT_WRITES => {
+                ws.push(wr);
+                b"ok\n"
+            }
+            Some(_) => b"too many slot writes\n",
+            None => b"malformed slot write\n",
+        };
+        drop(ws);
+        if w.write_all(reply).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,633 @@
+//! A germline call end to end: Plan from metadata, one copy per group in order, each
+//! holding only its view, results labelled and delivered to the group's consumers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use germline_model::{
+    plan_groups, CallRecords, Clearance, ConsumerName, Group, Horizon, HostName, Item, ItemName,
+    Label, Member, OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, View,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::broker::{serve_copy, CallShared, CopyJob, EgressEvent};
+use crate::confine::ResourceLimits;
+use crate::germline::{Germline, GermlineSpec, PythonRuntime};
+use crate::manifest::Manifest;
+use crate::outside::{prepare_copy, CopyFile};
+use crate::policy::Policy;
+use crate::ExecutorError;
+
+/// The reverse-DNS key under which a result's `_meta` carries its output label.
+pub const LABEL_META_KEY: &str = "dev.germline/label";
+
+/// Largest item file the broker reads into a copy's view.
+const MAX_ITEM_BYTES: u64 = 64 << 20;
+
+/// One tool call as the agent host forms it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct CallRequest {
+    /// Tool name.
+    pub tool: String,
+    /// Tool arguments (a JSON object).
+    #[serde(default)]
+    pub arguments: Map<String, Value>,
+    /// Paths of file items.
+    #[serde(default)]
+    pub items: Vec<PathBuf>,
+    /// Consumers of the result (default: `agent`).
+    #[serde(default)]
+    pub consumers: Vec<String>,
+}
+
+/// What a call produced, as printed by `germline call`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CallOutcome {
+    /// The tool result for the first consumer (with the label in `_meta`).
+    pub result: Option<Value>,
+    /// Its output label.
+    pub label: Option<Label>,
+    /// How many copies ran.
+    pub copies: usize,
+    /// Triggers recorded in this call.
+    pub triggers: Vec<Trigger>,
+    /// Why the call (or the first consumer's copy) failed.
+    pub error: Option<String>,
+    /// Per consumer: result, label and error.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumers: BTreeMap<String, ConsumerResult>,
+    /// Every egress attempt and the broker's decision.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<EgressEventOut>,
+}
+
+/// The part of a call one consumer receives.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ConsumerResult {
+    /// The tool result.
+    pub result: Option<Value>,
+    /// Its output label.
+    pub label: Option<Label>,
+    /// Why there is no result.
+    pub error: Option<String>,
+}
+
+/// An egress event as printed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EgressEventOut {
+    /// Plan group.
+    pub group: usize,
+    /// Host named by the copy.
+    pub host: String,
+    /// Broker decision.
+    pub decision: String,
+}
+
+impl From<EgressEvent> for EgressEventOut {
+    fn from(e: EgressEvent) -> Self {
+        EgressEventOut {
+            group: e.group,
+            host: e.host,
+            decision: e.decision.to_owned(),
+        }
+    }
+}
+
+impl CallOutcome {
+    /// A call that failed before any copy ran.
+    pub fn failed(e: impl ToString) -> Self {
+        CallOutcome {
+            error: Some(e.to_string()),
+            ..Default::default()
+        }
+    }
+}
+
+/// How the executor splits a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Splitting {
+    /// Plan's groups (germline).
+    Plan,
+    /// One copy holding every item for every member ("mechanism off" baseline).
+    None,
+}
+
+/// Per-horizon state slots of a runtime, kept outside the copies.
+#[derive(Default)]
+pub struct SlotStore {
+    slots: BTreeMap<SlotKey, Slot>,
+}
+
+impl SlotStore {
+    /// The slot for `key` (empty if never written).
+    pub fn get(&self, key: &SlotKey) -> Slot {
+        self.slots.get(key).cloned().unwrap_or_default()
+    }
+
+    /// Replaces the slot for `key`.
+    pub fn put(&mut self, key: SlotKey, slot: Slot) {
+        self.slots.insert(key, slot);
+    }
+}
+
+/// Twin inputs: fixed per call without looking at item contents.
+#[derive(Clone, Debug, Serialize)]
+pub struct TwinInputs {
+    /// Frozen wall clock (seconds since the epoch).
+    pub clock: f64,
+    /// Seed for every RNG the shim controls (hex).
+    pub seed: String,
+}
+
+impl TwinInputs {
+    /// Fresh twin inputs for one call.
+    pub fn fresh() -> Result<TwinInputs, ExecutorError> {
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed)
+            .map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+        let clock = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        Ok(TwinInputs {
+            clock,
+            seed: hex::encode(seed),
+        })
+    }
+}
+
+/// SHA-256 over a release directory's files (sorted relative paths and contents): the
+/// release id of a directory that did not come through admission.
+pub fn release_dir_hash(dir: &Path) -> Result<ReleaseHash, ExecutorError> {
+    use sha2::{Digest, Sha256};
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let ft = e.file_type()?;
+            let p = e.path();
+            if ft.is_dir() {
+                if e.file_name() != "__pycache__" {
+                    walk(base, &p, out)?;
+                }
+            } else if ft.is_file() {
+                out.push(p.strip_prefix(base).unwrap_or(&p).to_path_buf());
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, dir, &mut files).map_err(ExecutorError::io(format!(
+        "reading release {}",
+        dir.display()
+    )))?;
+    files.sort();
+    let mut h = Sha256::new();
+    for f in files {
+        let bytes = std::fs::read(dir.join(&f))
+            .map_err(ExecutorError::io(format!("reading {}", f.display())))?;
+        h.update(f.to_string_lossy().as_bytes());
+        h.update([0]);
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(&bytes);
+    }
+    Ok(ReleaseHash(h.finalize().into()))
+}
+
+/// A release running under germline: its germline, its slots, its policy.
+pub struct GermlineRuntime {
+    germline: Option<Germline>,
+    spec: GermlineSpec,
+    /// The release's manifest.
+    pub manifest: Manifest,
+    /// The deployer's policy.
+    pub policy: Policy,
+    /// The release id.
+    pub release: ReleaseHash,
+    /// Slots of this runtime.
+    pub slots: SlotStore,
+    /// How calls are split.
+    pub splitting: Splitting,
+    refused: Option<String>,
+}
+
+impl GermlineRuntime {
+    /// Starts the germline for `release_dir` under `policy`. Fails (refusing the release)
+    /// if the germline does not start or fails G1–G3.
+    pub fn start(
+        release_dir: &Path,
+        policy: Policy,
+        runtime: PythonRuntime,
+        splitting: Splitting,
+    ) -> Result<GermlineRuntime, ExecutorError> {
+        let manifest = Manifest::load(release_dir)?;
+        let release = release_dir_hash(release_dir)?;
+        let spec = GermlineSpec {
+            runtime,
+            release_dir: release_dir.to_path_buf(),
+            data_roots: policy.data_roots(),
+            limits: ResourceLimits {
+                memory_bytes: policy.limits.memory_bytes,
+                processes: policy.limits.processes,
+                cpu_seconds: policy.limits.cpu_seconds,
+                ..ResourceLimits::default()
+            },
+            start_timeout: Duration::from_secs(60),
+            extra_read: Vec::new(),
+        };
+        tracing::info!(
+            release = %release,
+            "per-copy limits: rlimits (address space {} MiB, {} processes per user namespace, {} CPU s); deadline {} ms",
+            spec.limits.memory_bytes >> 20,
+            spec.limits.processes,
+            spec.limits.cpu_seconds,
+            policy.limits.deadline.as_millis()
+        );
+        let germline = Germline::start(&spec)?;
+        tracing::info!(release = %release, "germline ready in {:?}", germline.start_time);
+        Ok(GermlineRuntime {
+            germline: Some(germline),
+            spec,
+            manifest,
+            policy,
+            release,
+            slots: SlotStore::default(),
+            splitting,
+            refused: None,
+        })
+    }
+
+    /// Runs one call. Never panics on hostile input; errors come back in the outcome.
+    pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
+        if let Some(why) = &self.refused {
+            return CallOutcome::failed(format!("release refused: {why}"));
+        }
+        match self.call_inner(req) {
+            Ok(o) => o,
+            Err(e) => {
+                if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                    self.refused = Some(e.to_string());
+                    self.germline = None;
+                }
+                CallOutcome::failed(e)
+            }
+        }
+    }
+
+    fn call_inner(&mut self, req: &CallRequest) -> Result<CallOutcome, ExecutorError> {
+        let prepared = PreparedCall::new(req, &self.manifest, &self.policy)?;
+        let plan = match self.splitting {
+            Splitting::Plan => plan_groups(&prepared.plan_input)?,
+            Splitting::None => single_group_plan(&prepared.plan_input),
+        };
+        let host_clearances: BTreeMap<HostName, Clearance> =
+            prepared.plan_input.hosts.iter().cloned().collect();
+        let shared = Arc::new(Mutex::new(CallShared {
+            records: CallRecords::new(&plan, &host_clearances)?,
+        }));
+        let twin = TwinInputs::fresh()?;
+        let mut outcome = CallOutcome {
+            copies: plan.groups.len(),
+            ..Default::default()
+        };
+        let mut per_consumer: BTreeMap<String, ConsumerResult> = BTreeMap::new();
+        let budget = self.policy.limits.deadline;
+
+        for (gi, group) in plan.groups.iter().enumerate() {
+            let key = SlotKey::new(self.release, &self.policy.user, group.horizon.clone())?;
+            let slot = self.slots.get(&key);
+            let (result, label, writes, egress) =
+                self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
+            outcome
+                .egress
+                .extend(egress.into_iter().map(EgressEventOut::from));
+            let final_label = label.label();
+            if result.is_ok() && !writes.is_empty() {
+                let mut slot = slot;
+                match slot.apply_writes(writes, &final_label) {
+                    Ok(()) if slot.fits(&group.horizon) => self.slots.put(key, slot),
+                    Ok(()) => tracing::warn!(
+                        "slot write refused: label escapes horizon {}",
+                        group.horizon
+                    ),
+                    Err(e) => tracing::warn!("slot write refused: {e}"),
+                }
+            }
+            let mut cr = ConsumerResult::default();
+            match result {
+                Ok(mut v) => {
+                    attach_label(&mut v, &final_label);
+                    cr.result = Some(v);
+                    cr.label = Some(final_label);
+                }
+                Err(e) => cr.error = Some(e),
+            }
+            for c in &group.consumers {
+                per_consumer.insert(c.to_string(), cr.clone());
+            }
+        }
+        let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+        outcome.triggers = sh.records.triggers().to_vec();
+        let _ = &mut sh;
+        if let Some(first) = prepared.consumers.first() {
+            if let Some(cr) = per_consumer.get(first.as_str()) {
+                outcome.result = cr.result.clone();
+                outcome.label = cr.label.clone();
+                outcome.error = cr.error.clone();
+            }
+        }
+        if per_consumer.len() > 1 {
+            outcome.consumers = per_consumer;
+        }
+        for t in &outcome.triggers {
+            tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
+        }
+        Ok(outcome)
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn run_copy(
+        &mut self,
+        gi: usize,
+        group: &Group,
+        prepared: &PreparedCall,
+        slot: &Slot,
+        twin: &TwinInputs,
+        shared: &Arc<Mutex<CallShared>>,
+        budget: Duration,
+    ) -> Result<
+        (
+            Result<Value, String>,
+            OutputLabel,
+            Vec<(String, Option<Value>)>,
+            Vec<EgressEvent>,
+        ),
+        ExecutorError,
+    > {
+        let deadline = Instant::now() + budget;
+        let germline = match self.germline.as_mut() {
+            Some(g) => g,
+            None => {
+                self.germline = Some(Germline::start(&self.spec)?);
+                self.germline
+                    .as_mut()
+                    .ok_or_else(|| ExecutorError::internal("germline"))?
+            }
+        };
+        let copy = germline.fork_copy()?;
+        let files: Vec<CopyFile> = prepared
+            .files
+            .iter()
+            .map(|(name, path, bytes)| CopyFile {
+                path: path.clone(),
+                contents: if group.view.contains(name) {
+                    bytes.clone()
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files)?;
+        let arguments = prepared.arguments_for(&group.view);
+        let slot_values: Map<String, Value> = slot
+            .iter()
+            .map(|(k, e)| (k.to_string(), e.value.clone()))
+            .collect();
+        let preamble = json!({"twin": twin, "slot": slot_values});
+        let label = OutputLabel::new(
+            group.view.label_of(&prepared.plan_input.items),
+            slot.label(),
+        );
+        let job = CopyJob {
+            group_index: gi,
+            listeners,
+            preamble,
+            tool: &prepared.tool,
+            arguments,
+            deadline,
+            budget,
+            policy: &self.policy,
+            label,
+            killer: copy.killer()?,
+        };
+        let r = serve_copy(job, shared);
+        copy.kill()?;
+        drop(copy);
+        {
+            let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+            sh.records.finish_copy(gi);
+        }
+        Ok((r.result, r.label, r.slot_writes, r.egress))
+    }
+}
+
+fn attach_label(v: &mut Value, label: &Label) {
+    if let Some(obj) = v.as_object_mut() {
+        let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(LABEL_META_KEY.to_owned(), json!(label));
+        }
+    }
+}
+
+/// One group for every member, holding every item: the "splitting off" baseline.
+fn single_group_plan(input: &PlanInput) -> Plan {
+    let view = View::new(input.items.iter().map(|i| i.name.clone()).collect());
+    let mut clearances = BTreeMap::new();
+    for (h, c) in &input.hosts {
+        clearances.insert(Member::Host(h.clone()), c.clone());
+    }
+    for (n, c) in &input.consumers {
+        clearances.insert(Member::Consumer(n.clone()), c.clone());
+    }
+    let horizon = Horizon::of(clearances.values()).unwrap_or(Horizon(Clearance::empty()));
+    Plan {
+        groups: vec![Group {
+            view,
+            hosts: input.hosts.iter().map(|(h, _)| h.clone()).collect(),
+            consumers: input.consumers.iter().map(|(c, _)| c.clone()).collect(),
+            horizon,
+            clearances,
+        }],
+    }
+}
+
+/// A call's metadata and item contents, read once.
+struct PreparedCall {
+    tool: String,
+    arguments: Map<String, Value>,
+    /// (item name, path, contents) of file items.
+    files: Vec<(ItemName, PathBuf, Vec<u8>)>,
+    /// Argument items: argument name → item name.
+    arg_items: BTreeMap<String, ItemName>,
+    consumers: Vec<ConsumerName>,
+    plan_input: PlanInput,
+}
+
+impl PreparedCall {
+    fn new(
+        req: &CallRequest,
+        manifest: &Manifest,
+        policy: &Policy,
+    ) -> Result<PreparedCall, ExecutorError> {
+        let decl = manifest.tool(&req.tool);
+        let mut items = Vec::new();
+        let mut files = Vec::new();
+        for p in &req.items {
+            if !p.is_absolute() {
+                return Err(ExecutorError::Call(format!(
+                    "item path {} must be absolute",
+                    p.display()
+                )));
+            }
+            let label = policy.label_path(p)?;
+            let meta = std::fs::metadata(p)
+                .map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            if !meta.is_file() || meta.len() > MAX_ITEM_BYTES {
+                return Err(ExecutorError::Call(format!(
+                    "item {} must be a regular file of at most {MAX_ITEM_BYTES} bytes",
+                    p.display()
+                )));
+            }
+            let bytes = std::fs::read(p)
+                .map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            let name = ItemName::new(&p.to_string_lossy())?;
+            items.push(Item {
+                name: name.clone(),
+                label,
+            });
+            files.push((name, p.clone(), bytes));
+        }
+        let mut arg_items = BTreeMap::new();
+        for arg in req.arguments.keys() {
+            if let Some(label) = policy.label_argument(&req.tool, arg) {
+                let name = ItemName::new(&format!("arg:{arg}"))?;
+                items.push(Item {
+                    name: name.clone(),
+                    label,
+                });
+                arg_items.insert(arg.clone(), name);
+            }
+        }
+        let mut hosts: Vec<(HostName, Clearance)> = decl
+            .hosts
+            .iter()
+            .map(|h| (h.clone(), policy.destination_clearance(h)))
+            .collect();
+        if let Some(arg) = &decl.host_argument {
+            if let Some(v) = req.arguments.get(arg).and_then(Value::as_str) {
+                let host = host_of(v).ok_or_else(|| {
+                    ExecutorError::Call(format!("argument {arg} names no host: {v:?}"))
+                })?;
+                if !hosts.iter().any(|(h, _)| *h == host) {
+                    let c = policy.destination_clearance(&host);
+                    hosts.push((host, c));
+                }
+            }
+        }
+        let names: Vec<String> = if req.consumers.is_empty() {
+            vec!["agent".into()]
+        } else {
+            req.consumers.clone()
+        };
+        let mut consumers = Vec::new();
+        let mut plan_consumers = Vec::new();
+        for n in names {
+            let c = ConsumerName::new(&n)?;
+            plan_consumers.push((c.clone(), policy.consumer_clearance(&c)?));
+            consumers.push(c);
+        }
+        Ok(PreparedCall {
+            tool: req.tool.clone(),
+            arguments: req.arguments.clone(),
+            files,
+            arg_items,
+            consumers,
+            plan_input: PlanInput {
+                items,
+                hosts,
+                consumers: plan_consumers,
+            },
+        })
+    }
+
+    /// The arguments a copy with `view` receives: out-of-view item arguments blanked
+    /// (present by name, empty content).
+    fn arguments_for(&self, view: &View) -> Value {
+        let mut args = self.arguments.clone();
+        for (arg, item) in &self.arg_items {
+            if !view.contains(item) {
+                if let Some(v) = args.get_mut(arg) {
+                    *v = match v {
+                        Value::String(_) => Value::String(String::new()),
+                        Value::Array(_) => Value::Array(Vec::new()),
+                        Value::Object(_) => Value::Object(Map::new()),
+                        Value::Number(_) => json!(0),
+                        Value::Bool(_) => Value::Bool(false),
+                        Value::Null => Value::Null,
+                    };
+                }
+            }
+        }
+        Value::Object(args)
+    }
+}
+
+/// The host named by a URL or bare host argument.
+fn host_of(v: &str) -> Option<HostName> {
+    let rest = v.split_once("://").map(|(_, r)| r).unwrap_or(v);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority
+        .rsplit_once('@')
+        .map(|(_, a)| a)
+        .unwrap_or(authority);
+    let host = authority
+        .rsplit_once(':')
+        .map(|(h, _)| h)
+        .unwrap_or(authority);
+    HostName::new(&host.to_ascii_lowercase()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_of_urls() {
+        assert_eq!(
+            host_of("https://API.example:8443/x?y").unwrap().as_str(),
+            "api.example"
+        );
+        assert_eq!(host_of("api.example").unwrap().as_str(), "api.example");
+        assert!(host_of("http://").is_none());
+    }
+
+    #[test]
+    fn blanking_keeps_names() {
+        let policy = Policy::parse("tags=['hr']\n[[items]]\nargument='note'\nlabel=['hr']\n[consumers.agent]\nclearance=['hr']").unwrap();
+        let manifest =
+            Manifest::parse("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'")
+                .unwrap();
+        let mut args = Map::new();
+        args.insert("note".into(), json!("SECRET"));
+        args.insert("other".into(), json!("public"));
+        let p = PreparedCall::new(
+            &CallRequest {
+                tool: "t".into(),
+                arguments: args,
+                ..Default::default()
+            },
+            &manifest,
+            &policy,
+        )
+        .unwrap();
+        let blank = p.arguments_for(&View::new(Default::default()));
+        assert_eq!(blank, json!({"note": "", "other": "public"}));
+        let full = p.arguments_for(&View::new(
+            p.plan_input.items.iter().map(|i| i.name.clone()).collect(),
+        ));
+        assert_eq!(full["note"], "SECRET");
+    }
+}

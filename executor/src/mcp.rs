@@ -1,0 +1,155 @@
+//! The broker's side of MCP over a copy's stdio (newline-delimited JSON-RPC 2.0), with
+//! bounded message sizes. Messages from a copy are hostile input: parsed once, sizes
+//! checked, anything unexpected ignored or answered with an error.
+
+use std::io::{BufRead, Write};
+
+use serde_json::{json, Value};
+
+use crate::ExecutorError;
+
+/// The protocol version the broker offers.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+
+/// An MCP client over a line-oriented byte stream.
+pub struct McpClient<R, W> {
+    reader: R,
+    writer: W,
+    next_id: u64,
+    max_message: usize,
+}
+
+impl<R: BufRead, W: Write> McpClient<R, W> {
+    /// Wraps a reader and writer.
+    pub fn new(reader: R, writer: W, max_message: usize) -> Self {
+        McpClient {
+            reader,
+            writer,
+            next_id: 1,
+            max_message,
+        }
+    }
+
+    /// `initialize` then `notifications/initialized`; returns the server's result.
+    pub fn initialize(&mut self) -> Result<Value, ExecutorError> {
+        let result = self.request(
+            "initialize",
+            json!({
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "germline-broker", "version": env!("CARGO_PKG_VERSION")}
+            }),
+        )?;
+        let result = result.map_err(|e| ExecutorError::Copy(format!("initialize failed: {e}")))?;
+        self.notify("notifications/initialized", json!({}))?;
+        Ok(result)
+    }
+
+    /// Sends a request and waits for its response: `Ok(Ok(result))` or `Ok(Err(error))`
+    /// for a JSON-RPC error object.
+    pub fn request(
+        &mut self,
+        method: &str,
+        params: Value,
+    ) -> Result<Result<Value, Value>, ExecutorError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        loop {
+            let msg = self.read_message()?;
+            if msg.get("method").is_some() {
+                if let Some(req_id) = msg.get("id") {
+                    // A request from the server (ping, sampling, roots...): the broker
+                    // answers ping and refuses the rest; nothing flows to the agent.
+                    let reply = if msg["method"] == "ping" {
+                        json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
+                    } else {
+                        json!({"jsonrpc": "2.0", "id": req_id, "error": {"code": -32601, "message": "not supported by germline"}})
+                    };
+                    self.send(&reply)?;
+                }
+                continue;
+            }
+            if msg.get("id").and_then(Value::as_u64) == Some(id) {
+                if let Some(err) = msg.get("error") {
+                    return Ok(Err(err.clone()));
+                }
+                return Ok(Ok(msg.get("result").cloned().unwrap_or(Value::Null)));
+            }
+        }
+    }
+
+    /// Sends a notification.
+    pub fn notify(&mut self, method: &str, params: Value) -> Result<(), ExecutorError> {
+        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+    }
+
+    fn send(&mut self, msg: &Value) -> Result<(), ExecutorError> {
+        let mut line = serde_json::to_vec(msg).map_err(|e| ExecutorError::Copy(e.to_string()))?;
+        line.push(b'\n');
+        self.writer
+            .write_all(&line)
+            .map_err(ExecutorError::io("writing to the copy"))?;
+        self.writer
+            .flush()
+            .map_err(ExecutorError::io("writing to the copy"))
+    }
+
+    fn read_message(&mut self) -> Result<Value, ExecutorError> {
+        loop {
+            let line = read_line_bounded(&mut self.reader, self.max_message)?;
+            let trimmed = line.trim_ascii();
+            if trimmed.is_empty() {
+                continue;
+            }
+            return serde_json::from_slice(trimmed)
+                .map_err(|e| ExecutorError::Copy(format!("copy sent malformed JSON-RPC: {e}")));
+        }
+    }
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes.
+pub fn read_line_bounded(r: &mut impl BufRead, max: usize) -> Result<Vec<u8>, ExecutorError> {
+    let mut out = Vec::new();
+    loop {
+        let buf = r
+            .fill_buf()
+            .map_err(ExecutorError::io("reading from the copy"))?;
+        if buf.is_empty() {
+            return Err(ExecutorError::Copy("the copy closed its channel".into()));
+        }
+        let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        out.extend_from_slice(&buf[..take]);
+        r.consume(take);
+        if out.len() > max {
+            return Err(ExecutorError::Copy(format!("message over {max} bytes")));
+        }
+        if done {
+            return Ok(out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_pings_skips_notifications_and_bounds_lines() {
+        let server = b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n{\"jsonrpc\":\"2.0\",\"id\":\"s1\",\"method\":\"ping\"}\n{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"ok\":true}}\n";
+        let mut sent = Vec::new();
+        let mut c = McpClient::new(&server[..], &mut sent, 1 << 20);
+        let r = c.request("tools/list", json!({})).unwrap().unwrap();
+        assert_eq!(r["ok"], true);
+        let sent = String::from_utf8(sent).unwrap();
+        assert!(
+            sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"),
+            "{sent}"
+        );
+        let long = vec![b'x'; 100];
+        assert!(read_line_bounded(&mut &long[..], 10).is_err());
+    }
+}

@@ -1,0 +1,81 @@
+//! The runtimes a release can be run under, behind one switch (`--runtime`).
+
+use std::path::Path;
+use std::str::FromStr;
+
+use crate::call::{CallOutcome, CallRequest, GermlineRuntime, Splitting};
+use crate::germline::PythonRuntime;
+use crate::policy::Policy;
+use crate::sigpin::SigPinRuntime;
+use crate::ExecutorError;
+
+/// Which runtime to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeKind {
+    /// Plan-split copies forked from a data-free germline (the default).
+    Germline,
+    /// One long-lived unconfined process (unprotected reference).
+    SigPin,
+    /// germline with one copy holding every item ("splitting off").
+    NoSplit,
+}
+
+impl FromStr for RuntimeKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "germline" => Ok(RuntimeKind::Germline),
+            "sig-pin" => Ok(RuntimeKind::SigPin),
+            "nosplit" => Ok(RuntimeKind::NoSplit),
+            _ => Err(format!(
+                "unknown runtime {s:?} (germline, sig-pin, nosplit)"
+            )),
+        }
+    }
+}
+
+/// A started runtime.
+pub enum Runtime {
+    /// See [`RuntimeKind::Germline`] and [`RuntimeKind::NoSplit`].
+    Germline(Box<GermlineRuntime>),
+    /// See [`RuntimeKind::SigPin`].
+    SigPin(Box<SigPinRuntime>),
+}
+
+impl Runtime {
+    /// Starts `release_dir` under `kind`.
+    pub fn start(
+        kind: RuntimeKind,
+        release_dir: &Path,
+        policy: Policy,
+        python: PythonRuntime,
+    ) -> Result<Runtime, ExecutorError> {
+        Ok(match kind {
+            RuntimeKind::Germline => Runtime::Germline(Box::new(GermlineRuntime::start(
+                release_dir,
+                policy,
+                python,
+                Splitting::Plan,
+            )?)),
+            RuntimeKind::NoSplit => Runtime::Germline(Box::new(GermlineRuntime::start(
+                release_dir,
+                policy,
+                python,
+                Splitting::None,
+            )?)),
+            RuntimeKind::SigPin => Runtime::SigPin(Box::new(SigPinRuntime::start(
+                release_dir,
+                policy,
+                &python,
+            )?)),
+        })
+    }
+
+    /// Runs one call.
+    pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
+        match self {
+            Runtime::Germline(g) => g.call(req),
+            Runtime::SigPin(s) => s.call(req),
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! `--runtime sig-pin`: the unprotected reference. One long-lived server process after
+//! the signature check, as MCP hosts run servers today: it sees every call's data and
+//! its egress goes wherever it asks (through a relay that only resolves the policy's test
+//! host names). Used to show what germline prevents, and as the benign-output baseline.
+
+use std::io::{BufReader, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use germline_model::{HostName, Label};
+use serde_json::json;
+
+use crate::call::{CallOutcome, CallRequest};
+use crate::germline::PythonRuntime;
+use crate::http;
+use crate::mcp::McpClient;
+use crate::policy::Policy;
+use crate::ExecutorError;
+
+/// A release as one long-lived, unconfined process.
+pub struct SigPinRuntime {
+    child: Child,
+    client: McpClient<BufReader<ChildStdout>, ChildStdin>,
+    policy: Policy,
+    stop: Arc<AtomicBool>,
+    relay: Option<thread::JoinHandle<()>>,
+}
+
+impl SigPinRuntime {
+    /// Starts the server and its relay.
+    pub fn start(
+        release_dir: &Path,
+        policy: Policy,
+        runtime: &PythonRuntime,
+    ) -> Result<SigPinRuntime, ExecutorError> {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").map_err(ExecutorError::io("binding the relay"))?;
+        let port = listener
+            .local_addr()
+            .map_err(ExecutorError::io("relay address"))?
+            .port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let relay = {
+            let (stop, policy) = (stop.clone(), policy.clone());
+            thread::spawn(move || relay_loop(listener, &stop, &policy))
+        };
+        let proxy = format!("http://127.0.0.1:{port}");
+        let mut cmd = Command::new(&runtime.python);
+        cmd.arg("-I")
+            .arg(runtime.shim_dir.join("germline_host.py"))
+            .arg("serve")
+            .arg(release_dir)
+            .current_dir(release_dir)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for var in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            cmd.env(var, &proxy);
+        }
+        cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+        let mut child = cmd
+            .spawn()
+            .map_err(ExecutorError::io("starting the sig-pin server"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(ExecutorError::internal("sig-pin pipes"));
+        };
+        let mut client = McpClient::new(
+            BufReader::new(stdout),
+            stdin,
+            policy.limits.max_message_bytes,
+        );
+        client.initialize()?;
+        Ok(SigPinRuntime {
+            child,
+            client,
+            policy,
+            stop,
+            relay: Some(relay),
+        })
+    }
+
+    /// Runs one call in the long-lived process. Items are read where they lie; nothing
+    /// is labelled beyond the call's own item labels.
+    pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
+        let mut label = Label::empty();
+        for p in &req.items {
+            match self.policy.label_path(p) {
+                Ok(l) => label = label.join(&l),
+                Err(e) => return CallOutcome::failed(e),
+            }
+        }
+        let deadline = self.policy.limits.deadline;
+        let pid = self.child.id() as i32;
+        let done = Arc::new(AtomicBool::new(false));
+        let watchdog = {
+            let done = done.clone();
+            thread::spawn(move || {
+                let end = Instant::now() + deadline;
+                while !done.load(Ordering::SeqCst) {
+                    if Instant::now() > end {
+                        // SAFETY: signalling our own child.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                        return;
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        let r = self.client.request(
+            "tools/call",
+            json!({"name": req.tool, "arguments": req.arguments}),
+        );
+        done.store(true, Ordering::SeqCst);
+        let _ = watchdog.join();
+        match r {
+            Ok(Ok(v)) => CallOutcome {
+                result: Some(v),
+                label: None,
+                copies: 1,
+                ..Default::default()
+            },
+            Ok(Err(e)) => CallOutcome::failed(format!("tool error: {e}")),
+            Err(e) => CallOutcome::failed(e),
+        }
+    }
+}
+
+impl Drop for SigPinRuntime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self.client.notify("exit", json!({}));
+        if let Some(r) = self.relay.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+fn relay_loop(listener: TcpListener, stop: &AtomicBool, policy: &Policy) {
+    let _ = listener.set_nonblocking(true);
+    while !stop.load(Ordering::SeqCst) {
+        let mut conn = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            Err(_) => return,
+        };
+        let _ = conn.set_nonblocking(false);
+        let deadline = Instant::now() + policy.limits.deadline;
+        let _ = conn.set_read_timeout(Some(policy.limits.deadline));
+        let reply = match http::read_request(&mut conn, policy.limits.max_message_bytes) {
+            Ok(Some(req)) => match HostName::new(&req.host)
+                .ok()
+                .and_then(|h| policy.host_address(&h))
+            {
+                Some(addr) if req.method != "CONNECT" => {
+                    http::forward(&req, addr, deadline, policy.limits.max_message_bytes)
+                        .unwrap_or_else(|e| http::denied_response(&e.to_string()))
+                }
+                _ => http::denied_response(
+                    "no test address for this host (sig-pin reaches only mapped hosts)",
+                ),
+            },
+            Ok(None) => continue,
+            Err(e) => http::denied_response(&e.to_string()),
+        };
+        let _ = conn.write_all(&reply);
+    }
+}
