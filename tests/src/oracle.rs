@@ -11,8 +11,11 @@
 //! adversarially shaped that the search would exceed its work budget, it panics instead of
 //! answering "no disclosure".
 
+use std::collections::hash_map::{DefaultHasher, Entry};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
+use std::hash::{Hash, Hasher};
 use std::io::Read;
 
 use germline_model::Clearance;
@@ -165,53 +168,69 @@ impl Encoding {
 /// When the haystack would make the decoders produce more than the oracle's work budget
 /// (2 GiB); failing loudly is safer than reporting "no disclosure" unchecked.
 pub fn discloses(haystack: &[u8], canary: &str) -> Option<Encoding> {
-    let needle = canary.as_bytes();
     let mut search = Search {
-        needle,
+        needle: canary.as_bytes(),
         work: 0,
         path: Vec::new(),
+        best: None,
+        seen: HashMap::new(),
     };
-    // Iterative deepening: the first hit is the shortest chain, while memory stays at one
-    // decoded buffer per layer.
-    for limit in 0..=MAX_LAYERS {
-        if search.at_depth(haystack, limit) {
-            return Some(Encoding::from_layers(search.path));
-        }
-    }
-    None
+    search.visit(haystack);
+    search.best.map(Encoding::from_layers)
 }
 
+/// A depth-first walk over decodings that keeps the shortest chain found. Different
+/// chains often yield the same bytes (independent layers commute), so each decoded
+/// buffer is visited once per depth, keyed by its hash.
 struct Search<'n> {
     needle: &'n [u8],
     work: usize,
     path: Vec<Layer>,
+    best: Option<Vec<Layer>>,
+    seen: HashMap<u64, usize>,
 }
 
 impl Search<'_> {
-    /// True when the needle is visible after exactly `remaining` more layers.
-    fn at_depth(&mut self, buf: &[u8], remaining: usize) -> bool {
-        if remaining == 0 {
-            return contains(buf, self.needle);
+    fn visit(&mut self, buf: &[u8]) {
+        let depth = self.path.len();
+        if contains(buf, self.needle) {
+            // Anything found deeper along this branch would be a longer chain.
+            if self.best.as_ref().is_none_or(|b| depth < b.len()) {
+                self.best = Some(self.path.clone());
+            }
+            return;
         }
-        if buf.len() < self.needle.len() {
-            return false;
+        let bound = self.best.as_ref().map_or(MAX_LAYERS, |b| b.len() - 1);
+        if depth >= bound || buf.len() < self.needle.len() {
+            return;
         }
         for layer in Layer::ALL {
             let Some(decoded) = decode(layer, buf, self.needle) else {
                 continue;
             };
+            if decoded == buf {
+                continue;
+            }
             self.work = self.work.saturating_add(decoded.len());
             assert!(
                 self.work <= WORK_BUDGET,
                 "disclosure oracle: work budget exceeded; cannot certify non-disclosure"
             );
-            self.path.push(layer);
-            if self.at_depth(&decoded, remaining - 1) {
-                return true;
+            let mut h = DefaultHasher::new();
+            decoded.hash(&mut h);
+            match self.seen.entry(h.finish()) {
+                Entry::Occupied(mut e) if *e.get() > depth + 1 => {
+                    e.insert(depth + 1);
+                }
+                Entry::Occupied(_) => continue,
+                Entry::Vacant(e) => {
+                    e.insert(depth + 1);
+                }
             }
+            self.path.push(layer);
+            self.visit(&decoded);
             self.path.pop();
         }
-        false
     }
 }
 
@@ -255,13 +274,50 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     false
 }
 
-fn hex_val(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
+/// Marks a byte outside a decoder's alphabet in the lookup tables below.
+const NOT: u8 = 0xFF;
+
+/// Hex digit values by byte; tables keep the per-byte decoders cheap even unoptimised.
+const HEX: [u8; 256] = {
+    let mut t = [NOT; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
     }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Base64 sextet values by byte, standard and URL-safe alphabets merged.
+const B64: [u8; 256] = {
+    let mut t = [NOT; 256];
+    let mut i = 0;
+    while i < 26 {
+        t[b'A' as usize + i] = i as u8;
+        t[b'a' as usize + i] = 26 + i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = 52 + i as u8;
+        i += 1;
+    }
+    t[b'+' as usize] = 62;
+    t[b'-' as usize] = 62;
+    t[b'/' as usize] = 63;
+    t[b'_' as usize] = 63;
+    t
+};
+
+fn hex_val(b: u8) -> Option<u8> {
+    let v = HEX[usize::from(b)];
+    (v != NOT).then_some(v)
 }
 
 fn hex_pair(hi: u8, lo: u8) -> Option<u8> {
@@ -469,14 +525,8 @@ fn hex_runs(buf: &[u8], needle_len: usize) -> Option<Vec<u8>> {
 }
 
 fn b64_val(b: u8) -> Option<u8> {
-    match b {
-        b'A'..=b'Z' => Some(b - b'A'),
-        b'a'..=b'z' => Some(b - b'a' + 26),
-        b'0'..=b'9' => Some(b - b'0' + 52),
-        b'+' | b'-' => Some(62),
-        b'/' | b'_' => Some(63),
-        _ => None,
-    }
+    let v = B64[usize::from(b)];
+    (v != NOT).then_some(v)
 }
 
 fn b64_decode_sextets(sextets: &[u8], out: &mut Vec<u8>) {
@@ -605,5 +655,483 @@ impl Oracle {
             .map(|t| t.as_str().to_owned())
             .collect();
         self.disclosures(sink_name, &tags, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic PRNG (SplitMix64) so a false positive is reproducible.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| self.next() as u8).collect()
+        }
+        fn text_over(&mut self, alphabet: &[u8], n: usize) -> Vec<u8> {
+            (0..n)
+                .map(|_| alphabet[self.below(alphabet.len())])
+                .collect()
+        }
+    }
+
+    const STD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+    fn b64(data: &[u8], alphabet: &[u8; 64], pad: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for chunk in data.chunks(3) {
+            let mut n = [0u8; 3];
+            n[..chunk.len()].copy_from_slice(chunk);
+            let v = u32::from(n[0]) << 16 | u32::from(n[1]) << 8 | u32::from(n[2]);
+            let chars = chunk.len() + 1;
+            for k in 0..4 {
+                if k < chars {
+                    out.push(alphabet[(v >> (18 - 6 * k) & 63) as usize]);
+                } else if pad {
+                    out.push(b'=');
+                }
+            }
+        }
+        out
+    }
+
+    fn hex_lower(data: &[u8]) -> Vec<u8> {
+        data.iter()
+            .flat_map(|b| format!("{b:02x}").into_bytes())
+            .collect()
+    }
+
+    fn pct(data: &[u8], which: impl Fn(usize) -> bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, &b) in data.iter().enumerate() {
+            if which(i) {
+                out.extend_from_slice(format!("%{b:02X}").as_bytes());
+            } else {
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    fn wrap(prefix: &[u8], middle: &[u8], suffix: &[u8]) -> Vec<u8> {
+        [prefix, middle, suffix].concat()
+    }
+
+    fn canary() -> Canary {
+        Canary::fresh("hr")
+    }
+
+    #[test]
+    fn canary_has_the_documented_shape_and_is_fresh() {
+        let a = canary();
+        let b = canary();
+        assert_ne!(a, b);
+        let s = a.as_str();
+        assert!(s.starts_with("GLC-hr-"), "{s}");
+        let tail = &s["GLC-hr-".len()..];
+        assert_eq!(tail.len(), 24);
+        assert!(tail
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(a.label_tag(), "hr");
+        assert!(Canary::fresh("Weird Tag!")
+            .as_str()
+            .starts_with("GLC-_eird__ag_-"));
+    }
+
+    #[test]
+    fn raw_canary_is_detected() {
+        let c = canary();
+        let body = format!("POST /ocr HTTP/1.1\r\n\r\n{{\"text\":\"x {c} y\"}}");
+        assert_eq!(discloses(body.as_bytes(), c.as_str()), Some(Encoding::Raw));
+        assert_eq!(
+            discloses(c.as_str().as_bytes(), c.as_str()),
+            Some(Encoding::Raw)
+        );
+    }
+
+    #[test]
+    fn url_encoded_canary_is_detected_whole_or_partial() {
+        let c = canary();
+        let raw = c.as_str().as_bytes();
+        for which in [
+            &(|_| true) as &dyn Fn(usize) -> bool,
+            &|i| i % 2 == 0,
+            &|i| i % 7 == 3,
+            &|i| i == raw.len() / 2,
+        ] {
+            let enc = pct(raw, which);
+            let hay = wrap(b"GET /q?a=1&d=", &enc, b"&z=2 HTTP/1.1\r\n");
+            assert_eq!(discloses(&hay, c.as_str()), Some(Encoding::UrlEncoded));
+            // Lower-case percent hex decodes too.
+            let mut lower = enc.clone();
+            for i in 0..lower.len() {
+                if lower[i] == b'%' {
+                    lower[i + 1..i + 3].make_ascii_lowercase();
+                }
+            }
+            assert_eq!(discloses(&lower, c.as_str()), Some(Encoding::UrlEncoded));
+        }
+        // `+` for space, for canaries that contain one.
+        let spaced = format!("{} and more", c.as_str());
+        let enc = pct(spaced.replace(' ', "+").as_bytes(), |i| i % 3 == 0);
+        assert_eq!(discloses(&enc, &spaced), Some(Encoding::UrlEncoded));
+        // Doubly percent-encoded is two layers.
+        let twice = pct(&pct(raw, |_| true), |_| true);
+        assert_eq!(
+            discloses(&twice, c.as_str()),
+            Some(Encoding::Layered(vec![Layer::Url, Layer::Url]))
+        );
+    }
+
+    #[test]
+    fn base64_is_detected_at_every_alignment_alphabet_and_padding() {
+        let mut rng = Rng(1);
+        let c = canary();
+        for prefix_len in 0..7 {
+            for suffix_len in 0..4 {
+                for alphabet in [STD, URL_SAFE] {
+                    for pad in [true, false] {
+                        let blob = wrap(
+                            &rng.bytes(prefix_len),
+                            c.as_str().as_bytes(),
+                            &rng.bytes(suffix_len),
+                        );
+                        let enc = b64(&blob, alphabet, pad);
+                        let hay = wrap(b"{\"payload\":\"", &enc, b"\"}");
+                        assert_eq!(
+                            discloses(&hay, c.as_str()),
+                            Some(Encoding::Base64 { depth: 1 }),
+                            "prefix {prefix_len} suffix {suffix_len} pad {pad}"
+                        );
+                        // Also when the blob runs into other alphabet characters.
+                        let glued = wrap(b"xyz", &enc, b"");
+                        assert!(discloses(&glued, c.as_str()).is_some());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn base64_with_mime_line_breaks_is_detected() {
+        let c = canary();
+        let blob = wrap(&[7u8; 40], c.as_str().as_bytes(), &[9u8; 40]);
+        let enc = b64(&blob, STD, true);
+        let mut broken = Vec::new();
+        for line in enc.chunks(19) {
+            broken.extend_from_slice(line);
+            broken.extend_from_slice(b"\r\n");
+        }
+        assert_eq!(
+            discloses(&broken, c.as_str()),
+            Some(Encoding::Base64 { depth: 1 })
+        );
+    }
+
+    #[test]
+    fn nested_base64_is_detected_to_depth_three() {
+        let mut rng = Rng(2);
+        let c = canary();
+        for trial in 0..12 {
+            let mut blob = c.as_str().as_bytes().to_vec();
+            for depth in 1..=3u8 {
+                let prefix = rng.bytes(trial % 4);
+                let suffix = rng.bytes(trial % 3);
+                let alphabet = if (trial + usize::from(depth)) % 2 == 0 {
+                    STD
+                } else {
+                    URL_SAFE
+                };
+                blob = b64(&wrap(&prefix, &blob, &suffix), alphabet, trial % 2 == 0);
+                let hay = wrap(b"data=", &blob, b";");
+                assert_eq!(
+                    discloses(&hay, c.as_str()),
+                    Some(Encoding::Base64 { depth }),
+                    "trial {trial} depth {depth}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn hex_is_detected_in_either_case_and_nibble_offset() {
+        let c = canary();
+        let lower = hex_lower(c.as_str().as_bytes());
+        let upper = lower.to_ascii_uppercase();
+        let mixed: Vec<u8> = lower
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if i % 3 == 0 {
+                    b.to_ascii_uppercase()
+                } else {
+                    *b
+                }
+            })
+            .collect();
+        for enc in [&lower, &upper, &mixed] {
+            assert_eq!(discloses(enc, c.as_str()), Some(Encoding::Hex));
+            // Odd nibble offset inside a longer hex run.
+            let hay = wrap(b"id=abc", enc, b"def0");
+            assert_eq!(discloses(&hay, c.as_str()), Some(Encoding::Hex));
+        }
+    }
+
+    #[test]
+    fn zero_width_interleaving_is_detected_as_utf8_and_json_escapes() {
+        let c = canary();
+        for zw in ['\u{200B}', '\u{200C}', '\u{200D}', '\u{2060}', '\u{FEFF}'] {
+            let every: String = c.as_str().chars().flat_map(|ch| [ch, zw]).collect();
+            let some: String = c
+                .as_str()
+                .chars()
+                .enumerate()
+                .flat_map(|(i, ch)| if i % 4 == 1 { vec![zw, ch] } else { vec![ch] })
+                .collect();
+            for text in [every, some] {
+                assert_eq!(
+                    discloses(text.as_bytes(), c.as_str()),
+                    Some(Encoding::ZeroWidth),
+                    "{zw:?} utf-8"
+                );
+                for upper in [false, true] {
+                    let escaped: String = text
+                        .chars()
+                        .map(|ch| {
+                            if ch == zw {
+                                let e = format!("\\u{:04x}", u32::from(ch));
+                                if upper {
+                                    e.to_uppercase().replace("\\U", "\\u")
+                                } else {
+                                    e
+                                }
+                            } else {
+                                ch.to_string()
+                            }
+                        })
+                        .collect();
+                    let hay = format!("{{\"note\":\"{escaped}\"}}");
+                    assert_eq!(
+                        discloses(hay.as_bytes(), c.as_str()),
+                        Some(Encoding::ZeroWidth),
+                        "{zw:?} escaped {hay}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn json_escaped_canary_is_detected() {
+        let c = canary();
+        let all: String = c
+            .as_str()
+            .chars()
+            .map(|ch| format!("\\u{:04x}", u32::from(ch)))
+            .collect();
+        let some: String = c
+            .as_str()
+            .chars()
+            .enumerate()
+            .map(|(i, ch)| match (i % 3, ch) {
+                (0, '-') => "\\u002D".to_owned(),
+                (0, _) => format!("\\u{:04X}", u32::from(ch)),
+                _ => ch.to_string(),
+            })
+            .collect();
+        let bytes_escaped: String = c.as_str().bytes().map(|b| format!("\\x{b:02x}")).collect();
+        for enc in [all, some, bytes_escaped] {
+            let hay = format!("{{\"a\":1,\"msg\":\"{enc}\"}}");
+            assert_eq!(
+                discloses(hay.as_bytes(), c.as_str()),
+                Some(Encoding::JsonEscaped),
+                "{hay}"
+            );
+        }
+        // JSON escapes inside JSON escapes (a string holding serialised JSON).
+        let twice: String = c
+            .as_str()
+            .chars()
+            .map(|ch| format!("\\\\u{:04x}", u32::from(ch)))
+            .collect();
+        assert_eq!(
+            discloses(twice.as_bytes(), c.as_str()),
+            Some(Encoding::Layered(vec![
+                Layer::JsonEscape,
+                Layer::JsonEscape
+            ]))
+        );
+    }
+
+    #[test]
+    fn combined_layers_are_detected_and_named_outermost_first() {
+        let c = canary();
+        let b = b64(c.as_str().as_bytes(), STD, true);
+        let url = pct(&b, |i| i % 2 == 0);
+        let json: String = String::from_utf8_lossy(&url)
+            .chars()
+            .map(|ch| format!("\\u{:04x}", u32::from(ch)))
+            .collect();
+        assert_eq!(
+            discloses(json.as_bytes(), c.as_str()),
+            Some(Encoding::Layered(vec![
+                Layer::JsonEscape,
+                Layer::Url,
+                Layer::Base64
+            ]))
+        );
+        let hex_of_b64 = hex_lower(&b);
+        assert_eq!(
+            discloses(&hex_of_b64, c.as_str()),
+            Some(Encoding::Layered(vec![Layer::Hex, Layer::Base64]))
+        );
+    }
+
+    /// Random text shaped like what sinks receive — binary, base64, hex, percent and
+    /// JSON escapes, invisible characters, other canaries and near-misses of this one —
+    /// must never be reported as the canary.
+    #[test]
+    fn no_false_positives_over_ten_thousand_random_buffers() {
+        let mut rng = Rng(0x5EED);
+        let c = canary();
+        let text = c.as_str().as_bytes();
+        let mut near = text.to_vec();
+        let last = near.len() - 1;
+        near[last] = if near[last] == b'0' { b'1' } else { b'0' };
+        // Changed in the middle: a decoy that no neighbouring byte can complete.
+        let mut middle = text.to_vec();
+        let mid = middle.len() / 2;
+        middle[mid] = if middle[mid] == b'0' { b'1' } else { b'0' };
+        let others: Vec<Canary> = (0..4).map(|_| Canary::fresh("hr")).collect();
+        let alphabets: [&[u8]; 5] = [
+            STD,
+            URL_SAFE,
+            b"0123456789abcdefABCDEF",
+            b"GLC-hr0123456789abcdef%\\u+",
+            b"abcdefghijklmnopqrstuvwxyz {}\":,\\%",
+        ];
+        for i in 0..10_000 {
+            let len = 16 + rng.below(1024);
+            let mut buf = match i % 8 {
+                0 | 1 => rng.bytes(len),
+                k => rng.text_over(alphabets[(k - 2) % alphabets.len()], len),
+            };
+            // Sprinkle escapes and invisible characters.
+            if i % 3 == 0 {
+                let at = rng.below(buf.len());
+                let insert: &[u8] = match rng.below(4) {
+                    0 => "\u{200B}".as_bytes(),
+                    1 => b"\\u200b",
+                    2 => b"%41%2D",
+                    _ => b"\\u0047\\x4c",
+                };
+                buf.splice(at..at, insert.iter().copied());
+            }
+            // Plant a decoy: a near-miss or another canary, in some encoding.
+            let decoy: &[u8] = match i % 5 {
+                0 => &near,
+                1 => &middle,
+                2 => others[i % others.len()].as_str().as_bytes(),
+                _ => b"",
+            };
+            if !decoy.is_empty() {
+                let enc = match rng.below(5) {
+                    0 => decoy.to_vec(),
+                    1 => b64(decoy, STD, true),
+                    2 => b64(&b64(decoy, URL_SAFE, false), STD, true),
+                    3 => hex_lower(decoy),
+                    _ => pct(decoy, |_| true),
+                };
+                let at = rng.below(buf.len());
+                buf.splice(at..at, enc);
+            }
+            assert_eq!(discloses(&buf, c.as_str()), None, "buffer {i}: {buf:?}");
+        }
+    }
+
+    #[test]
+    fn large_base64_capture_stays_within_budget() {
+        let mut rng = Rng(3);
+        let c = canary();
+        let blob = b64(&b64(&rng.bytes(150_000), STD, true), STD, true);
+        assert_eq!(discloses(&blob, c.as_str()), None);
+        let mut with = rng.bytes(100_000);
+        with.splice(50_000..50_000, c.as_str().bytes());
+        let blob = b64(&b64(&b64(&with, STD, true), URL_SAFE, false), STD, true);
+        assert_eq!(
+            discloses(&blob, c.as_str()),
+            Some(Encoding::Base64 { depth: 3 })
+        );
+    }
+
+    #[test]
+    fn empty_haystack_discloses_nothing() {
+        assert_eq!(discloses(b"", canary().as_str()), None);
+    }
+
+    fn tags(t: &[&str]) -> Vec<String> {
+        t.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn oracle_counts_only_flows_outside_the_clearance() {
+        let mut oracle = Oracle::new();
+        let hr = oracle.plant(&["hr"]);
+        let both = oracle.plant(&["finance", "hr"]);
+        let public = oracle.plant(&[]);
+        let bytes = format!(
+            "{hr} {} {public}",
+            String::from_utf8_lossy(&b64(both.as_str().as_bytes(), STD, true))
+        );
+        let bytes = bytes.as_bytes();
+
+        // Cleared for everything it got: nothing counted, though everything was seen.
+        assert!(oracle
+            .disclosures("ocr", &tags(&["finance", "hr"]), bytes)
+            .is_empty());
+        assert_eq!(oracle.sightings(bytes).len(), 3);
+
+        // Cleared for hr only: the finance+hr item is a disclosure, the hr item is not.
+        let d = oracle.disclosures("ocr", &tags(&["hr", "other"]), bytes);
+        assert_eq!(
+            d,
+            vec![Disclosure {
+                sink: "ocr".to_owned(),
+                canary: both.as_str().to_owned(),
+                label: tags(&["finance", "hr"]),
+                encoding: Encoding::Base64 { depth: 1 },
+            }]
+        );
+
+        // Cleared for nothing: both labelled items count, the unlabelled one never does.
+        let d = oracle.disclosures("evil", &[], bytes);
+        let found: Vec<&str> = d.iter().map(|x| x.canary.as_str()).collect();
+        assert_eq!(found, vec![hr.as_str(), both.as_str()]);
+
+        // The model's clearance type gives the same verdicts.
+        let clearance = Clearance::parse(["hr"]).expect("valid tags");
+        assert_eq!(oracle.disclosures_to("ocr", &clearance, bytes).len(), 1);
+    }
+
+    #[test]
+    fn oracle_reports_nothing_when_no_canary_arrived() {
+        let mut oracle = Oracle::new();
+        oracle.plant(&["hr"]);
+        assert!(oracle
+            .disclosures("ocr", &[], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .is_empty());
     }
 }
