@@ -27,6 +27,9 @@ pub const MAX_DELAY: Duration = Duration::from_secs(30);
 /// A connection with no traffic for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection keeps draining input after an error reply.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// How often blocked threads look at the shutdown flag.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -306,8 +309,12 @@ impl Conn<'_> {
     /// Reads more bytes into `buf`, recording them; waits across read timeouts until
     /// data, EOF, idle timeout, shutdown or a size cap.
     fn fill(&mut self) -> Result<(), Stop> {
+        self.fill_until(Instant::now() + IDLE_TIMEOUT)
+    }
+
+    /// [`Conn::fill`] with an explicit deadline for the wait.
+    fn fill_until(&mut self, deadline: Instant) -> Result<(), Stop> {
         let mut chunk = [0u8; 16 << 10];
-        let idle_since = Instant::now();
         loop {
             if self.shared.shutdown.load(Ordering::SeqCst) {
                 return Err(Stop::Closed);
@@ -339,7 +346,7 @@ impl Conn<'_> {
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                     ) =>
                 {
-                    if idle_since.elapsed() >= IDLE_TIMEOUT {
+                    if Instant::now() >= deadline {
                         return Err(Stop::Closed);
                     }
                 }
@@ -371,6 +378,19 @@ impl Conn<'_> {
                 return Err(Stop::Bad(400));
             }
             self.fill()?;
+        }
+    }
+
+    /// After an error reply: keeps reading (and recording, within the caps) for a short
+    /// while so the peer sees the reply instead of a reset caused by unread input.
+    fn linger(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Write);
+        let deadline = Instant::now() + LINGER;
+        while Instant::now() < deadline {
+            self.buf.clear();
+            if self.fill_until(deadline).is_err() {
+                break;
+            }
         }
     }
 
@@ -446,9 +466,12 @@ fn parse_head(bytes: &[u8]) -> Result<Head, Stop> {
 fn read_request(conn: &mut Conn<'_>) -> Result<Option<(Head, RecordedRequest)>, Stop> {
     // Skip empty lines between requests (RFC 9112 §2.2) and wait for the head.
     let head_end = loop {
-        while conn.buf.first().is_some_and(|b| *b == b'\r' || *b == b'\n') {
-            conn.buf.remove(0);
-        }
+        let blank = conn
+            .buf
+            .iter()
+            .take_while(|b| **b == b'\r' || **b == b'\n')
+            .count();
+        conn.buf.drain(..blank);
         if let Some(end) = find_head_end(&conn.buf) {
             break end;
         }
@@ -640,7 +663,12 @@ fn serve_connection(shared: &Shared, stream: TcpStream, id: usize) {
             Ok(Some(r)) => r,
             Ok(None) | Err(Stop::Closed) | Err(Stop::Io) => break,
             Err(Stop::Bad(status)) => {
-                let _ = conn.write_all(&response(status, &[], b"", false, false));
+                if conn
+                    .write_all(&response(status, &[], b"", false, false))
+                    .is_ok()
+                {
+                    conn.linger();
+                }
                 break;
             }
         };
@@ -684,4 +712,362 @@ fn serve_connection(shared: &Shared, stream: TcpStream, id: usize) {
         }
     }
     let _ = conn.stream.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn connect(sink: &Sink) -> TcpStream {
+        let s = TcpStream::connect_timeout(&sink.addr(), WAIT).expect("connect to sink");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        s.set_write_timeout(Some(WAIT)).expect("timeout");
+        s
+    }
+
+    /// A parsed response: status, headers, body.
+    struct Reply {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    }
+
+    impl Reply {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        }
+    }
+
+    /// Reads one response with a Content-Length body (all the sink sends), bounded by
+    /// the socket's read timeout and a size cap.
+    fn read_reply(s: &mut TcpStream, pending: &mut Vec<u8>) -> Reply {
+        let mut chunk = [0u8; 4096];
+        let head_end = loop {
+            if let Some(e) = find_head_end(pending) {
+                break e;
+            }
+            assert!(pending.len() < 1 << 20, "reply head too long");
+            let n = s.read(&mut chunk).expect("read reply");
+            assert!(n > 0, "sink closed before replying");
+            pending.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
+        let mut lines = head.lines();
+        let status_line = lines.next().expect("status line");
+        let status = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status code");
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.to_owned(), v.trim().to_owned()))
+            .collect();
+        let len: usize = headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        while pending.len() < head_end + len {
+            let n = s.read(&mut chunk).expect("read body");
+            assert!(n > 0, "sink closed mid-body");
+            pending.extend_from_slice(&chunk[..n]);
+        }
+        let body = pending[head_end..head_end + len].to_vec();
+        pending.drain(..head_end + len);
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn exchange(sink: &Sink, request: &[u8]) -> Reply {
+        let mut s = connect(sink);
+        s.write_all(request).expect("send");
+        read_reply(&mut s, &mut Vec::new())
+    }
+
+    /// True when the peer closes the connection within the read timeout.
+    fn closed_by_peer(s: &mut TcpStream) -> bool {
+        let mut b = [0u8; 1];
+        match s.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    #[test]
+    fn get_is_answered_and_recorded_byte_for_byte() {
+        let sink = Sink::start(SinkBehaviour::default());
+        let req = b"GET /v1/ocr?lang=en HTTP/1.1\r\nHost: ocr.example\r\nX-Trace: a b\r\n\r\n";
+        let reply = exchange(&sink, req);
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.body, DEFAULT_BODY);
+        assert!(sink.wait_for_requests(1, WAIT));
+        assert_eq!(sink.received(), req.to_vec());
+        let r = &sink.requests()[0];
+        assert_eq!(
+            (r.method.as_str(), r.target.as_str(), r.version.as_str()),
+            ("GET", "/v1/ocr?lang=en", "HTTP/1.1")
+        );
+        assert_eq!(r.header("host"), Some("ocr.example"));
+        assert_eq!(r.header("X-TRACE"), Some("a b"));
+        assert!(r.body.is_empty());
+        assert_eq!(r.raw, req.to_vec());
+        assert_eq!(sink.request_count(), 1);
+    }
+
+    #[test]
+    fn post_with_content_length_is_recorded() {
+        let sink = Sink::start(SinkBehaviour::Ok {
+            status: 201,
+            body: b"made".to_vec(),
+        });
+        let body = b"{\"text\":\"hello\\u0000\",\"bin\":\"\xff\xfe\"}";
+        let mut req = format!(
+            "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        let reply = exchange(&sink, &req);
+        assert_eq!((reply.status, reply.body.as_slice()), (201, &b"made"[..]));
+        assert!(sink.wait_for_requests(1, WAIT));
+        let r = &sink.requests()[0];
+        assert_eq!(r.body, body.to_vec());
+        assert!(!r.chunked);
+        assert_eq!(sink.received(), req);
+    }
+
+    #[test]
+    fn post_with_chunked_body_is_decoded_and_raw_kept() {
+        let sink = Sink::start(SinkBehaviour::Echo);
+        let req = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n";
+        let mut s = connect(&sink);
+        // Split the write so the parser must wait for more bytes mid-chunk.
+        let (a, b) = req.split_at(70);
+        s.write_all(a).expect("send");
+        s.flush().expect("flush");
+        thread::sleep(Duration::from_millis(20));
+        s.write_all(b).expect("send");
+        let reply = read_reply(&mut s, &mut Vec::new());
+        assert_eq!(reply.body, b"hello 0123456789");
+        assert!(sink.wait_for_requests(1, WAIT));
+        let r = &sink.requests()[0];
+        assert!(r.chunked);
+        assert_eq!(r.body, b"hello 0123456789");
+        assert_eq!(r.raw, req.to_vec());
+        assert_eq!(sink.received(), req.to_vec());
+    }
+
+    #[test]
+    fn redirects_carry_the_location_unchanged() {
+        let location = "http://attacker.example:8080/a/../b?x=%2F%41&y=é#frag";
+        for status in [302, 307] {
+            let sink = Sink::start(SinkBehaviour::Redirect {
+                status,
+                location: location.to_owned(),
+            });
+            let reply = exchange(&sink, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+            assert_eq!(reply.status, status);
+            assert_eq!(reply.header("location"), Some(location));
+            assert!(reply.body.is_empty());
+        }
+    }
+
+    #[test]
+    fn keep_alive_serves_several_requests_on_one_connection() {
+        let sink = Sink::start(SinkBehaviour::Echo);
+        let mut s = connect(&sink);
+        let mut pending = Vec::new();
+        for i in 0..3 {
+            let body = format!("request {i}");
+            let req = format!(
+                "POST /k HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(req.as_bytes()).expect("send");
+            let reply = read_reply(&mut s, &mut pending);
+            assert_eq!(reply.body, body.as_bytes());
+            assert_eq!(reply.header("connection"), Some("keep-alive"));
+        }
+        // Pipelined: two requests in one write, two replies in order.
+        s.write_all(b"GET /p1 HTTP/1.1\r\nHost: x\r\n\r\nGET /p2 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("send");
+        assert_eq!(read_reply(&mut s, &mut pending).status, 200);
+        assert_eq!(read_reply(&mut s, &mut pending).status, 200);
+        s.write_all(b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("send");
+        let reply = read_reply(&mut s, &mut pending);
+        assert_eq!(reply.header("connection"), Some("close"));
+        assert!(closed_by_peer(&mut s));
+        assert!(sink.wait_for_requests(6, WAIT));
+        let requests = sink.requests();
+        assert!(requests.iter().all(|r| r.connection == 0));
+        let targets: Vec<&str> = requests.iter().map(|r| r.target.as_str()).collect();
+        assert_eq!(targets, ["/k", "/k", "/k", "/p1", "/p2", "/last"]);
+        assert_eq!(sink.connections().len(), 1);
+    }
+
+    #[test]
+    fn http_1_0_closes_after_one_reply() {
+        let sink = Sink::start(SinkBehaviour::default());
+        let mut s = connect(&sink);
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("send");
+        assert_eq!(read_reply(&mut s, &mut Vec::new()).status, 200);
+        assert!(closed_by_peer(&mut s));
+    }
+
+    #[test]
+    fn slow_waits_before_answering() {
+        let delay = Duration::from_millis(300);
+        let sink = Sink::start(SinkBehaviour::Slow { delay });
+        let t = Instant::now();
+        let reply = exchange(&sink, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(reply.status, 200);
+        assert!(t.elapsed() >= delay);
+        assert!(t.elapsed() < WAIT);
+    }
+
+    #[test]
+    fn behaviour_can_change_between_requests() {
+        let sink = Sink::start(SinkBehaviour::default());
+        assert_eq!(exchange(&sink, b"GET / HTTP/1.1\r\n\r\n").status, 200);
+        sink.set_behaviour(SinkBehaviour::Ok {
+            status: 404,
+            body: Vec::new(),
+        });
+        assert_eq!(exchange(&sink, b"GET / HTTP/1.1\r\n\r\n").status, 404);
+    }
+
+    #[test]
+    fn expect_continue_gets_an_interim_reply() {
+        let sink = Sink::start(SinkBehaviour::Echo);
+        let mut s = connect(&sink);
+        s.write_all(
+            b"PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .expect("send");
+        let mut pending = Vec::new();
+        assert_eq!(read_reply(&mut s, &mut pending).status, 100);
+        s.write_all(b"abc").expect("send");
+        assert_eq!(read_reply(&mut s, &mut pending).body, b"abc");
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_but_their_bytes_kept() {
+        let sink = Sink::start(SinkBehaviour::default());
+        let junk = b"\x16\x03\x01 not http at all\r\n\r\n";
+        let reply = exchange(&sink, junk);
+        assert_eq!(reply.status, 400);
+        let bad_len = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd";
+        assert_eq!(exchange(&sink, bad_len).status, 400);
+        let both = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(exchange(&sink, both).status, 400);
+        assert_eq!(sink.request_count(), 0);
+        let received = sink.received();
+        assert!(received.starts_with(junk));
+        assert_eq!(received.len(), junk.len() + bad_len.len() + both.len());
+    }
+
+    #[test]
+    fn oversized_head_is_refused() {
+        let sink = Sink::start(SinkBehaviour::default());
+        let mut s = connect(&sink);
+        let mut req = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
+        req.resize(MAX_HEAD_BYTES + 1024, b'a');
+        // The sink may answer and close before reading it all; both are fine.
+        let _ = s.write_all(&req);
+        let reply = read_reply(&mut s, &mut Vec::new());
+        assert_eq!(reply.status, 431);
+        assert_eq!(sink.request_count(), 0);
+    }
+
+    #[test]
+    fn concurrent_connections_are_all_recorded() {
+        let sink = Sink::start(SinkBehaviour::Echo);
+        let clients: Vec<_> = (0..8)
+            .map(|i| {
+                let addr = sink.addr();
+                thread::spawn(move || {
+                    let mut s = TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+                    s.set_read_timeout(Some(WAIT)).expect("timeout");
+                    let body = format!("client {i}");
+                    let req = format!(
+                        "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    s.write_all(req.as_bytes()).expect("send");
+                    read_reply(&mut s, &mut Vec::new()).body == body.as_bytes()
+                })
+            })
+            .collect();
+        for c in clients {
+            assert!(c.join().expect("client thread"));
+        }
+        assert!(sink.wait_for_requests(8, WAIT));
+        let mut bodies: Vec<Vec<u8>> = sink.requests().into_iter().map(|r| r.body).collect();
+        bodies.sort();
+        let mut want: Vec<Vec<u8>> = (0..8).map(|i| format!("client {i}").into_bytes()).collect();
+        want.sort();
+        assert_eq!(bodies, want);
+        assert_eq!(sink.connections().len(), 8);
+    }
+
+    #[test]
+    fn drop_stops_the_sink_and_its_connections() {
+        let sink = Sink::start(SinkBehaviour::Slow {
+            delay: Duration::from_secs(20),
+        });
+        let addr = sink.addr();
+        let mut idle = connect(&sink);
+        let mut waiting = connect(&sink);
+        waiting
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("send");
+        assert!(sink.wait_for_requests(1, WAIT));
+        let t = Instant::now();
+        drop(sink);
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "drop took {:?}",
+            t.elapsed()
+        );
+        assert!(closed_by_peer(&mut idle));
+        assert!(closed_by_peer(&mut waiting));
+        assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn oracle_sees_a_canary_sent_to_the_sink() {
+        use crate::oracle::{Encoding, Oracle};
+        let mut oracle = Oracle::new();
+        let canary = oracle.plant(&["hr"]);
+        let sink = Sink::start(SinkBehaviour::default());
+        let hex: String = canary
+            .as_str()
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let req = format!("GET /t?d={hex} HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(exchange(&sink, req.as_bytes()).status, 200);
+        assert!(sink.wait_for_requests(1, WAIT));
+        let d = oracle.disclosures("ocr", &["finance".to_owned()], &sink.received());
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].encoding, Encoding::Hex);
+        assert!(oracle
+            .disclosures("ocr", &["hr".to_owned()], &sink.received())
+            .is_empty());
+    }
 }
