@@ -106,6 +106,10 @@ pub enum Layer {
     /// Invisible characters (U+200B, U+200C, U+200D, U+2060, U+FEFF and a few more
     /// formatting characters) interleaved, as UTF-8 or as `\uXXXX` escapes.
     ZeroWidth,
+    /// Not a decoding but the last step of a chain: only a [`Canary`]'s random part
+    /// arrived — its 24 hex digits in either case, or the 12 bytes they spell. The
+    /// `GLC-<label>-` prefix is public, so a smuggler who knows the format drops it.
+    SecretOnly,
 }
 
 impl Layer {
@@ -133,6 +137,8 @@ pub enum Encoding {
     Hex,
     /// Interleaved with invisible characters.
     ZeroWidth,
+    /// Only the canary's random part, as hex text or raw bytes, with no encoding.
+    SecretOnly,
     /// Base64, `depth` times nested (1 = plain base64).
     Base64 {
         /// How many base64 layers wrap the canary.
@@ -150,6 +156,7 @@ impl Encoding {
             [Layer::Url] => Encoding::UrlEncoded,
             [Layer::Hex] => Encoding::Hex,
             [Layer::ZeroWidth] => Encoding::ZeroWidth,
+            [Layer::SecretOnly] => Encoding::SecretOnly,
             all if all.iter().all(|l| *l == Layer::Base64) => Encoding::Base64 {
                 depth: u8::try_from(all.len()).unwrap_or(u8::MAX),
             },
@@ -161,6 +168,9 @@ impl Encoding {
 /// Whether `canary` can be read out of `haystack` by peeling at most [`MAX_LAYERS`]
 /// encodings, and if so the shortest such chain.
 ///
+/// For a canary of [`Canary::fresh`]'s form the random part alone also counts (see
+/// [`Layer::SecretOnly`]); where a buffer holds both, the whole canary is reported.
+///
 /// An empty canary is trivially disclosed ([`Encoding::Raw`]).
 ///
 /// # Panics
@@ -168,8 +178,22 @@ impl Encoding {
 /// When the haystack would make the decoders produce more than the oracle's work budget
 /// (2 GiB); failing loudly is safer than reporting "no disclosure" unchecked.
 pub fn discloses(haystack: &[u8], canary: &str) -> Option<Encoding> {
+    let needle = canary.as_bytes();
+    let secret = secret_part(canary).map(|hex| {
+        let raw = hex
+            .as_bytes()
+            .chunks_exact(2)
+            .filter_map(|p| hex_pair(p[0], p[1]))
+            .collect::<Vec<u8>>();
+        (hex.as_bytes().to_vec(), raw)
+    });
+    let shortest = secret
+        .as_ref()
+        .map_or(needle.len(), |(_, raw)| raw.len().min(needle.len()));
     let mut search = Search {
-        needle: canary.as_bytes(),
+        needle,
+        secret,
+        shortest,
         work: 0,
         path: Vec::new(),
         best: None,
@@ -179,11 +203,31 @@ pub fn discloses(haystack: &[u8], canary: &str) -> Option<Encoding> {
     search.best.map(Encoding::from_layers)
 }
 
+/// The 24 hex digits that make a [`Canary::fresh`] canary unguessable, if `canary` has
+/// that form.
+fn secret_part(canary: &str) -> Option<&str> {
+    let tail = canary.get(canary.len().checked_sub(SECRET_HEX)?..)?;
+    let head = &canary[..canary.len() - SECRET_HEX];
+    let ok = head.starts_with("GLC-")
+        && head.ends_with('-')
+        && tail
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    ok.then_some(tail)
+}
+
+/// Hex digits in a canary's random part.
+const SECRET_HEX: usize = 24;
+
 /// A depth-first walk over decodings that keeps the shortest chain found. Different
 /// chains often yield the same bytes (independent layers commute), so each decoded
 /// buffer is visited once per depth, keyed by its hash.
 struct Search<'n> {
     needle: &'n [u8],
+    /// The canary's random part as lower-case hex and as the bytes it spells.
+    secret: Option<(Vec<u8>, Vec<u8>)>,
+    /// Length of the shortest form searched for; decoders skip runs too short for it.
+    shortest: usize,
     work: usize,
     path: Vec<Layer>,
     best: Option<Vec<Layer>>,
@@ -191,21 +235,34 @@ struct Search<'n> {
 }
 
 impl Search<'_> {
+    /// The chain that reveals a form of the canary in `buf`, if any does.
+    fn hit(&self, buf: &[u8]) -> Option<Vec<Layer>> {
+        if contains(buf, self.needle) {
+            return Some(self.path.clone());
+        }
+        let (hex, raw) = self.secret.as_ref()?;
+        (contains_ignore_case(buf, hex) || contains(buf, raw)).then(|| {
+            let mut p = self.path.clone();
+            p.push(Layer::SecretOnly);
+            p
+        })
+    }
+
     fn visit(&mut self, buf: &[u8]) {
         let depth = self.path.len();
-        if contains(buf, self.needle) {
+        if let Some(found) = self.hit(buf) {
             // Anything found deeper along this branch would be a longer chain.
-            if self.best.as_ref().is_none_or(|b| depth < b.len()) {
-                self.best = Some(self.path.clone());
+            if self.best.as_ref().is_none_or(|b| found.len() < b.len()) {
+                self.best = Some(found);
             }
             return;
         }
         let bound = self.best.as_ref().map_or(MAX_LAYERS, |b| b.len() - 1);
-        if depth >= bound || buf.len() < self.needle.len() {
+        if depth >= bound || buf.len() < self.shortest {
             return;
         }
         for layer in Layer::ALL {
-            let Some(decoded) = decode(layer, buf, self.needle) else {
+            let Some(decoded) = decode(layer, buf, self.needle, self.shortest) else {
                 continue;
             };
             if decoded == buf {
@@ -240,14 +297,44 @@ const SEP: u8 = 0;
 
 /// Undoes `layer` everywhere in `buf`, or `None` when the layer cannot apply (nothing
 /// to undo), which keeps the search tree small on ordinary text.
-fn decode(layer: Layer, buf: &[u8], needle: &[u8]) -> Option<Vec<u8>> {
+fn decode(layer: Layer, buf: &[u8], needle: &[u8], shortest: usize) -> Option<Vec<u8>> {
     match layer {
         Layer::JsonEscape => json_unescape(buf),
         Layer::Url => url_decode(buf, needle),
-        Layer::Base64 => base64_runs(buf, needle.len()),
-        Layer::Hex => hex_runs(buf, needle.len()),
+        Layer::Base64 => base64_runs(buf, shortest),
+        Layer::Hex => hex_runs(buf, shortest),
         Layer::ZeroWidth => strip_invisible(buf),
+        Layer::SecretOnly => None,
     }
+}
+
+/// [`contains`] comparing ASCII letters case-blind; `needle` must be lower-case.
+fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
+    let Some(&first) = needle.first() else {
+        return true;
+    };
+    if hay.len() < needle.len() {
+        return false;
+    }
+    let last_start = hay.len() - needle.len();
+    let mut i = 0;
+    while i <= last_start {
+        // `| 0x20` folds ASCII case; the few other bytes it folds are weeded out below.
+        match hay[i..=last_start]
+            .iter()
+            .position(|&b| b | 0x20 == first | 0x20)
+        {
+            None => return false,
+            Some(p) => {
+                let at = i + p;
+                if hay[at..at + needle.len()].eq_ignore_ascii_case(needle) {
+                    return true;
+                }
+                i = at + 1;
+            }
+        }
+    }
+    false
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -997,6 +1084,38 @@ mod tests {
         assert_eq!(
             discloses(&hex_of_b64, c.as_str()),
             Some(Encoding::Layered(vec![Layer::Hex, Layer::Base64]))
+        );
+    }
+
+    #[test]
+    fn the_random_part_alone_is_detected() {
+        let c = canary();
+        let secret = &c.as_str()[c.as_str().len() - 24..];
+        let raw: Vec<u8> = (0..12)
+            .map(|i| u8::from_str_radix(&secret[2 * i..2 * i + 2], 16).expect("hex"))
+            .collect();
+        let hay = format!("id={secret}&x=1");
+        assert_eq!(
+            discloses(hay.as_bytes(), c.as_str()),
+            Some(Encoding::SecretOnly)
+        );
+        let upper = secret.to_ascii_uppercase();
+        assert_eq!(
+            discloses(upper.as_bytes(), c.as_str()),
+            Some(Encoding::SecretOnly)
+        );
+        assert_eq!(
+            discloses(&wrap(b"\x00\x01", &raw, b"\xff"), c.as_str()),
+            Some(Encoding::SecretOnly)
+        );
+        assert_eq!(
+            discloses(&b64(&raw, URL_SAFE, false), c.as_str()),
+            Some(Encoding::Layered(vec![Layer::Base64, Layer::SecretOnly]))
+        );
+        // Only canaries of Canary::fresh's form have a separable random part.
+        assert_eq!(
+            discloses(b"0123456789abcdef01234567", "x-0123456789abcdef01234567"),
+            None
         );
     }
 
