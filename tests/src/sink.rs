@@ -7,8 +7,10 @@
 //! code under test, so nothing a peer sends may crash, hang or exhaust the sink: sizes,
 //! threads, idle time and delays are all bounded.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
@@ -119,6 +121,8 @@ struct Shared {
     shutdown: AtomicBool,
     live: AtomicUsize,
     handlers: Mutex<Vec<JoinHandle<()>>>,
+    /// A handle on each open connection, so Drop can cut blocked reads and writes short.
+    open: Mutex<HashMap<usize, TcpStream>>,
 }
 
 /// Locks, recovering the data if a handler thread panicked while holding the lock: the
@@ -132,6 +136,7 @@ pub struct Sink {
     addr: SocketAddr,
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
+    waker: TcpStream,
 }
 
 impl Sink {
@@ -155,7 +160,11 @@ impl Sink {
             shutdown: AtomicBool::new(false),
             live: AtomicUsize::new(0),
             handlers: Mutex::new(Vec::new()),
+            open: Mutex::new(HashMap::new()),
         });
+        // Shutting a listening socket down makes a blocked accept() return (Linux); a
+        // second handle on it lets Drop do that without racing the acceptor.
+        let waker = TcpStream::from(OwnedFd::from(listener.try_clone()?));
         let acceptor = {
             let shared = Arc::clone(&shared);
             thread::Builder::new()
@@ -166,6 +175,7 @@ impl Sink {
             addr,
             shared,
             acceptor: Some(acceptor),
+            waker,
         })
     }
 
@@ -229,8 +239,12 @@ impl Sink {
 impl Drop for Sink {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
-        // Wake the acceptor out of its blocking accept().
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        // Wake the acceptor out of its blocking accept(), and every handler out of a
+        // blocked read or write.
+        let _ = self.waker.shutdown(Shutdown::Both);
+        for stream in lock(&self.shared.open).values() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
@@ -266,12 +280,16 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             records.connections.push(Vec::new());
             records.connections.len() - 1
         };
+        if let Ok(handle) = stream.try_clone() {
+            lock(&shared.open).insert(id, handle);
+        }
         shared.live.fetch_add(1, Ordering::SeqCst);
         let worker = Arc::clone(&shared);
         let spawned = thread::Builder::new()
             .name(format!("sink-conn-{id}"))
             .spawn(move || {
                 serve_connection(&worker, stream, id);
+                lock(&worker.open).remove(&id);
                 worker.live.fetch_sub(1, Ordering::SeqCst);
             });
         match spawned {
@@ -281,6 +299,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 handlers.push(h);
             }
             Err(_) => {
+                lock(&shared.open).remove(&id);
                 shared.live.fetch_sub(1, Ordering::SeqCst);
             }
         }
@@ -1047,6 +1066,50 @@ mod tests {
         assert!(closed_by_peer(&mut idle));
         assert!(closed_by_peer(&mut waiting));
         assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn drop_is_prompt_even_when_a_peer_never_reads_its_reply() {
+        let sink = Sink::start(SinkBehaviour::Echo);
+        let mut s = connect(&sink);
+        let body = vec![b'e'; 8 << 20];
+        let head = format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len());
+        s.write_all(head.as_bytes()).expect("send");
+        s.write_all(&body).expect("send");
+        assert!(sink.wait_for_requests(1, WAIT));
+        let t = Instant::now();
+        drop(sink);
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "drop took {:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_connection_is_cut_off_at_the_byte_cap() {
+        let sink = Sink::start(SinkBehaviour::default());
+        let mut s = connect(&sink);
+        let mut payload = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let chunk = vec![b'c'; 1 << 20];
+        for _ in 0..17 {
+            payload.extend_from_slice(b"100000\r\n");
+            payload.extend_from_slice(&chunk);
+            payload.extend_from_slice(b"\r\n");
+        }
+        let writer = thread::spawn(move || {
+            // The sink closes mid-way; the write then fails, which is the point.
+            let _ = s.write_all(&payload);
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sink.received().len() < MAX_CONNECTION_BYTES && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(writer.join().is_ok());
+        assert_eq!(sink.received().len(), MAX_CONNECTION_BYTES);
+        assert_eq!(sink.request_count(), 0);
+        // Other peers are still served.
+        assert_eq!(exchange(&sink, b"GET / HTTP/1.1\r\n\r\n").status, 200);
     }
 
     #[test]
