@@ -6,7 +6,8 @@
 //! verbatim if it can help it, so the oracle undoes the encodings a smuggler reaches for
 //! first — JSON and backslash escapes, percent-encoding, hex, base64 (any alphabet,
 //! padding and alignment, nested) and interleaved invisible characters — in any
-//! combination up to [`MAX_LAYERS`] deep. The oracle must never be the reason a
+//! combination up to [`MAX_LAYERS`] deep, and it also looks for a canary's random part
+//! on its own, because the adversary knows the canary format. The oracle must never be the reason a
 //! leak goes unnoticed, so it errs towards work, not towards silence: if a haystack is so
 //! adversarially shaped that the search would exceed its work budget, it panics instead of
 //! answering "no disclosure".
