@@ -1,1 +1,31 @@
 //! End-to-end tests and the test world: real germlines, real copies, loopback sinks.
+//!
+//! The world's judge lives outside the runtime under test: [`sink::Sink`]s stand in
+//! for destination hosts and keep every byte they receive, and the [`oracle`] decides
+//! from those bytes alone whether a destination learned an item it was not cleared for
+//! (DESIGN §2, sink noninterference). Neither trusts anything the runtime reports.
+//!
+//! ```
+//! use std::io::{Read, Write};
+//! use germline_tests::{Oracle, Sink, SinkBehaviour};
+//!
+//! let mut oracle = Oracle::new();
+//! let hr_item = oracle.plant(&["hr"]);
+//! let ocr = Sink::start(SinkBehaviour::default());
+//!
+//! // Stand-in for a copy that smuggles the item to the OCR host.
+//! let mut peer = std::net::TcpStream::connect(ocr.addr()).unwrap();
+//! peer.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+//! write!(peer, "GET /?q={hr_item} HTTP/1.1\r\nConnection: close\r\n\r\n").unwrap();
+//! peer.read_to_end(&mut Vec::new()).unwrap();
+//!
+//! let cleared_for_ocr = vec!["finance".to_string()];
+//! let found = oracle.disclosures("ocr", &cleared_for_ocr, &ocr.received());
+//! assert_eq!(found.len(), 1);
+//! ```
+
+pub mod oracle;
+pub mod sink;
+
+pub use oracle::{discloses, Canary, Disclosure, Encoding, Layer, Oracle};
+pub use sink::{RecordedRequest, Sink, SinkBehaviour};
