@@ -26,6 +26,7 @@
 
 pub mod oracle;
 pub mod sink;
+pub mod world;
 
 pub use oracle::{discloses, Canary, Disclosure, Encoding, Layer, Oracle};
 pub use sink::{RecordedRequest, Sink, SinkBehaviour};
