@@ -236,6 +236,15 @@ impl Sink {
     }
 }
 
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink")
+            .field("addr", &self.addr)
+            .field("requests", &self.request_count())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Sink {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
