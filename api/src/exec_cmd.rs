@@ -77,22 +77,13 @@ pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
 }
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
-    p.canonicalize()
-        .with_context(|| format!("release directory {}", p.display()))
+    p.canonicalize().with_context(|| format!("release directory {}", p.display()))
 }
 
 pub fn call(args: CallArgs) -> anyhow::Result<i32> {
-    let arguments: serde_json::Value =
-        serde_json::from_str(&args.args).context("--args must be a JSON object")?;
-    let serde_json::Value::Object(arguments) = arguments else {
-        bail!("--args must be a JSON object")
-    };
-    let req = CallRequest {
-        tool: args.tool,
-        arguments,
-        items: args.items,
-        consumers: args.consumers,
-    };
+    let arguments: serde_json::Value = serde_json::from_str(&args.args).context("--args must be a JSON object")?;
+    let serde_json::Value::Object(arguments) = arguments else { bail!("--args must be a JSON object") };
+    let req = CallRequest { tool: args.tool, arguments, items: args.items, consumers: args.consumers };
     let outcome = match start(&args.target) {
         Ok(mut rt) => rt.call(&req),
         Err(e) => CallOutcome::failed(format!("{e:#}")),
@@ -102,8 +93,7 @@ pub fn call(args: CallArgs) -> anyhow::Result<i32> {
 }
 
 pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
-    let file = std::fs::File::open(&args.calls)
-        .with_context(|| format!("opening {}", args.calls.display()))?;
+    let file = std::fs::File::open(&args.calls).with_context(|| format!("opening {}", args.calls.display()))?;
     let mut rt = start(&args.target)?;
     let mut failures = 0;
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {

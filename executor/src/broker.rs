@@ -82,25 +82,10 @@ struct CopyState {
 
 /// Serves one copy until it returns its tool result, fails, or runs out of time.
 pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResult {
-    let CopyJob {
-        group_index,
-        listeners,
-        preamble,
-        tool,
-        arguments,
-        deadline,
-        budget,
-        policy,
-        label,
-        killer,
-    } = job;
+    let CopyJob { group_index, listeners, preamble, tool, arguments, deadline, budget, policy, label, killer } = job;
     let max = policy.limits.max_message_bytes;
     let stop = Arc::new(AtomicBool::new(false));
-    let state = Arc::new(Mutex::new(CopyState {
-        label,
-        egress: Vec::new(),
-        sent: BTreeMap::new(),
-    }));
+    let state = Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new() }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -116,20 +101,9 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         })
     };
     let proxy = {
-        let (stop, state, shared, policy) =
-            (stop.clone(), state.clone(), shared.clone(), policy.clone());
+        let (stop, state, shared, policy) = (stop.clone(), state.clone(), shared.clone(), policy.clone());
         let listener = listeners.proxy;
-        thread::spawn(move || {
-            proxy_loop(
-                listener,
-                &stop,
-                group_index,
-                &state,
-                &shared,
-                &policy,
-                deadline,
-            )
-        })
+        thread::spawn(move || proxy_loop(listener, &stop, group_index, &state, &shared, &policy, deadline))
     };
     let slots = {
         let (stop, writes) = (stop.clone(), slot_writes.clone());
@@ -145,10 +119,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     let _ = slots.join();
 
     let result = if timed_out.load(Ordering::SeqCst) {
-        Err(format!(
-            "copy exceeded its deadline of {} ms and was killed",
-            budget.as_millis()
-        ))
+        Err(format!("copy exceeded its deadline of {} ms and was killed", budget.as_millis()))
     } else {
         result.map_err(|e| e.to_string())
     };
@@ -161,12 +132,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         }
     };
     let writes = std::mem::take(&mut *slot_writes.lock().unwrap_or_else(|p| p.into_inner()));
-    CopyResult {
-        result,
-        label,
-        slot_writes: writes,
-        egress,
-    }
+    CopyResult { result, label, slot_writes: writes, egress }
 }
 
 fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) -> Option<TcpStream> {
@@ -199,19 +165,13 @@ fn talk(
     let never = AtomicBool::new(false);
     let conn = accept_until(&channel, &never, deadline)
         .ok_or_else(|| ExecutorError::Copy("the copy never connected to its channel".into()))?;
-    let remaining = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    conn.set_read_timeout(Some(remaining))
-        .map_err(ExecutorError::io("channel timeout"))?;
-    conn.set_write_timeout(Some(remaining))
-        .map_err(ExecutorError::io("channel timeout"))?;
+    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
     let mut writer = conn.try_clone().map_err(ExecutorError::io("channel"))?;
     let mut line = serde_json::to_vec(preamble).map_err(|e| ExecutorError::Copy(e.to_string()))?;
     line.push(b'\n');
-    writer
-        .write_all(&line)
-        .map_err(ExecutorError::io("sending the preamble"))?;
+    writer.write_all(&line).map_err(ExecutorError::io("sending the preamble"))?;
     let mut client = McpClient::new(BufReader::new(conn), writer, max);
     client.initialize()?;
     match client.request("tools/call", json!({"name": tool, "arguments": arguments}))? {
@@ -235,9 +195,7 @@ fn proxy_loop(
         let Some(mut conn) = accept_until(&listener, stop, deadline) else {
             return;
         };
-        let remaining = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
+        let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let _ = conn.set_read_timeout(Some(remaining));
         let _ = conn.set_write_timeout(Some(remaining));
         let reply = match http::read_request(&mut conn, max) {
@@ -260,19 +218,11 @@ fn egress(
 ) -> Vec<u8> {
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
     let Ok(host) = HostName::new(&req.host) else {
-        st.egress.push(EgressEvent {
-            group,
-            host: req.host.clone(),
-            decision: "denied",
-        });
+        st.egress.push(EgressEvent { group, host: req.host.clone(), decision: "denied" });
         return http::denied_response("not a host name");
     };
     if req.method == "CONNECT" {
-        st.egress.push(EgressEvent {
-            group,
-            host: host.to_string(),
-            decision: "denied",
-        });
+        st.egress.push(EgressEvent { group, host: host.to_string(), decision: "denied" });
         return http::denied_response("HTTPS tunnels are not relayed by this broker");
     }
     let k = *st.sent.get(&host).unwrap_or(&0);
@@ -280,8 +230,7 @@ fn egress(
     let digest = req.digest();
     let decision = {
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
-        sh.records
-            .positional_reply(group, &host, k, digest, &mut st.label)
+        sh.records.positional_reply(group, &host, k, digest, &mut st.label)
     };
     let (name, reply) = match decision {
         EgressDecision::Deliver => {
@@ -298,32 +247,24 @@ fn egress(
         }
         EgressDecision::Recorded(reply) => ("recorded", reply),
         EgressDecision::Placeholder => ("placeholder", http::placeholder_response()),
-        EgressDecision::Deny => (
-            "denied",
-            http::denied_response("destination not declared for this tool"),
-        ),
+        EgressDecision::Deny => ("denied", http::denied_response("destination not declared for this tool")),
     };
-    st.egress.push(EgressEvent {
-        group,
-        host: host.to_string(),
-        decision: name,
-    });
+    st.egress.push(EgressEvent { group, host: host.to_string(), decision: name });
     reply
 }
 
 fn gateway_error(why: &str) -> Vec<u8> {
     let body = format!("germline: {why}\n");
-    format!("HTTP/1.1 502 Bad Gateway\r\nx-germline: unreachable\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).into_bytes()
+    format!(
+        "HTTP/1.1 502 Bad Gateway\r\nx-germline: unreachable\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 const MAX_SLOT_WRITES: usize = 1024;
 
-fn slot_loop(
-    listener: TcpListener,
-    stop: &AtomicBool,
-    writes: &Mutex<Vec<(String, Option<Value>)>>,
-    max: usize,
-) {
+fn slot_loop(listener: TcpListener, stop: &AtomicBool, writes: &Mutex<Vec<(String, Option<Value>)>>, max: usize) {
     let far = Instant::now() + Duration::from_secs(24 * 3600);
     let Some(conn) = accept_until(&listener, stop, far) else {
         return;
@@ -335,28 +276,20 @@ fn slot_loop(
         match r.fill_buf() {
             Ok([]) => return,
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
             Err(_) => return,
         }
         let Ok(line) = read_line_bounded(&mut r, max) else {
             return;
         };
-        let parsed: Option<(String, Option<Value>)> =
-            serde_json::from_slice::<Value>(&line).ok().and_then(|v| {
-                let key = v.get("key")?.as_str()?.to_owned();
-                match v.get("op")?.as_str()? {
-                    "set" => Some((key, Some(v.get("value")?.clone()))),
-                    "delete" => Some((key, None)),
-                    _ => None,
-                }
-            });
+        let parsed: Option<(String, Option<Value>)> = serde_json::from_slice::<Value>(&line).ok().and_then(|v| {
+            let key = v.get("key")?.as_str()?.to_owned();
+            match v.get("op")?.as_str()? {
+                "set" => Some((key, Some(v.get("value")?.clone()))),
+                "delete" => Some((key, None)),
+                _ => None,
+            }
+        });
         let mut ws = writes.lock().unwrap_or_else(|p| p.into_inner());
         let reply: &[u8] = match parsed {
             Some(wr) if ws.len() < MAX_SLOT_WRITES => {

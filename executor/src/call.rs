@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use germline_model::{
-    plan_groups, CallRecords, Clearance, ConsumerName, Group, Horizon, HostName, Item, ItemName,
-    Label, Member, OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, View,
+    plan_groups, CallRecords, Clearance, ConsumerName, Group, Horizon, HostName, Item, ItemName, Label, Member,
+    OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, View,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::broker::{serve_copy, CallShared, CopyJob, EgressEvent};
+use crate::cgroup::CgroupLimits;
 use crate::confine::ResourceLimits;
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
@@ -88,21 +89,14 @@ pub struct EgressEventOut {
 
 impl From<EgressEvent> for EgressEventOut {
     fn from(e: EgressEvent) -> Self {
-        EgressEventOut {
-            group: e.group,
-            host: e.host,
-            decision: e.decision.to_owned(),
-        }
+        EgressEventOut { group: e.group, host: e.host, decision: e.decision.to_owned() }
     }
 }
 
 impl CallOutcome {
     /// A call that failed before any copy ran.
     pub fn failed(e: impl ToString) -> Self {
-        CallOutcome {
-            error: Some(e.to_string()),
-            ..Default::default()
-        }
+        CallOutcome { error: Some(e.to_string()), ..Default::default() }
     }
 }
 
@@ -146,16 +140,9 @@ impl TwinInputs {
     /// Fresh twin inputs for one call.
     pub fn fresh() -> Result<TwinInputs, ExecutorError> {
         let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed)
-            .map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
-        let clock = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        Ok(TwinInputs {
-            clock,
-            seed: hex::encode(seed),
-        })
+        getrandom::fill(&mut seed).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        Ok(TwinInputs { clock, seed: hex::encode(seed) })
     }
 }
 
@@ -179,15 +166,11 @@ pub fn release_dir_hash(dir: &Path) -> Result<ReleaseHash, ExecutorError> {
         Ok(())
     }
     let mut files = Vec::new();
-    walk(dir, dir, &mut files).map_err(ExecutorError::io(format!(
-        "reading release {}",
-        dir.display()
-    )))?;
+    walk(dir, dir, &mut files).map_err(ExecutorError::io(format!("reading release {}", dir.display())))?;
     files.sort();
     let mut h = Sha256::new();
     for f in files {
-        let bytes = std::fs::read(dir.join(&f))
-            .map_err(ExecutorError::io(format!("reading {}", f.display())))?;
+        let bytes = std::fs::read(dir.join(&f)).map_err(ExecutorError::io(format!("reading {}", f.display())))?;
         h.update(f.to_string_lossy().as_bytes());
         h.update([0]);
         h.update((bytes.len() as u64).to_be_bytes());
@@ -236,16 +219,21 @@ impl GermlineRuntime {
             },
             start_timeout: Duration::from_secs(60),
             extra_read: Vec::new(),
+            cgroup_limits: Some(CgroupLimits {
+                memory_bytes: policy.limits.memory_bytes,
+                processes: policy.limits.processes,
+            }),
         };
+        let germline = Germline::start(&spec)?;
         tracing::info!(
             release = %release,
-            "per-copy limits: rlimits (address space {} MiB, {} processes per user namespace, {} CPU s); deadline {} ms",
+            "per-copy limits by {}: {} MiB, {} processes, {} CPU s per process; deadline {} ms",
+            germline.limits_mechanism(),
             spec.limits.memory_bytes >> 20,
             spec.limits.processes,
             spec.limits.cpu_seconds,
             policy.limits.deadline.as_millis()
         );
-        let germline = Germline::start(&spec)?;
         tracing::info!(release = %release, "germline ready in {:?}", germline.start_time);
         Ok(GermlineRuntime {
             germline: Some(germline),
@@ -282,36 +270,24 @@ impl GermlineRuntime {
             Splitting::Plan => plan_groups(&prepared.plan_input)?,
             Splitting::None => single_group_plan(&prepared.plan_input),
         };
-        let host_clearances: BTreeMap<HostName, Clearance> =
-            prepared.plan_input.hosts.iter().cloned().collect();
-        let shared = Arc::new(Mutex::new(CallShared {
-            records: CallRecords::new(&plan, &host_clearances)?,
-        }));
+        let host_clearances: BTreeMap<HostName, Clearance> = prepared.plan_input.hosts.iter().cloned().collect();
+        let shared = Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &host_clearances)? }));
         let twin = TwinInputs::fresh()?;
-        let mut outcome = CallOutcome {
-            copies: plan.groups.len(),
-            ..Default::default()
-        };
+        let mut outcome = CallOutcome { copies: plan.groups.len(), ..Default::default() };
         let mut per_consumer: BTreeMap<String, ConsumerResult> = BTreeMap::new();
         let budget = self.policy.limits.deadline;
 
         for (gi, group) in plan.groups.iter().enumerate() {
             let key = SlotKey::new(self.release, &self.policy.user, group.horizon.clone())?;
             let slot = self.slots.get(&key);
-            let (result, label, writes, egress) =
-                self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
-            outcome
-                .egress
-                .extend(egress.into_iter().map(EgressEventOut::from));
+            let (result, label, writes, egress) = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
+            outcome.egress.extend(egress.into_iter().map(EgressEventOut::from));
             let final_label = label.label();
             if result.is_ok() && !writes.is_empty() {
                 let mut slot = slot;
                 match slot.apply_writes(writes, &final_label) {
                     Ok(()) if slot.fits(&group.horizon) => self.slots.put(key, slot),
-                    Ok(()) => tracing::warn!(
-                        "slot write refused: label escapes horizon {}",
-                        group.horizon
-                    ),
+                    Ok(()) => tracing::warn!("slot write refused: label escapes horizon {}", group.horizon),
                     Err(e) => tracing::warn!("slot write refused: {e}"),
                 }
             }
@@ -357,23 +333,14 @@ impl GermlineRuntime {
         twin: &TwinInputs,
         shared: &Arc<Mutex<CallShared>>,
         budget: Duration,
-    ) -> Result<
-        (
-            Result<Value, String>,
-            OutputLabel,
-            Vec<(String, Option<Value>)>,
-            Vec<EgressEvent>,
-        ),
-        ExecutorError,
-    > {
+    ) -> Result<(Result<Value, String>, OutputLabel, Vec<(String, Option<Value>)>, Vec<EgressEvent>), ExecutorError>
+    {
         let deadline = Instant::now() + budget;
         let germline = match self.germline.as_mut() {
             Some(g) => g,
             None => {
                 self.germline = Some(Germline::start(&self.spec)?);
-                self.germline
-                    .as_mut()
-                    .ok_or_else(|| ExecutorError::internal("germline"))?
+                self.germline.as_mut().ok_or_else(|| ExecutorError::internal("germline"))?
             }
         };
         let copy = germline.fork_copy()?;
@@ -382,24 +349,14 @@ impl GermlineRuntime {
             .iter()
             .map(|(name, path, bytes)| CopyFile {
                 path: path.clone(),
-                contents: if group.view.contains(name) {
-                    bytes.clone()
-                } else {
-                    Vec::new()
-                },
+                contents: if group.view.contains(name) { bytes.clone() } else { Vec::new() },
             })
             .collect();
         let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files)?;
         let arguments = prepared.arguments_for(&group.view);
-        let slot_values: Map<String, Value> = slot
-            .iter()
-            .map(|(k, e)| (k.to_string(), e.value.clone()))
-            .collect();
+        let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
         let preamble = json!({"twin": twin, "slot": slot_values});
-        let label = OutputLabel::new(
-            group.view.label_of(&prepared.plan_input.items),
-            slot.label(),
-        );
+        let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
         let job = CopyJob {
             group_index: gi,
             listeners,
@@ -467,71 +424,48 @@ struct PreparedCall {
 }
 
 impl PreparedCall {
-    fn new(
-        req: &CallRequest,
-        manifest: &Manifest,
-        policy: &Policy,
-    ) -> Result<PreparedCall, ExecutorError> {
+    fn new(req: &CallRequest, manifest: &Manifest, policy: &Policy) -> Result<PreparedCall, ExecutorError> {
         let decl = manifest.tool(&req.tool);
         let mut items = Vec::new();
         let mut files = Vec::new();
         for p in &req.items {
             if !p.is_absolute() {
-                return Err(ExecutorError::Call(format!(
-                    "item path {} must be absolute",
-                    p.display()
-                )));
+                return Err(ExecutorError::Call(format!("item path {} must be absolute", p.display())));
             }
             let label = policy.label_path(p)?;
-            let meta = std::fs::metadata(p)
-                .map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            let meta = std::fs::metadata(p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
             if !meta.is_file() || meta.len() > MAX_ITEM_BYTES {
                 return Err(ExecutorError::Call(format!(
                     "item {} must be a regular file of at most {MAX_ITEM_BYTES} bytes",
                     p.display()
                 )));
             }
-            let bytes = std::fs::read(p)
-                .map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            let bytes = std::fs::read(p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
             let name = ItemName::new(&p.to_string_lossy())?;
-            items.push(Item {
-                name: name.clone(),
-                label,
-            });
+            items.push(Item { name: name.clone(), label });
             files.push((name, p.clone(), bytes));
         }
         let mut arg_items = BTreeMap::new();
         for arg in req.arguments.keys() {
             if let Some(label) = policy.label_argument(&req.tool, arg) {
                 let name = ItemName::new(&format!("arg:{arg}"))?;
-                items.push(Item {
-                    name: name.clone(),
-                    label,
-                });
+                items.push(Item { name: name.clone(), label });
                 arg_items.insert(arg.clone(), name);
             }
         }
-        let mut hosts: Vec<(HostName, Clearance)> = decl
-            .hosts
-            .iter()
-            .map(|h| (h.clone(), policy.destination_clearance(h)))
-            .collect();
+        let mut hosts: Vec<(HostName, Clearance)> =
+            decl.hosts.iter().map(|h| (h.clone(), policy.destination_clearance(h))).collect();
         if let Some(arg) = &decl.host_argument {
             if let Some(v) = req.arguments.get(arg).and_then(Value::as_str) {
-                let host = host_of(v).ok_or_else(|| {
-                    ExecutorError::Call(format!("argument {arg} names no host: {v:?}"))
-                })?;
+                let host =
+                    host_of(v).ok_or_else(|| ExecutorError::Call(format!("argument {arg} names no host: {v:?}")))?;
                 if !hosts.iter().any(|(h, _)| *h == host) {
                     let c = policy.destination_clearance(&host);
                     hosts.push((host, c));
                 }
             }
         }
-        let names: Vec<String> = if req.consumers.is_empty() {
-            vec!["agent".into()]
-        } else {
-            req.consumers.clone()
-        };
+        let names: Vec<String> = if req.consumers.is_empty() { vec!["agent".into()] } else { req.consumers.clone() };
         let mut consumers = Vec::new();
         let mut plan_consumers = Vec::new();
         for n in names {
@@ -545,11 +479,7 @@ impl PreparedCall {
             files,
             arg_items,
             consumers,
-            plan_input: PlanInput {
-                items,
-                hosts,
-                consumers: plan_consumers,
-            },
+            plan_input: PlanInput { items, hosts, consumers: plan_consumers },
         })
     }
 
@@ -579,14 +509,8 @@ impl PreparedCall {
 fn host_of(v: &str) -> Option<HostName> {
     let rest = v.split_once("://").map(|(_, r)| r).unwrap_or(v);
     let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority
-        .rsplit_once('@')
-        .map(|(_, a)| a)
-        .unwrap_or(authority);
-    let host = authority
-        .rsplit_once(':')
-        .map(|(h, _)| h)
-        .unwrap_or(authority);
+    let authority = authority.rsplit_once('@').map(|(_, a)| a).unwrap_or(authority);
+    let host = authority.rsplit_once(':').map(|(h, _)| h).unwrap_or(authority);
     HostName::new(&host.to_ascii_lowercase()).ok()
 }
 
@@ -596,38 +520,29 @@ mod tests {
 
     #[test]
     fn host_of_urls() {
-        assert_eq!(
-            host_of("https://API.example:8443/x?y").unwrap().as_str(),
-            "api.example"
-        );
+        assert_eq!(host_of("https://API.example:8443/x?y").unwrap().as_str(), "api.example");
         assert_eq!(host_of("api.example").unwrap().as_str(), "api.example");
         assert!(host_of("http://").is_none());
     }
 
     #[test]
     fn blanking_keeps_names() {
-        let policy = Policy::parse("tags=['hr']\n[[items]]\nargument='note'\nlabel=['hr']\n[consumers.agent]\nclearance=['hr']").unwrap();
-        let manifest =
-            Manifest::parse("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'")
+        let policy =
+            Policy::parse("tags=['hr']\n[[items]]\nargument='note'\nlabel=['hr']\n[consumers.agent]\nclearance=['hr']")
                 .unwrap();
+        let manifest = Manifest::parse("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'").unwrap();
         let mut args = Map::new();
         args.insert("note".into(), json!("SECRET"));
         args.insert("other".into(), json!("public"));
         let p = PreparedCall::new(
-            &CallRequest {
-                tool: "t".into(),
-                arguments: args,
-                ..Default::default()
-            },
+            &CallRequest { tool: "t".into(), arguments: args, ..Default::default() },
             &manifest,
             &policy,
         )
         .unwrap();
         let blank = p.arguments_for(&View::new(Default::default()));
         assert_eq!(blank, json!({"note": "", "other": "public"}));
-        let full = p.arguments_for(&View::new(
-            p.plan_input.items.iter().map(|i| i.name.clone()).collect(),
-        ));
+        let full = p.arguments_for(&View::new(p.plan_input.items.iter().map(|i| i.name.clone()).collect()));
         assert_eq!(full["note"], "SECRET");
     }
 }

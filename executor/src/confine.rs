@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope, ABI,
 };
 
 use crate::seccomp::SeccompPolicy;
@@ -40,12 +40,7 @@ pub struct ResourceLimits {
 
 impl Default for ResourceLimits {
     fn default() -> Self {
-        ResourceLimits {
-            memory_bytes: 2 << 30,
-            processes: 256,
-            cpu_seconds: 60,
-            open_files: 1024,
-        }
+        ResourceLimits { memory_bytes: 2 << 30, processes: 256, cpu_seconds: 60, open_files: 1024 }
     }
 }
 
@@ -98,12 +93,7 @@ impl Confinement {
     /// Landlock rule on a directory does not reach a file system mounted on it, so the
     /// view the broker later mounts at a data root inside a copy is covered by the rule
     /// on `/`.)
-    pub fn prepare(
-        &self,
-        stage: &Path,
-        workdir: &Path,
-        control_fd: RawFd,
-    ) -> Result<PreparedSandbox, ExecutorError> {
+    pub fn prepare(&self, stage: &Path, workdir: &Path, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let seccomp = SeccompPolicy::germline().compile()?;
@@ -124,20 +114,16 @@ impl Confinement {
         paths.sort();
         for p in paths {
             if !p.is_absolute() {
-                return Err(ExecutorError::Sandbox(format!(
-                    "read-only path {} is not absolute",
-                    p.display()
-                )));
+                return Err(ExecutorError::Sandbox(format!("read-only path {} is not absolute", p.display())));
             }
-            let meta = std::fs::symlink_metadata(p).map_err(|e| {
-                ExecutorError::Sandbox(format!("read-only path {}: {e}", p.display()))
-            })?;
+            let meta = std::fs::symlink_metadata(p)
+                .map_err(|e| ExecutorError::Sandbox(format!("read-only path {}: {e}", p.display())))?;
             if let Some(parent) = p.parent() {
                 mkdirs(parent, &mut ops)?;
             }
             if meta.file_type().is_symlink() {
-                let target = std::fs::read_link(p)
-                    .map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
+                let target =
+                    std::fs::read_link(p).map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
                 ops.push(RootOp::Symlink(cstring(&target)?, cstring(&staged(p))?));
             } else if meta.is_dir() {
                 mkdirs(p, &mut ops)?;
@@ -150,19 +136,14 @@ impl Confinement {
         mkdirs(Path::new("/dev"), &mut ops)?;
         for d in DEVICES {
             ops.push(RootOp::Touch(cstring(&staged(Path::new(d)))?));
-            ops.push(RootOp::Bind(
-                cstring(Path::new(d))?,
-                cstring(&staged(Path::new(d)))?,
-            ));
+            ops.push(RootOp::Bind(cstring(Path::new(d))?, cstring(&staged(Path::new(d)))?));
         }
         for r in &self.data_roots {
             mkdirs(r, &mut ops)?;
         }
         Ok(PreparedSandbox {
-            uid_map: CString::new(format!("0 {uid} 1"))
-                .map_err(|_| ExecutorError::internal("uid map"))?,
-            gid_map: CString::new(format!("0 {gid} 1"))
-                .map_err(|_| ExecutorError::internal("gid map"))?,
+            uid_map: CString::new(format!("0 {uid} 1")).map_err(|_| ExecutorError::internal("uid map"))?,
+            gid_map: CString::new(format!("0 {gid} 1")).map_err(|_| ExecutorError::internal("gid map"))?,
             stage: cstring(stage)?,
             root_ops: ops,
             workdir: cstring(workdir)?,
@@ -186,20 +167,11 @@ fn landlock_restrict() -> io::Result<()> {
         .create()
         .map_err(ll)?;
     let root = PathFd::new("/").map_err(io::Error::other)?;
-    rs = rs
-        .add_rule(PathBeneath::new(root, AccessFs::from_read(LANDLOCK_ABI)))
-        .map_err(ll)?;
+    rs = rs.add_rule(PathBeneath::new(root, AccessFs::from_read(LANDLOCK_ABI))).map_err(ll)?;
     let devnull = PathFd::new("/dev/null").map_err(io::Error::other)?;
-    rs = rs
-        .add_rule(PathBeneath::new(
-            devnull,
-            AccessFs::ReadFile | AccessFs::WriteFile,
-        ))
-        .map_err(ll)?;
+    rs = rs.add_rule(PathBeneath::new(devnull, AccessFs::ReadFile | AccessFs::WriteFile)).map_err(ll)?;
     for port in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT] {
-        rs = rs
-            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
-            .map_err(ll)?;
+        rs = rs.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(ll)?;
     }
     let status = rs.restrict_self().map_err(ll)?;
     if status.ruleset != landlock::RulesetStatus::FullyEnforced {
@@ -233,13 +205,7 @@ impl PreparedSandbox {
         // SAFETY (whole block): mount/mkdir/open/symlink/pivot_root on NUL-terminated
         // strings prepared in the parent.
         unsafe {
-            check(mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                MS_REC | MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
+            check(mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), MS_REC | MS_PRIVATE, std::ptr::null()))?;
             check(mount(
                 c"germline-root".as_ptr(),
                 self.stage.as_ptr(),
@@ -262,13 +228,7 @@ impl PreparedSandbox {
                         close(fd);
                     }
                     RootOp::Bind(src, dst) => {
-                        check(mount(
-                            src.as_ptr(),
-                            dst.as_ptr(),
-                            std::ptr::null(),
-                            MS_BIND | MS_REC,
-                            std::ptr::null(),
-                        ))?;
+                        check(mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()))?;
                     }
                     RootOp::Symlink(target, at) => check(symlink(target.as_ptr(), at.as_ptr()))?,
                 }
@@ -285,14 +245,7 @@ impl PreparedSandbox {
         use libc::*;
         check(unsafe {
             // SAFETY: plain syscall.
-            unshare(
-                CLONE_NEWUSER
-                    | CLONE_NEWNS
-                    | CLONE_NEWNET
-                    | CLONE_NEWIPC
-                    | CLONE_NEWUTS
-                    | CLONE_NEWCGROUP,
-            )
+            unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
         })?;
         write_proc(c"/proc/self/setgroups", c"deny")?;
         write_proc(c"/proc/self/uid_map", &self.uid_map)?;
@@ -307,10 +260,7 @@ impl PreparedSandbox {
             (RLIMIT_NOFILE, self.limits.open_files),
             (RLIMIT_CORE, 0),
         ] {
-            let lim = rlimit {
-                rlim_cur: val,
-                rlim_max: val,
-            };
+            let lim = rlimit { rlim_cur: val, rlim_max: val };
             // SAFETY: valid pointer to a local rlimit.
             check(unsafe { setrlimit(res, &lim) })?;
         }
@@ -330,9 +280,7 @@ impl PreparedSandbox {
         }
         // Nothing else the broker holds (or inherited) may reach the germline.
         // SAFETY: close_range over descriptors above the control socket.
-        check(unsafe {
-            syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int
-        })?;
+        check(unsafe { syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int })?;
         Ok(())
     }
 }
@@ -381,12 +329,7 @@ fn make_tree_read_only() -> io::Result<()> {
     const MOUNT_ATTR__ATIME: u64 = 0x70;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     let setattr = |set: u64, clr: u64| -> libc::c_long {
-        let attr = MountAttr {
-            attr_set: set,
-            attr_clr: clr,
-            propagation: 0,
-            userns_fd: 0,
-        };
+        let attr = MountAttr { attr_set: set, attr_clr: clr, propagation: 0, userns_fd: 0 };
         // SAFETY: mount_setattr on "/" with a correctly sized attribute struct.
         unsafe {
             libc::syscall(
@@ -418,13 +361,7 @@ fn drop_capabilities() -> io::Result<()> {
                 return Err(e);
             }
         }
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        );
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
         #[repr(C)]
         struct Header {
             version: u32,
@@ -437,15 +374,8 @@ fn drop_capabilities() -> io::Result<()> {
             permitted: u32,
             inheritable: u32,
         }
-        let hdr = Header {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let data = [Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
+        let hdr = Header { version: 0x2008_0522, pid: 0 };
+        let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
         if libc::syscall(libc::SYS_capset, &hdr as *const Header, data.as_ptr()) < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -54,9 +54,6 @@ impl ExecutorError {
     }
 
     pub(crate) fn refused(check: &'static str, detail: impl Into<String>) -> ExecutorError {
-        ExecutorError::GermlineRefused {
-            check,
-            detail: detail.into(),
-        }
+        ExecutorError::GermlineRefused { check, detail: detail.into() }
     }
 }

@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
@@ -37,13 +38,8 @@ impl PythonRuntime {
     /// from, and writes the shim into `shim_root` (content-addressed, so a tampered copy
     /// is never reused).
     pub fn discover(shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
-        let python =
-            PathBuf::from(std::env::var_os("GERMLINE_PYTHON").unwrap_or_else(|| "python3".into()));
-        let python = if python.is_absolute() {
-            python
-        } else {
-            which(&python)?
-        };
+        let python = PathBuf::from(std::env::var_os("GERMLINE_PYTHON").unwrap_or_else(|| "python3".into()));
+        let python = if python.is_absolute() { python } else { which(&python)? };
         let out = Command::new(&python)
             .args(["-I", "-c", "import sys,json;print(json.dumps([sys.executable,sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix]+sys.path))"])
             .stdin(Stdio::null())
@@ -80,11 +76,7 @@ impl PythonRuntime {
         let shim_dir = write_shim(shim_root)?;
         read.insert(shim_dir.clone());
         let read_paths = fold_nested(read);
-        Ok(PythonRuntime {
-            python,
-            shim_dir,
-            read_paths,
-        })
+        Ok(PythonRuntime { python, shim_dir, read_paths })
     }
 }
 
@@ -98,10 +90,7 @@ fn which(name: &Path) -> Result<PathBuf, ExecutorError> {
 
 fn fold_nested(set: BTreeSet<PathBuf>) -> Vec<PathBuf> {
     let all: Vec<PathBuf> = set.into_iter().collect();
-    all.iter()
-        .filter(|p| !all.iter().any(|o| o != *p && p.starts_with(o)))
-        .cloned()
-        .collect()
+    all.iter().filter(|p| !all.iter().any(|o| o != *p && p.starts_with(o))).cloned().collect()
 }
 
 fn write_shim(root: &Path) -> Result<PathBuf, ExecutorError> {
@@ -111,16 +100,12 @@ fn write_shim(root: &Path) -> Result<PathBuf, ExecutorError> {
     h.update(SLOT_PY);
     let dir = root.join(format!("shim-{}", &hex::encode(h.finalize())[..16]));
     let want = [("germline_host.py", HOST_PY), ("germline_slot.py", SLOT_PY)];
-    let intact = want
-        .iter()
-        .all(|(n, c)| std::fs::read_to_string(dir.join(n)).is_ok_and(|s| s == *c));
+    let intact = want.iter().all(|(n, c)| std::fs::read_to_string(dir.join(n)).is_ok_and(|s| s == *c));
     if !intact {
-        std::fs::create_dir_all(&dir)
-            .map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
         for (n, c) in want {
             let tmp = dir.join(format!(".{n}.tmp{}", std::process::id()));
-            std::fs::write(&tmp, c)
-                .map_err(ExecutorError::io(format!("writing {}", tmp.display())))?;
+            std::fs::write(&tmp, c).map_err(ExecutorError::io(format!("writing {}", tmp.display())))?;
             std::fs::rename(&tmp, dir.join(n)).map_err(ExecutorError::io("installing shim"))?;
         }
     }
@@ -142,6 +127,8 @@ pub struct GermlineSpec {
     pub start_timeout: Duration,
     /// Extra CA bundle path (HTTPS through the broker), read-only.
     pub extra_read: Vec<PathBuf>,
+    /// Per-copy cgroup limits, used where the host lets the broker write cgroups.
+    pub cgroup_limits: Option<CgroupLimits>,
 }
 
 /// Namespaces held by copies alive right now, across every germline of this process.
@@ -154,6 +141,7 @@ pub struct Germline {
     control: UnixStream,
     allowed: AllowedFds,
     namespaces: Vec<NsId>,
+    cgroups: Option<CgroupSet>,
     /// Time the germline took to import the release.
     pub start_time: Duration,
 }
@@ -166,16 +154,10 @@ impl Germline {
         let release_dir = spec
             .release_dir
             .canonicalize()
-            .map_err(ExecutorError::io(format!(
-                "release directory {}",
-                spec.release_dir.display()
-            )))?;
+            .map_err(ExecutorError::io(format!("release directory {}", spec.release_dir.display())))?;
         for root in &spec.data_roots {
             if !root.is_dir() {
-                return Err(ExecutorError::Policy(format!(
-                    "data root {} is not a directory",
-                    root.display()
-                )));
+                return Err(ExecutorError::Policy(format!("data root {} is not a directory", root.display())));
             }
         }
         let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("control socketpair"))?;
@@ -185,20 +167,13 @@ impl Germline {
         let mut read_only = spec.runtime.read_paths.clone();
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
-        let confinement = Confinement {
-            read_only,
-            data_roots: spec.data_roots.clone(),
-            limits: spec.limits.clone(),
-        };
+        let confinement = Confinement { read_only, data_roots: spec.data_roots.clone(), limits: spec.limits.clone() };
         let stage = spec.runtime.shim_dir.with_file_name("stage");
-        std::fs::create_dir_all(&stage)
-            .map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
+        std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
         let sandbox = confinement.prepare(&stage, &release_dir, theirs.as_raw_fd())?;
         let debug_stderr = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         if debug_stderr {
-            tracing::warn!(
-                "GERMLINE_DEBUG_GERMLINE is set: the germline's stderr stays open (debugging only)"
-            );
+            tracing::warn!("GERMLINE_DEBUG_GERMLINE is set: the germline's stderr stays open (debugging only)");
         }
         let mut cmd = Command::new(&spec.runtime.python);
         cmd.arg("-I")
@@ -213,65 +188,47 @@ impl Germline {
             .current_dir(&release_dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(if debug_stderr {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            });
+            .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
-        for var in [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "ALL_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "all_proxy",
-        ] {
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);
         }
         sandbox.install(&mut cmd);
-        let child = cmd.spawn().map_err(|e| {
-            ExecutorError::refused("start", format!("could not start the germline: {e}"))
-        })?;
+        let child =
+            cmd.spawn().map_err(|e| ExecutorError::refused("start", format!("could not start the germline: {e}")))?;
         drop(theirs);
         let pid = child.id() as i32;
         let mut g = Germline {
             child,
             pid,
             control: ours,
-            allowed: AllowedFds {
-                control_socket_inode: control_inode,
-                debug_stderr,
-            },
+            allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr },
             namespaces: Vec::new(),
+            cgroups: spec.cgroup_limits.and_then(|l| CgroupSet::create(&format!("{}-{pid}", std::process::id()), l)),
             start_time: Duration::ZERO,
         };
-        let line = g.read_control(spec.start_timeout).map_err(|e| {
-            ExecutorError::refused(
-                "start",
-                format!("the release did not finish importing: {e}"),
-            )
-        })?;
+        if let Some(cg) = &g.cgroups {
+            cg.adopt(pid)?;
+        }
+        let line = g
+            .read_control(spec.start_timeout)
+            .map_err(|e| ExecutorError::refused("start", format!("the release did not finish importing: {e}")))?;
         if line != "ready" {
-            return Err(ExecutorError::refused(
-                "start",
-                format!("unexpected message {line:?}"),
-            ));
+            return Err(ExecutorError::refused("start", format!("unexpected message {line:?}")));
         }
         g.stop()?;
-        g.namespaces = COPY_NAMESPACES
-            .iter()
-            .map(|k| inspect::namespace(pid, k))
-            .collect::<Result<_, _>>()?;
+        g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
         inspect::check_germline(pid, &g.allowed)?;
         if !inspect::live_children(pid)?.is_empty() {
-            return Err(ExecutorError::refused(
-                "children",
-                "the germline left a process running at start",
-            ));
+            return Err(ExecutorError::refused("children", "the germline left a process running at start"));
         }
         g.start_time = t0.elapsed();
         Ok(g)
+    }
+
+    /// What enforces per-copy limits for this germline (for logs).
+    pub fn limits_mechanism(&self) -> &'static str {
+        crate::cgroup::describe(self.cgroups.as_ref())
     }
 
     /// The germline's pid (in the broker's PID namespace).
@@ -280,16 +237,13 @@ impl Germline {
     }
 
     fn read_control(&mut self, timeout: Duration) -> Result<String, ExecutorError> {
-        self.control
-            .set_read_timeout(Some(timeout))
-            .map_err(ExecutorError::io("control timeout"))?;
+        self.control.set_read_timeout(Some(timeout)).map_err(ExecutorError::io("control timeout"))?;
         let mut line = Vec::new();
         let mut byte = [0u8; 1];
         loop {
             use std::io::Read;
-            let n = (&self.control)
-                .read(&mut byte)
-                .map_err(ExecutorError::io("reading the germline's control socket"))?;
+            let n =
+                (&self.control).read(&mut byte).map_err(ExecutorError::io("reading the germline's control socket"))?;
             if n == 0 {
                 return Err(ExecutorError::refused("start", "the germline exited"));
             }
@@ -307,9 +261,7 @@ impl Germline {
     fn signal(&self, sig: i32) -> Result<(), ExecutorError> {
         // SAFETY: kill on our own child's pid, which stays valid (unreaped) while `child` lives.
         if unsafe { libc::kill(self.pid, sig) } < 0 {
-            return Err(ExecutorError::io("signalling the germline")(
-                std::io::Error::last_os_error(),
-            ));
+            return Err(ExecutorError::io("signalling the germline")(std::io::Error::last_os_error()));
         }
         Ok(())
     }
@@ -337,28 +289,27 @@ impl Germline {
     pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
         inspect::check_germline(self.pid, &self.allowed)?;
         // Drain anything a previous copy wrote into the inherited control socket.
-        self.control
-            .set_nonblocking(true)
-            .map_err(ExecutorError::io("control socket"))?;
+        self.control.set_nonblocking(true).map_err(ExecutorError::io("control socket"))?;
         let mut junk = [0u8; 4096];
         while matches!(std::io::Read::read(&mut &self.control, &mut junk), Ok(n) if n > 0) {}
-        self.control
-            .set_nonblocking(false)
-            .map_err(ExecutorError::io("control socket"))?;
+        self.control.set_nonblocking(false).map_err(ExecutorError::io("control socket"))?;
 
+        let cgroup = match &self.cgroups {
+            Some(cg) => Some(cg.enter_copy(self.pid)?),
+            None => None,
+        };
         self.signal(libc::SIGCONT)?;
-        (&self.control)
-            .write_all(b"fork\n")
-            .map_err(ExecutorError::io("asking the germline to fork"))?;
+        (&self.control).write_all(b"fork\n").map_err(ExecutorError::io("asking the germline to fork"))?;
         let reply = self.read_control(Duration::from_secs(5));
         self.stop()?;
+        if let Some(cg) = &self.cgroups {
+            cg.leave_copy(self.pid)?;
+        }
         let children = inspect::live_children(self.pid)?;
         let reply = reply?;
         if reply != "forked" {
             kill_all(&children);
-            return Err(ExecutorError::Copy(format!(
-                "germline could not fork: {reply}"
-            )));
+            return Err(ExecutorError::Copy(format!("germline could not fork: {reply}")));
         }
         let copy_pid = match children.as_slice() {
             [one] => *one,
@@ -377,10 +328,7 @@ impl Germline {
         };
         inspect::check_germline(self.pid, &self.allowed).map_err(fail)?;
         if inspect::parent(copy_pid).map_err(fail)? != self.pid {
-            return Err(fail(ExecutorError::refused(
-                "children",
-                "the copy is not the germline's child",
-            )));
+            return Err(fail(ExecutorError::refused("children", "the copy is not the germline's child")));
         }
         let mut ns = Vec::new();
         for (i, kind) in COPY_NAMESPACES.iter().enumerate() {
@@ -394,22 +342,13 @@ impl Germline {
             ns.push(id);
         }
         {
-            let mut live = LIVE_COPY_NAMESPACES
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut live = LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner());
             if ns.iter().any(|id| live.contains(id)) {
-                return Err(fail(ExecutorError::refused(
-                    "namespaces",
-                    "the copy shares a namespace with a live copy",
-                )));
+                return Err(fail(ExecutorError::refused("namespaces", "the copy shares a namespace with a live copy")));
             }
             live.extend(ns.iter().copied());
         }
-        Ok(CopyProcess {
-            pid: copy_pid,
-            pidfd,
-            namespaces: ns,
-        })
+        Ok(CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _cgroup: cgroup })
     }
 }
 
@@ -433,9 +372,7 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd, ExecutorError> {
     // SAFETY: pidfd_open returns a new descriptor we take ownership of.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
-        return Err(ExecutorError::io(format!("pidfd_open({pid})"))(
-            std::io::Error::last_os_error(),
-        ));
+        return Err(ExecutorError::io(format!("pidfd_open({pid})"))(std::io::Error::last_os_error()));
     }
     // SAFETY: fd is a fresh descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -443,15 +380,7 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd, ExecutorError> {
 
 fn pidfd_kill(fd: &OwnedFd) -> std::io::Result<()> {
     // SAFETY: signalling through a pidfd we own.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            libc::SIGKILL,
-            0,
-            0,
-        )
-    };
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, 0, 0) };
     if rc < 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::ESRCH) {
@@ -467,6 +396,7 @@ pub struct CopyProcess {
     pub pid: i32,
     pidfd: OwnedFd,
     namespaces: Vec<NsId>,
+    _cgroup: Option<CopyCgroup>,
 }
 
 impl CopyProcess {
@@ -474,27 +404,18 @@ impl CopyProcess {
     /// Waits (bounded) until the kernel reports it gone.
     pub fn kill(&self) -> Result<(), ExecutorError> {
         pidfd_kill(&self.pidfd).map_err(ExecutorError::io("killing a copy"))?;
-        let mut pfd = libc::pollfd {
-            fd: self.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: poll on one pidfd we own.
         let rc = unsafe { libc::poll(&mut pfd, 1, 5000) };
         if rc <= 0 {
-            return Err(ExecutorError::Copy(
-                "copy did not die within 5 s of SIGKILL".into(),
-            ));
+            return Err(ExecutorError::Copy("copy did not die within 5 s of SIGKILL".into()));
         }
         Ok(())
     }
 
     /// A handle that can kill this copy from another thread (the deadline watchdog).
     pub fn killer(&self) -> Result<CopyKiller, ExecutorError> {
-        let fd = self
-            .pidfd
-            .try_clone()
-            .map_err(ExecutorError::io("duplicating pidfd"))?;
+        let fd = self.pidfd.try_clone().map_err(ExecutorError::io("duplicating pidfd"))?;
         Ok(CopyKiller(fd))
     }
 
@@ -512,9 +433,7 @@ impl CopyProcess {
 impl Drop for CopyProcess {
     fn drop(&mut self) {
         let _ = self.kill();
-        let mut live = LIVE_COPY_NAMESPACES
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut live = LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner());
         for id in &self.namespaces {
             live.remove(id);
         }

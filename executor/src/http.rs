@@ -74,29 +74,19 @@ pub fn read_request(stream: &mut impl Read, max: usize) -> Result<Option<HttpReq
         let mut chunk = [0u8; 4096];
         let n = stream.read(&mut chunk)?;
         if n == 0 {
-            return if buf.is_empty() {
-                Ok(None)
-            } else {
-                Err(HttpError::Malformed("truncated head".into()))
-            };
+            return if buf.is_empty() { Ok(None) } else { Err(HttpError::Malformed("truncated head".into())) };
         }
         buf.extend_from_slice(&chunk[..n]);
     };
     let mut headers = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut headers);
-    let status = req
-        .parse(&buf[..head_end])
-        .map_err(|e| HttpError::Malformed(e.to_string()))?;
+    let status = req.parse(&buf[..head_end]).map_err(|e| HttpError::Malformed(e.to_string()))?;
     if status.is_partial() {
         return Err(HttpError::Malformed("partial head".into()));
     }
     let method = req.method.unwrap_or("").to_ascii_uppercase();
     let raw_target = req.path.unwrap_or("").to_owned();
-    let hdrs: Vec<(String, Vec<u8>)> = req
-        .headers
-        .iter()
-        .map(|h| (h.name.to_owned(), h.value.to_vec()))
-        .collect();
+    let hdrs: Vec<(String, Vec<u8>)> = req.headers.iter().map(|h| (h.name.to_owned(), h.value.to_vec())).collect();
     let (scheme, host, port, target) = if method == "CONNECT" {
         let (h, p) = split_host_port(&raw_target, 443)?;
         ("https".to_owned(), h, p, String::new())
@@ -104,16 +94,9 @@ pub fn read_request(stream: &mut impl Read, max: usize) -> Result<Option<HttpReq
         parse_absolute(&raw_target)?
     };
     let rest = buf[head_end..].to_vec();
-    let header = |name: &str| {
-        hdrs.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
-    };
-    let chunked = header("transfer-encoding").is_some_and(|v| {
-        String::from_utf8_lossy(&v)
-            .to_ascii_lowercase()
-            .contains("chunked")
-    });
+    let header = |name: &str| hdrs.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+    let chunked = header("transfer-encoding")
+        .is_some_and(|v| String::from_utf8_lossy(&v).to_ascii_lowercase().contains("chunked"));
     let body = if chunked {
         read_chunked(stream, rest, max)?
     } else if let Some(cl) = header("content-length") {
@@ -128,15 +111,7 @@ pub fn read_request(stream: &mut impl Read, max: usize) -> Result<Option<HttpReq
     } else {
         Vec::new()
     };
-    Ok(Some(HttpRequest {
-        method,
-        scheme,
-        host,
-        port,
-        target,
-        headers: hdrs,
-        body,
-    }))
+    Ok(Some(HttpRequest { method, scheme, host, port, target, headers: hdrs, body }))
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -146,9 +121,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 fn split_host_port(s: &str, default: u16) -> Result<(String, u16), HttpError> {
     match s.rsplit_once(':') {
         Some((h, p)) if !h.contains(']') || h.ends_with(']') => {
-            let port = p
-                .parse()
-                .map_err(|_| HttpError::Malformed(format!("bad port in {s:?}")))?;
+            let port = p.parse().map_err(|_| HttpError::Malformed(format!("bad port in {s:?}")))?;
             Ok((h.to_ascii_lowercase(), port))
         }
         _ => Ok((s.to_ascii_lowercase(), default)),
@@ -157,9 +130,7 @@ fn split_host_port(s: &str, default: u16) -> Result<(String, u16), HttpError> {
 
 fn parse_absolute(target: &str) -> Result<(String, String, u16, String), HttpError> {
     let rest = target.strip_prefix("http://").ok_or_else(|| {
-        HttpError::Malformed(format!(
-            "proxy requests must use absolute http:// targets, got {target:?}"
-        ))
+        HttpError::Malformed(format!("proxy requests must use absolute http:// targets, got {target:?}"))
     })?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -172,11 +143,7 @@ fn parse_absolute(target: &str) -> Result<(String, String, u16, String), HttpErr
     Ok(("http".into(), host, port, path.to_owned()))
 }
 
-fn read_exact_with(
-    stream: &mut impl Read,
-    mut have: Vec<u8>,
-    len: usize,
-) -> Result<Vec<u8>, HttpError> {
+fn read_exact_with(stream: &mut impl Read, mut have: Vec<u8>, len: usize) -> Result<Vec<u8>, HttpError> {
     while have.len() < len {
         let mut chunk = vec![0u8; (len - have.len()).min(64 << 10)];
         let n = stream.read(&mut chunk)?;
@@ -189,11 +156,7 @@ fn read_exact_with(
     Ok(have)
 }
 
-fn read_chunked(
-    stream: &mut impl Read,
-    mut buf: Vec<u8>,
-    max: usize,
-) -> Result<Vec<u8>, HttpError> {
+fn read_chunked(stream: &mut impl Read, mut buf: Vec<u8>, max: usize) -> Result<Vec<u8>, HttpError> {
     let mut body = Vec::new();
     let mut pos = 0;
     let mut fill = |buf: &mut Vec<u8>| -> Result<(), HttpError> {
@@ -289,9 +252,7 @@ impl HttpRequest {
     /// `Content-Length`, `Connection: close`.
     pub fn to_wire(&self) -> Vec<u8> {
         let mut out = format!("{} {} HTTP/1.1\r\n", self.method, self.target).into_bytes();
-        let host = if (self.scheme == "http" && self.port == 80)
-            || (self.scheme == "https" && self.port == 443)
-        {
+        let host = if (self.scheme == "http" && self.port == 80) || (self.scheme == "https" && self.port == 443) {
             self.host.clone()
         } else {
             format!("{}:{}", self.host, self.port)
@@ -313,35 +274,19 @@ impl HttpRequest {
 }
 
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
+    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
     &v[start..end]
 }
 
 /// Sends `req` to `addr` and returns the raw response, bounded in size and time. A 3xx is
 /// returned like any other response: the broker never follows redirects.
-pub fn forward(
-    req: &HttpRequest,
-    addr: SocketAddr,
-    deadline: Instant,
-    max: usize,
-) -> Result<Vec<u8>, HttpError> {
+pub fn forward(req: &HttpRequest, addr: SocketAddr, deadline: Instant, max: usize) -> Result<Vec<u8>, HttpError> {
     let remaining = |what: &str| {
         deadline
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("deadline passed while {what}"),
-                )
-            })
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("deadline passed while {what}")))
     };
     let mut s = TcpStream::connect_timeout(&addr, remaining("connecting")?)?;
     s.set_write_timeout(Some(remaining("sending")?))?;
@@ -349,9 +294,7 @@ pub fn forward(
     let mut out = Vec::new();
     let mut chunk = [0u8; 16 << 10];
     loop {
-        s.set_read_timeout(Some(
-            remaining("reading the reply")?.max(Duration::from_millis(1)),
-        ))?;
+        s.set_read_timeout(Some(remaining("reading the reply")?.max(Duration::from_millis(1))))?;
         let n = s.read(&mut chunk)?;
         if n == 0 {
             break;
@@ -394,45 +337,24 @@ mod tests {
         let b = parse(b"POST http://OCR.example:80/scan?x=1 HTTP/1.1\r\nContent-Type:  text/plain \r\nx-a: 1\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n");
         assert_eq!(a.digest(), b.digest());
         let c = parse(b"POST http://ocr.example/scan?x=1 HTTP/1.1\r\nX-A: 2\r\ncontent-type: text/plain\r\nContent-Length: 5\r\n\r\nhello");
-        assert_ne!(
-            a.digest(),
-            c.digest(),
-            "a changed header value must change the digest"
-        );
+        assert_ne!(a.digest(), c.digest(), "a changed header value must change the digest");
         let d = parse(b"POST http://ocr.example/scan?x=1 HTTP/1.1\r\nX-A: 1\r\ncontent-type: text/plain\r\nContent-Length: 5\r\n\r\nhellp");
-        assert_ne!(
-            a.digest(),
-            d.digest(),
-            "a changed body must change the digest"
-        );
+        assert_ne!(a.digest(), d.digest(), "a changed body must change the digest");
     }
 
     #[test]
     fn rejects_bad_requests() {
         assert!(read_request(&mut &b"GET /relative HTTP/1.1\r\n\r\n"[..], 100).is_err());
-        assert!(read_request(
-            &mut &b"POST http://a.example/ HTTP/1.1\r\nContent-Length: 999\r\n\r\n"[..],
-            100
-        )
-        .is_err());
-        assert!(read_request(
-            &mut &b"GET http://user:pw@a.example/ HTTP/1.1\r\n\r\n"[..],
-            100
-        )
-        .is_err());
+        assert!(read_request(&mut &b"POST http://a.example/ HTTP/1.1\r\nContent-Length: 999\r\n\r\n"[..], 100).is_err());
+        assert!(read_request(&mut &b"GET http://user:pw@a.example/ HTTP/1.1\r\n\r\n"[..], 100).is_err());
         assert!(read_request(&mut &b""[..], 100).unwrap().is_none());
     }
 
     #[test]
     fn wire_form_is_origin_form_with_one_host() {
-        let r = parse(
-            b"GET http://a.example:8080/p HTTP/1.1\r\nHost: evil.example\r\nAccept: */*\r\n\r\n",
-        );
+        let r = parse(b"GET http://a.example:8080/p HTTP/1.1\r\nHost: evil.example\r\nAccept: */*\r\n\r\n");
         let wire = String::from_utf8(r.to_wire()).unwrap();
-        assert!(
-            wire.starts_with("GET /p HTTP/1.1\r\nHost: a.example:8080\r\n"),
-            "{wire}"
-        );
+        assert!(wire.starts_with("GET /p HTTP/1.1\r\nHost: a.example:8080\r\n"), "{wire}");
         assert!(!wire.contains("evil.example"));
     }
 }

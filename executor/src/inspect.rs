@@ -14,9 +14,8 @@ pub const COPY_NAMESPACES: [&str; 5] = ["user", "pid", "net", "ipc", "mnt"];
 
 /// Reads the identity of namespace `kind` of `pid`.
 pub fn namespace(pid: i32, kind: &str) -> Result<NsId, ExecutorError> {
-    let m = fs::metadata(format!("/proc/{pid}/ns/{kind}")).map_err(ExecutorError::io(format!(
-        "reading namespace {kind} of {pid}"
-    )))?;
+    let m = fs::metadata(format!("/proc/{pid}/ns/{kind}"))
+        .map_err(ExecutorError::io(format!("reading namespace {kind} of {pid}")))?;
     Ok((m.dev(), m.ino()))
 }
 
@@ -26,10 +25,7 @@ pub fn state(pid: i32) -> Result<char, ExecutorError> {
         .map_err(ExecutorError::io(format!("reading /proc/{pid}/stat")))?;
     // The command name may contain spaces and parentheses: the state follows the last ')'.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    rest.trim_start()
-        .chars()
-        .next()
-        .ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
+    rest.trim_start().chars().next().ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
 }
 
 /// The parent pid from `/proc/PID/stat`.
@@ -46,8 +42,8 @@ pub fn parent(pid: i32) -> Result<i32, ExecutorError> {
 /// Live (non-zombie) children of every thread of `pid`, as pids in our namespace.
 pub fn live_children(pid: i32) -> Result<Vec<i32>, ExecutorError> {
     let mut out = Vec::new();
-    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
-        .map_err(ExecutorError::io(format!("listing threads of {pid}")))?;
+    let tasks =
+        fs::read_dir(format!("/proc/{pid}/task")).map_err(ExecutorError::io(format!("listing threads of {pid}")))?;
     for t in tasks.flatten() {
         let path = t.path().join("children");
         let Ok(s) = fs::read_to_string(&path) else {
@@ -81,10 +77,7 @@ pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
         .and_then(|v| v.trim().parse::<u32>().ok())
         .ok_or_else(|| ExecutorError::refused("G1", "no thread count in /proc status"))?;
     if threads != 1 {
-        return Err(ExecutorError::refused(
-            "G1",
-            format!("{threads} threads, expected 1"),
-        ));
+        return Err(ExecutorError::refused("G1", format!("{threads} threads, expected 1")));
     }
     Ok(())
 }
@@ -96,26 +89,18 @@ pub fn check_g2(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
     for e in entries {
         let e = e.map_err(ExecutorError::io(format!("listing {dir}")))?;
         let fd = e.file_name().to_string_lossy().into_owned();
-        let target = fs::read_link(e.path())
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "?".into());
+        let target = fs::read_link(e.path()).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into());
         if target == format!("socket:[{}]", allowed.control_socket_inode)
             || target == "/dev/null"
             || (allowed.debug_stderr && fd == "2")
         {
             continue;
         }
-        let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("flags:"))
-                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-            });
+        let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("flags:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        });
         let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
-        let regular = fs::metadata(e.path())
-            .map(|m| m.file_type().is_file())
-            .unwrap_or(false);
+        let regular = fs::metadata(e.path()).map(|m| m.file_type().is_file()).unwrap_or(false);
         let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
         if !(read_only && regular && !anonymous) {
             return Err(ExecutorError::refused(
@@ -147,10 +132,7 @@ pub fn check_g3(pid: i32) -> Result<(), ExecutorError> {
             || path.starts_with("/SYSV")
             || line.ends_with("(deleted)");
         if writable || anonymous {
-            return Err(ExecutorError::refused(
-                "G3",
-                format!("shared mapping {range} {perms} {path}"),
-            ));
+            return Err(ExecutorError::refused("G3", format!("shared mapping {range} {perms} {path}")));
         }
     }
     Ok(())
@@ -176,10 +158,7 @@ mod tests {
         assert!(err.contains("G1"), "{err}");
         t.join().unwrap();
         assert!(matches!(state(me).unwrap(), 'R' | 'S'));
-        assert_eq!(
-            parent(me).unwrap(),
-            std::os::unix::process::parent_id() as i32
-        );
+        assert_eq!(parent(me).unwrap(), std::os::unix::process::parent_id() as i32);
     }
 
     #[test]
@@ -188,15 +167,7 @@ mod tests {
         let mut fds = [0; 2];
         // SAFETY: pipe2 into a local array.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let err = check_g2(
-            me,
-            &AllowedFds {
-                control_socket_inode: 0,
-                debug_stderr: false,
-            },
-        )
-        .unwrap_err()
-        .to_string();
+        let err = check_g2(me, &AllowedFds { control_socket_inode: 0, debug_stderr: false }).unwrap_err().to_string();
         assert!(err.contains("G2"), "{err}");
         // SAFETY: closing the descriptors just made.
         unsafe {

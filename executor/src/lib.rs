@@ -10,6 +10,7 @@
 
 pub mod broker;
 pub mod call;
+pub mod cgroup;
 pub mod confine;
 mod error;
 pub mod germline;

@@ -95,63 +95,38 @@ impl Manifest {
     /// Reads and validates `DIR/germline.toml`.
     pub fn load(release_dir: &Path) -> Result<Manifest, ExecutorError> {
         let path = release_dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| ExecutorError::Manifest(format!("{}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| ExecutorError::Manifest(format!("{}: {e}", path.display())))?;
         Self::parse(&text)
     }
 
     /// Parses manifest text.
     pub fn parse(text: &str) -> Result<Manifest, ExecutorError> {
-        let raw: RawManifest =
-            toml::from_str(text).map_err(|e| ExecutorError::Manifest(e.to_string()))?;
+        let raw: RawManifest = toml::from_str(text).map_err(|e| ExecutorError::Manifest(e.to_string()))?;
         let r = raw.release;
         let name_ok = |s: &str| {
             !s.is_empty()
                 && s.len() <= 128
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
         };
         if !name_ok(&r.name) {
-            return Err(ExecutorError::Manifest(format!(
-                "release name {:?} must be [a-z0-9._-]+",
-                r.name
-            )));
+            return Err(ExecutorError::Manifest(format!("release name {:?} must be [a-z0-9._-]+", r.name)));
         }
         if r.runtime != "python" {
-            return Err(ExecutorError::Manifest(format!(
-                "runtime {:?} is not supported (only \"python\")",
-                r.runtime
-            )));
+            return Err(ExecutorError::Manifest(format!("runtime {:?} is not supported (only \"python\")", r.runtime)));
         }
         let entry = match (r.factory, r.module) {
             (Some(f), None) if f.contains(':') => Entry::Factory(f),
-            (Some(f), None) => {
-                return Err(ExecutorError::Manifest(format!(
-                    "factory {f:?} must be module:callable"
-                )))
-            }
-            (None, Some(m)) => Entry::Module {
-                module: m,
-                attribute: r.attribute.unwrap_or_else(|| "server".into()),
-            },
-            (Some(_), Some(_)) => {
-                return Err(ExecutorError::Manifest(
-                    "give factory or module, not both".into(),
-                ))
-            }
+            (Some(f), None) => return Err(ExecutorError::Manifest(format!("factory {f:?} must be module:callable"))),
+            (None, Some(m)) => Entry::Module { module: m, attribute: r.attribute.unwrap_or_else(|| "server".into()) },
+            (Some(_), Some(_)) => return Err(ExecutorError::Manifest("give factory or module, not both".into())),
             (None, None) => return Err(ExecutorError::Manifest("give factory or module".into())),
         };
         let mut python_path = Vec::new();
         for p in r.python_path {
             let pb = PathBuf::from(&p);
-            if pb.is_absolute()
-                || pb
-                    .components()
-                    .any(|c| matches!(c, std::path::Component::ParentDir))
-            {
-                return Err(ExecutorError::Manifest(format!(
-                    "python_path {p:?} must stay inside the release"
-                )));
+            if pb.is_absolute() || pb.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+                return Err(ExecutorError::Manifest(format!("python_path {p:?} must stay inside the release")));
             }
             python_path.push(pb);
         }
@@ -160,10 +135,7 @@ impl Manifest {
             let hosts = t
                 .hosts
                 .iter()
-                .map(|h| {
-                    HostName::new(h)
-                        .map_err(|e| ExecutorError::Manifest(format!("tool {name}: {e}")))
-                })
+                .map(|h| HostName::new(h).map_err(|e| ExecutorError::Manifest(format!("tool {name}: {e}"))))
                 .collect::<Result<Vec<_>, _>>()?;
             tools.insert(
                 name,
@@ -175,14 +147,7 @@ impl Manifest {
                 },
             );
         }
-        Ok(Manifest {
-            name: r.name,
-            version: r.version,
-            entry,
-            python_path,
-            deterministic: r.deterministic,
-            tools,
-        })
+        Ok(Manifest { name: r.name, version: r.version, entry, python_path, deterministic: r.deterministic, tools })
     }
 
     /// The declaration for `tool`; a tool the manifest does not declare has no
@@ -216,17 +181,11 @@ mod tests {
         assert_eq!(m.tool("scan").hosts[0].as_str(), "ocr.example");
         assert_eq!(m.tool("other").hosts.len(), 0);
         let bad = |s: &str| Manifest::parse(s).unwrap_err().to_string();
-        assert!(
-            bad("[release]\nname='x'\nversion='1'\nruntime='node'\nmodule='m'").contains("runtime")
-        );
-        assert!(
-            bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\nsurprise=1")
-                .contains("surprise")
-        );
-        assert!(bad(
-            "[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\npython_path=['../x']"
-        )
-        .contains("inside"));
-        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\n[tools.t]\nhosts=['Evil:80']").contains("host"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='node'\nmodule='m'").contains("runtime"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\nsurprise=1").contains("surprise"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\npython_path=['../x']")
+            .contains("inside"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\n[tools.t]\nhosts=['Evil:80']")
+            .contains("host"));
     }
 }

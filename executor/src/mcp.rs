@@ -22,12 +22,7 @@ pub struct McpClient<R, W> {
 impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Wraps a reader and writer.
     pub fn new(reader: R, writer: W, max_message: usize) -> Self {
-        McpClient {
-            reader,
-            writer,
-            next_id: 1,
-            max_message,
-        }
+        McpClient { reader, writer, next_id: 1, max_message }
     }
 
     /// `initialize` then `notifications/initialized`; returns the server's result.
@@ -47,11 +42,7 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
 
     /// Sends a request and waits for its response: `Ok(Ok(result))` or `Ok(Err(error))`
     /// for a JSON-RPC error object.
-    pub fn request(
-        &mut self,
-        method: &str,
-        params: Value,
-    ) -> Result<Result<Value, Value>, ExecutorError> {
+    pub fn request(&mut self, method: &str, params: Value) -> Result<Result<Value, Value>, ExecutorError> {
         let id = self.next_id;
         self.next_id += 1;
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
@@ -87,12 +78,8 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     fn send(&mut self, msg: &Value) -> Result<(), ExecutorError> {
         let mut line = serde_json::to_vec(msg).map_err(|e| ExecutorError::Copy(e.to_string()))?;
         line.push(b'\n');
-        self.writer
-            .write_all(&line)
-            .map_err(ExecutorError::io("writing to the copy"))?;
-        self.writer
-            .flush()
-            .map_err(ExecutorError::io("writing to the copy"))
+        self.writer.write_all(&line).map_err(ExecutorError::io("writing to the copy"))?;
+        self.writer.flush().map_err(ExecutorError::io("writing to the copy"))
     }
 
     fn read_message(&mut self) -> Result<Value, ExecutorError> {
@@ -112,9 +99,7 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
 pub fn read_line_bounded(r: &mut impl BufRead, max: usize) -> Result<Vec<u8>, ExecutorError> {
     let mut out = Vec::new();
     loop {
-        let buf = r
-            .fill_buf()
-            .map_err(ExecutorError::io("reading from the copy"))?;
+        let buf = r.fill_buf().map_err(ExecutorError::io("reading from the copy"))?;
         if buf.is_empty() {
             return Err(ExecutorError::Copy("the copy closed its channel".into()));
         }
@@ -145,10 +130,7 @@ mod tests {
         let r = c.request("tools/list", json!({})).unwrap().unwrap();
         assert_eq!(r["ok"], true);
         let sent = String::from_utf8(sent).unwrap();
-        assert!(
-            sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"),
-            "{sent}"
-        );
+        assert!(sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"), "{sent}");
         let long = vec![b'x'; 100];
         assert!(read_line_bounded(&mut &long[..], 10).is_err());
     }

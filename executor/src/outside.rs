@@ -54,32 +54,20 @@ struct Prepared {
 }
 
 /// Sets up the copy `pid` from outside and returns the listeners in its network namespace.
-pub fn prepare_copy(
-    pid: i32,
-    data_roots: &[PathBuf],
-    files: &[CopyFile],
-) -> Result<CopyListeners, ExecutorError> {
+pub fn prepare_copy(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<CopyListeners, ExecutorError> {
     let p = prepare(pid, data_roots, files)?;
-    let (ours, theirs) =
-        UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
+    let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
     // SAFETY: the child only performs syscalls on buffers prepared above and exits with
     // _exit; it never returns into Rust code of the parent.
     let child = unsafe { libc::fork() };
     if child < 0 {
-        return Err(ExecutorError::io("forking the set-up helper")(
-            io::Error::last_os_error(),
-        ));
+        return Err(ExecutorError::io("forking the set-up helper")(io::Error::last_os_error()));
     }
     if child == 0 {
         let code = match child_main(&p, theirs.as_raw_fd()) {
             Ok(()) => 0,
             Err((step, errno)) => {
-                let msg = [
-                    b'E',
-                    step,
-                    (errno & 0xff) as u8,
-                    ((errno >> 8) & 0xff) as u8,
-                ];
+                let msg = [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8];
                 // SAFETY: write of a local buffer to an open socket.
                 unsafe { libc::write(theirs.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
                 1
@@ -96,15 +84,10 @@ pub fn prepare_copy(
     result
 }
 
-fn prepare(
-    pid: i32,
-    data_roots: &[PathBuf],
-    files: &[CopyFile],
-) -> Result<Prepared, ExecutorError> {
+fn prepare(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepared, ExecutorError> {
     let c = |s: String| CString::new(s).map_err(|_| ExecutorError::internal("NUL in path"));
     let cp = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| ExecutorError::Call(format!("NUL in {}", p.display())))
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| ExecutorError::Call(format!("NUL in {}", p.display())))
     };
     let mut dirs = Vec::new();
     let mut out_files = Vec::new();
@@ -113,9 +96,7 @@ fn prepare(
         let root = data_roots
             .iter()
             .find(|r| f.path.starts_with(r))
-            .ok_or_else(|| {
-                ExecutorError::Call(format!("item {} is under no data root", f.path.display()))
-            })?;
+            .ok_or_else(|| ExecutorError::Call(format!("item {} is under no data root", f.path.display())))?;
         let mut d = f.path.parent();
         let mut chain = Vec::new();
         while let Some(dir) = d {
@@ -144,11 +125,7 @@ fn prepare(
         roots: data_roots.iter().map(|r| cp(r)).collect::<Result<_, _>>()?,
         dirs,
         files: out_files,
-        tmpfs_opts: c(format!(
-            "size={},mode=0755,nr_inodes={}",
-            total + (1 << 20),
-            files.len() * 2 + 64
-        ))?,
+        tmpfs_opts: c(format!("size={},mode=0755,nr_inodes={}", total + (1 << 20), files.len() * 2 + 64))?,
     })
 }
 
@@ -171,18 +148,9 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
     // SAFETY (whole block): raw syscalls on NUL-terminated strings and buffers prepared
     // before fork; descriptors are our own.
     unsafe {
-        let user = ck(
-            b'a',
-            open(p.ns_user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long,
-        )? as c_int;
-        let net = ck(
-            b'b',
-            open(p.ns_net.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long,
-        )? as c_int;
-        let mnt = ck(
-            b'c',
-            open(p.ns_mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long,
-        )? as c_int;
+        let user = ck(b'a', open(p.ns_user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        let net = ck(b'b', open(p.ns_net.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        let mnt = ck(b'c', open(p.ns_mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
         let parent_user = ck(b'd', ioctl(user, NS_GET_PARENT) as c_long)? as c_int;
         ck(b'e', setns(parent_user, CLONE_NEWUSER) as c_long)?;
         write_file(b'f', &p.setgroups, b"deny", true)?;
@@ -192,10 +160,7 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         ck(b'j', setns(net, CLONE_NEWNET) as c_long)?;
         loopback_up()?;
         let mut fds = [0 as c_int; 3];
-        for (i, port) in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, port) in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT].into_iter().enumerate() {
             fds[i] = listen_on(port)?;
         }
         ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
@@ -217,20 +182,10 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
             }
         }
         for (path, contents) in &p.files {
-            let fd = ck(
-                b'n',
-                open(
-                    path.as_ptr(),
-                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0o444,
-                ) as c_long,
-            )? as c_int;
+            let fd = ck(b'n', open(path.as_ptr(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o444) as c_long)? as c_int;
             let mut off = 0;
             while off < contents.len() {
-                let n = ck(
-                    b'o',
-                    write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long,
-                )?;
+                let n = ck(b'o', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
                 off += n as usize;
             }
             close(fd);
@@ -255,11 +210,7 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
 unsafe fn write_file(step: u8, path: &CString, data: &[u8], optional: bool) -> Result<(), StepErr> {
     let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
     if fd < 0 {
-        return if optional {
-            Ok(())
-        } else {
-            Err((step, errno()))
-        };
+        return if optional { Ok(()) } else { Err((step, errno())) };
     }
     let n = libc::write(fd, data.as_ptr().cast(), data.len());
     let e = errno();
@@ -271,43 +222,31 @@ unsafe fn write_file(step: u8, path: &CString, data: &[u8], optional: bool) -> R
 }
 
 unsafe fn loopback_up() -> Result<(), StepErr> {
-    let s = ck(
-        b'q',
-        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) as libc::c_long,
-    )? as libc::c_int;
+    let s =
+        ck(b'q', libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) as libc::c_long)? as libc::c_int;
     let mut ifr: libc::ifreq = std::mem::zeroed();
     for (i, b) in b"lo".iter().enumerate() {
         ifr.ifr_name[i] = *b as libc::c_char;
     }
     ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-    ck(
-        b'r',
-        libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr) as libc::c_long,
-    )?;
+    ck(b'r', libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr) as libc::c_long)?;
     libc::close(s);
     Ok(())
 }
 
 unsafe fn listen_on(port: u16) -> Result<libc::c_int, StepErr> {
-    let s = ck(
-        b's',
-        libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) as libc::c_long,
-    )? as libc::c_int;
+    let s = ck(b's', libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) as libc::c_long)?
+        as libc::c_int;
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
-        },
+        sin_addr: libc::in_addr { s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be() },
         sin_zero: [0; 8],
     };
     ck(
         b't',
-        libc::bind(
-            s,
-            (&addr as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as u32,
-        ) as libc::c_long,
+        libc::bind(s, (&addr as *const libc::sockaddr_in).cast(), std::mem::size_of::<libc::sockaddr_in>() as u32)
+            as libc::c_long,
     )?;
     ck(b'u', libc::listen(s, 64) as libc::c_long)?;
     Ok(s)
@@ -315,10 +254,7 @@ unsafe fn listen_on(port: u16) -> Result<libc::c_int, StepErr> {
 
 unsafe fn send_fds(sock: RawFd, fds: &[libc::c_int; 3]) -> Result<(), StepErr> {
     let payload = *b"OK";
-    let mut iov = libc::iovec {
-        iov_base: payload.as_ptr() as *mut _,
-        iov_len: payload.len(),
-    };
+    let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut _, iov_len: payload.len() };
     let space = libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as usize;
     let mut cbuf = [0u8; 64];
     let mut msg: libc::msghdr = std::mem::zeroed();
@@ -338,10 +274,7 @@ unsafe fn send_fds(sock: RawFd, fds: &[libc::c_int; 3]) -> Result<(), StepErr> {
 fn receive_listeners(sock: &UnixStream) -> Result<CopyListeners, ExecutorError> {
     let mut buf = [0u8; 4];
     let mut cbuf = [0u8; 64];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: recvmsg into local buffers; received descriptors are taken into OwnedFd.
     let (n, fds) = unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
@@ -354,8 +287,7 @@ fn receive_listeners(sock: &UnixStream) -> Result<CopyListeners, ExecutorError> 
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<libc::c_int>();
+                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<libc::c_int>();
                 let data = libc::CMSG_DATA(cmsg) as *const libc::c_int;
                 for i in 0..count {
                     fds.push(OwnedFd::from_raw_fd(*data.add(i)));
@@ -381,9 +313,5 @@ fn receive_listeners(sock: &UnixStream) -> Result<CopyListeners, ExecutorError> 
         (Some(a), Some(b), Some(c)) => (a, b, c),
         _ => return Err(ExecutorError::internal("listener count")),
     };
-    Ok(CopyListeners {
-        proxy,
-        channel,
-        slot,
-    })
+    Ok(CopyListeners { proxy, channel, slot })
 }

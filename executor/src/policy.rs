@@ -122,19 +122,15 @@ fn perr(s: impl Into<String>) -> ExecutorError {
 impl Policy {
     /// Reads and validates a policy file.
     pub fn load(path: &Path) -> Result<Policy, ExecutorError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| perr(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| perr(format!("{}: {e}", path.display())))?;
         Self::parse(&text)
     }
 
     /// Parses and validates policy text.
     pub fn parse(text: &str) -> Result<Policy, ExecutorError> {
         let raw: RawPolicy = toml::from_str(text).map_err(|e| perr(e.to_string()))?;
-        let known: BTreeSet<Tag> = raw
-            .tags
-            .iter()
-            .map(|t| Tag::new(t).map_err(|e| perr(e.to_string())))
-            .collect::<Result<_, _>>()?;
+        let known: BTreeSet<Tag> =
+            raw.tags.iter().map(|t| Tag::new(t).map_err(|e| perr(e.to_string()))).collect::<Result<_, _>>()?;
         let tags = |names: &[String], what: &str| -> Result<BTreeSet<Tag>, ExecutorError> {
             names
                 .iter()
@@ -143,9 +139,7 @@ impl Policy {
                     if known.contains(&t) {
                         Ok(t)
                     } else {
-                        Err(perr(format!(
-                            "{what}: unknown tag {n:?} (declare it in `tags`)"
-                        )))
+                        Err(perr(format!("{what}: unknown tag {n:?} (declare it in `tags`)")))
                     }
                 })
                 .collect()
@@ -161,22 +155,13 @@ impl Policy {
                     }
                     path_rules.push(path_rule(glob, label)?);
                 }
-                (None, Some(arg)) => arg_rules.push(ArgRule {
-                    argument: arg.clone(),
-                    tool: item.tool.clone(),
-                    label,
-                }),
-                _ => {
-                    return Err(perr(format!(
-                        "items[{i}]: give exactly one of `path` or `argument`"
-                    )))
-                }
+                (None, Some(arg)) => arg_rules.push(ArgRule { argument: arg.clone(), tool: item.tool.clone(), label }),
+                _ => return Err(perr(format!("items[{i}]: give exactly one of `path` or `argument`"))),
             }
         }
         for (i, a) in path_rules.iter().enumerate() {
             for b in &path_rules[i + 1..] {
-                let overlap =
-                    a.matcher.is_match(&b.glob) || b.matcher.is_match(&a.glob) || a.glob == b.glob;
+                let overlap = a.matcher.is_match(&b.glob) || b.matcher.is_match(&a.glob) || a.glob == b.glob;
                 if overlap && a.label != b.label {
                     return Err(perr(format!(
                         "item globs {:?} {} and {:?} {} overlap with conflicting labels",
@@ -188,73 +173,43 @@ impl Policy {
         let mut destinations = BTreeMap::new();
         for (h, c) in &raw.destinations {
             let host = HostName::new(h).map_err(|e| perr(format!("destinations: {e}")))?;
-            destinations.insert(
-                host,
-                Clearance::from_tags(tags(&c.clearance, &format!("destination {h}"))?),
-            );
+            destinations.insert(host, Clearance::from_tags(tags(&c.clearance, &format!("destination {h}"))?));
         }
         let mut consumers = BTreeMap::new();
         for (n, c) in &raw.consumers {
             let name = ConsumerName::new(n).map_err(|e| perr(format!("consumers: {e}")))?;
-            consumers.insert(
-                name,
-                Clearance::from_tags(tags(&c.clearance, &format!("consumer {n}"))?),
-            );
+            consumers.insert(name, Clearance::from_tags(tags(&c.clearance, &format!("consumer {n}"))?));
         }
         let mut host_map = BTreeMap::new();
         for (h, addr) in &raw.hosts {
             let host = HostName::new(h).map_err(|e| perr(format!("hosts: {e}")))?;
-            let sa: SocketAddr = addr
-                .parse()
-                .map_err(|_| perr(format!("hosts: {h} -> {addr:?} is not an IP:port address")))?;
+            let sa: SocketAddr =
+                addr.parse().map_err(|_| perr(format!("hosts: {h} -> {addr:?} is not an IP:port address")))?;
             host_map.insert(host, sa);
         }
         let d = Limits::default();
         let l = raw.limits;
         let limits = Limits {
-            deadline: l
-                .deadline_ms
-                .map(Duration::from_millis)
-                .unwrap_or(d.deadline),
+            deadline: l.deadline_ms.map(Duration::from_millis).unwrap_or(d.deadline),
             memory_bytes: l.memory_mb.map(|m| m << 20).unwrap_or(d.memory_bytes),
             processes: l.processes.unwrap_or(d.processes),
             cpu_seconds: l.cpu_seconds.unwrap_or(d.cpu_seconds),
             max_message_bytes: l.max_message_bytes.unwrap_or(d.max_message_bytes),
         };
         if limits.deadline.is_zero() || limits.max_message_bytes < 1024 {
-            return Err(perr(
-                "limits: deadline must be positive and max_message_bytes at least 1024",
-            ));
+            return Err(perr("limits: deadline must be positive and max_message_bytes at least 1024"));
         }
-        Ok(Policy {
-            user: raw.user,
-            path_rules,
-            arg_rules,
-            destinations,
-            consumers,
-            host_map,
-            limits,
-        })
+        Ok(Policy { user: raw.user, path_rules, arg_rules, destinations, consumers, host_map, limits })
     }
 
     /// The label of a file item, or an error if no rule (or conflicting rules) cover it.
     pub fn label_path(&self, path: &Path) -> Result<Label, ExecutorError> {
-        let hits: Vec<&PathRule> = self
-            .path_rules
-            .iter()
-            .filter(|r| r.matcher.is_match(path))
-            .collect();
+        let hits: Vec<&PathRule> = self.path_rules.iter().filter(|r| r.matcher.is_match(path)).collect();
         match hits.as_slice() {
-            [] => Err(ExecutorError::Call(format!(
-                "item {} has no label in the policy",
-                path.display()
-            ))),
+            [] => Err(ExecutorError::Call(format!("item {} has no label in the policy", path.display()))),
             [first, rest @ ..] => {
                 if rest.iter().any(|r| r.label != first.label) {
-                    return Err(ExecutorError::Call(format!(
-                        "item {} matches conflicting labels",
-                        path.display()
-                    )));
+                    return Err(ExecutorError::Call(format!("item {} matches conflicting labels", path.display())));
                 }
                 Ok(first.label.clone())
             }
@@ -278,10 +233,7 @@ impl Policy {
     /// A consumer's clearance; unknown consumers are an error (results would otherwise
     /// reach someone the deployer never named).
     pub fn consumer_clearance(&self, c: &ConsumerName) -> Result<Clearance, ExecutorError> {
-        self.consumers
-            .get(c)
-            .cloned()
-            .ok_or_else(|| ExecutorError::Call(format!("consumer {c} is not in the policy")))
+        self.consumers.get(c).cloned().ok_or_else(|| ExecutorError::Call(format!("consumer {c} is not in the policy")))
     }
 
     /// Where the broker sends requests for `host` (tests map names to loopback).
@@ -305,9 +257,7 @@ fn path_rule(glob: &str, label: Label) -> Result<PathRule, ExecutorError> {
     if !glob.starts_with('/') {
         return Err(perr(format!("item path {glob:?} must be absolute")));
     }
-    let matcher = Glob::new(glob)
-        .map_err(|e| perr(format!("item path {glob:?}: {e}")))?
-        .compile_matcher();
+    let matcher = Glob::new(glob).map_err(|e| perr(format!("item path {glob:?}: {e}")))?.compile_matcher();
     let mut root = PathBuf::from("/");
     for comp in glob.split('/').filter(|c| !c.is_empty()) {
         if comp.contains(['*', '?', '[', '{']) {
@@ -316,25 +266,15 @@ fn path_rule(glob: &str, label: Label) -> Result<PathRule, ExecutorError> {
         root.push(comp);
     }
     if root == Path::new("/") {
-        return Err(perr(format!(
-            "item path {glob:?} needs a fixed directory prefix"
-        )));
+        return Err(perr(format!("item path {glob:?} needs a fixed directory prefix")));
     }
     if !glob[root.as_os_str().len()..].starts_with('/') {
         root.pop();
     }
-    if root
-        .components()
-        .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
+    if root.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
         return Err(perr(format!("item path {glob:?} must not contain ..")));
     }
-    Ok(PathRule {
-        glob: glob.to_owned(),
-        matcher,
-        root,
-        label,
-    })
+    Ok(PathRule { glob: glob.to_owned(), matcher, root, label })
 }
 
 #[cfg(test)]
@@ -364,33 +304,15 @@ mod tests {
     fn labels_and_clearances() {
         let p = Policy::parse(P).unwrap();
         let fin = Label::parse(["finance"]).unwrap();
-        assert_eq!(
-            p.label_path(Path::new("/srv/data/finance/a/b.pdf"))
-                .unwrap(),
-            fin
-        );
+        assert_eq!(p.label_path(Path::new("/srv/data/finance/a/b.pdf")).unwrap(), fin);
         assert!(p.label_path(Path::new("/srv/other")).is_err());
-        assert_eq!(
-            p.label_argument("any", "note"),
-            Some(Label::parse(["hr"]).unwrap())
-        );
+        assert_eq!(p.label_argument("any", "note"), Some(Label::parse(["hr"]).unwrap()));
         assert!(p.label_argument("any", "other").is_none());
         let ocr = HostName::new("ocr.example").unwrap();
-        assert_eq!(
-            p.destination_clearance(&ocr),
-            Clearance::parse(["finance"]).unwrap()
-        );
-        assert!(p
-            .destination_clearance(&HostName::new("blog.example").unwrap())
-            .is_empty());
+        assert_eq!(p.destination_clearance(&ocr), Clearance::parse(["finance"]).unwrap());
+        assert!(p.destination_clearance(&HostName::new("blog.example").unwrap()).is_empty());
         assert_eq!(p.host_address(&ocr).unwrap().port(), 9999);
-        assert_eq!(
-            p.data_roots(),
-            vec![
-                PathBuf::from("/srv/data/finance"),
-                PathBuf::from("/srv/data/hr")
-            ]
-        );
+        assert_eq!(p.data_roots(), vec![PathBuf::from("/srv/data/finance"), PathBuf::from("/srv/data/hr")]);
     }
 
     #[test]

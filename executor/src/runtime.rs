@@ -27,9 +27,7 @@ impl FromStr for RuntimeKind {
             "germline" => Ok(RuntimeKind::Germline),
             "sig-pin" => Ok(RuntimeKind::SigPin),
             "nosplit" => Ok(RuntimeKind::NoSplit),
-            _ => Err(format!(
-                "unknown runtime {s:?} (germline, sig-pin, nosplit)"
-            )),
+            _ => Err(format!("unknown runtime {s:?} (germline, sig-pin, nosplit)")),
         }
     }
 }
@@ -51,23 +49,13 @@ impl Runtime {
         python: PythonRuntime,
     ) -> Result<Runtime, ExecutorError> {
         Ok(match kind {
-            RuntimeKind::Germline => Runtime::Germline(Box::new(GermlineRuntime::start(
-                release_dir,
-                policy,
-                python,
-                Splitting::Plan,
-            )?)),
-            RuntimeKind::NoSplit => Runtime::Germline(Box::new(GermlineRuntime::start(
-                release_dir,
-                policy,
-                python,
-                Splitting::None,
-            )?)),
-            RuntimeKind::SigPin => Runtime::SigPin(Box::new(SigPinRuntime::start(
-                release_dir,
-                policy,
-                &python,
-            )?)),
+            RuntimeKind::Germline => {
+                Runtime::Germline(Box::new(GermlineRuntime::start(release_dir, policy, python, Splitting::Plan)?))
+            }
+            RuntimeKind::NoSplit => {
+                Runtime::Germline(Box::new(GermlineRuntime::start(release_dir, policy, python, Splitting::None)?))
+            }
+            RuntimeKind::SigPin => Runtime::SigPin(Box::new(SigPinRuntime::start(release_dir, policy, &python)?)),
         })
     }
 

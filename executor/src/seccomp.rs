@@ -12,8 +12,7 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 use crate::ExecutorError;
@@ -109,10 +108,7 @@ impl SeccompPolicy {
             SYS_clock_settime,
             SYS_adjtimex,
         ];
-        SeccompPolicy {
-            denied,
-            enabled: true,
-        }
+        SeccompPolicy { denied, enabled: true }
     }
 
     /// Compiles the stacked filters for x86_64.
@@ -122,9 +118,8 @@ impl SeccompPolicy {
         }
         let arch = TargetArch::x86_64;
         let err = |e: seccompiler::BackendError| ExecutorError::Sandbox(format!("seccomp: {e}"));
-        let cond = |arg: u8, op: SeccompCmpOp, v: u64| {
-            SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, v).map_err(err)
-        };
+        let cond =
+            |arg: u8, op: SeccompCmpOp, v: u64| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, v).map_err(err);
         let mut out = Vec::new();
 
         let mut deny = BTreeMap::new();
@@ -133,41 +128,21 @@ impl SeccompPolicy {
         }
         // cachestat(2) reveals page-cache residency of shared files (451 on x86_64).
         deny.insert(451, vec![]);
-        out.push(build(
-            deny,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::EPERM as u32),
-            arch,
-        )?);
+        out.push(build(deny, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?);
 
         let mut locks = BTreeMap::new();
         locks.insert(libc::SYS_flock, vec![]);
-        let lock_cmds = [
-            libc::F_SETLK,
-            libc::F_SETLKW,
-            libc::F_OFD_SETLK,
-            libc::F_OFD_SETLKW,
-        ];
+        let lock_cmds = [libc::F_SETLK, libc::F_SETLKW, libc::F_OFD_SETLK, libc::F_OFD_SETLKW];
         let rules = lock_cmds
             .iter()
             .map(|c| SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, *c as u64)?]).map_err(err))
             .collect::<Result<Vec<_>, _>>()?;
         locks.insert(libc::SYS_fcntl, rules);
-        out.push(build(
-            locks,
-            SeccompAction::Allow,
-            SeccompAction::Errno(0),
-            arch,
-        )?);
+        out.push(build(locks, SeccompAction::Allow, SeccompAction::Errno(0), arch)?);
 
         let mut clone3 = BTreeMap::new();
         clone3.insert(libc::SYS_clone3, vec![]);
-        out.push(build(
-            clone3,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-            arch,
-        )?);
+        out.push(build(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)?);
 
         // socket(domain, type, proto): refuse every domain but AF_INET/AF_INET6 and every
         // type but SOCK_STREAM (flags in the high bits are masked off).
@@ -177,18 +152,11 @@ impl SeccompPolicy {
         ])
         .map_err(err)?];
         for ty in (0u64..16).filter(|t| *t != libc::SOCK_STREAM as u64) {
-            sock_rules.push(
-                SeccompRule::new(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), ty)?]).map_err(err)?,
-            );
+            sock_rules.push(SeccompRule::new(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), ty)?]).map_err(err)?);
         }
         let mut sockets = BTreeMap::new();
         sockets.insert(libc::SYS_socket, sock_rules);
-        out.push(build(
-            sockets,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::EACCES as u32),
-            arch,
-        )?);
+        out.push(build(sockets, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)?);
         Ok(out)
     }
 }
@@ -201,9 +169,7 @@ fn build(
 ) -> Result<BpfProgram, ExecutorError> {
     let filter = SeccompFilter::new(rules, mismatch, matched, arch)
         .map_err(|e| ExecutorError::Sandbox(format!("seccomp: {e}")))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| ExecutorError::Sandbox(format!("seccomp: {e}")))
+    filter.try_into().map_err(|e: seccompiler::BackendError| ExecutorError::Sandbox(format!("seccomp: {e}")))
 }
 
 #[cfg(test)]
@@ -214,20 +180,11 @@ mod tests {
     fn policy_compiles_and_covers_channels() {
         let p = SeccompPolicy::germline();
         let names: Vec<_> = p.denied.iter().map(|(n, _)| *n).collect();
-        for must in [
-            "SYS_setns",
-            "SYS_ptrace",
-            "SYS_shmget",
-            "SYS_inotify_init1",
-            "SYS_mincore",
-        ] {
+        for must in ["SYS_setns", "SYS_ptrace", "SYS_shmget", "SYS_inotify_init1", "SYS_mincore"] {
             assert!(names.contains(&must), "{must} not denied");
         }
         assert_eq!(p.compile().unwrap().len(), 4);
-        let off = SeccompPolicy {
-            enabled: false,
-            ..p
-        };
+        let off = SeccompPolicy { enabled: false, ..p };
         assert!(off.compile().unwrap().is_empty());
     }
 }

@@ -33,17 +33,9 @@ pub struct SigPinRuntime {
 
 impl SigPinRuntime {
     /// Starts the server and its relay.
-    pub fn start(
-        release_dir: &Path,
-        policy: Policy,
-        runtime: &PythonRuntime,
-    ) -> Result<SigPinRuntime, ExecutorError> {
-        let listener =
-            TcpListener::bind("127.0.0.1:0").map_err(ExecutorError::io("binding the relay"))?;
-        let port = listener
-            .local_addr()
-            .map_err(ExecutorError::io("relay address"))?
-            .port();
+    pub fn start(release_dir: &Path, policy: Policy, runtime: &PythonRuntime) -> Result<SigPinRuntime, ExecutorError> {
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(ExecutorError::io("binding the relay"))?;
+        let port = listener.local_addr().map_err(ExecutorError::io("relay address"))?.port();
         let stop = Arc::new(AtomicBool::new(false));
         let relay = {
             let (stop, policy) = (stop.clone(), policy.clone());
@@ -60,36 +52,17 @@ impl SigPinRuntime {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        for var in [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "ALL_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "all_proxy",
-        ] {
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);
         }
         cmd.env_remove("NO_PROXY").env_remove("no_proxy");
-        let mut child = cmd
-            .spawn()
-            .map_err(ExecutorError::io("starting the sig-pin server"))?;
+        let mut child = cmd.spawn().map_err(ExecutorError::io("starting the sig-pin server"))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(ExecutorError::internal("sig-pin pipes"));
         };
-        let mut client = McpClient::new(
-            BufReader::new(stdout),
-            stdin,
-            policy.limits.max_message_bytes,
-        );
+        let mut client = McpClient::new(BufReader::new(stdout), stdin, policy.limits.max_message_bytes);
         client.initialize()?;
-        Ok(SigPinRuntime {
-            child,
-            client,
-            policy,
-            stop,
-            relay: Some(relay),
-        })
+        Ok(SigPinRuntime { child, client, policy, stop, relay: Some(relay) })
     }
 
     /// Runs one call in the long-lived process. Items are read where they lie; nothing
@@ -119,19 +92,11 @@ impl SigPinRuntime {
                 }
             })
         };
-        let r = self.client.request(
-            "tools/call",
-            json!({"name": req.tool, "arguments": req.arguments}),
-        );
+        let r = self.client.request("tools/call", json!({"name": req.tool, "arguments": req.arguments}));
         done.store(true, Ordering::SeqCst);
         let _ = watchdog.join();
         match r {
-            Ok(Ok(v)) => CallOutcome {
-                result: Some(v),
-                label: None,
-                copies: 1,
-                ..Default::default()
-            },
+            Ok(Ok(v)) => CallOutcome { result: Some(v), label: None, copies: 1, ..Default::default() },
             Ok(Err(e)) => CallOutcome::failed(format!("tool error: {e}")),
             Err(e) => CallOutcome::failed(e),
         }
@@ -165,17 +130,12 @@ fn relay_loop(listener: TcpListener, stop: &AtomicBool, policy: &Policy) {
         let deadline = Instant::now() + policy.limits.deadline;
         let _ = conn.set_read_timeout(Some(policy.limits.deadline));
         let reply = match http::read_request(&mut conn, policy.limits.max_message_bytes) {
-            Ok(Some(req)) => match HostName::new(&req.host)
-                .ok()
-                .and_then(|h| policy.host_address(&h))
-            {
+            Ok(Some(req)) => match HostName::new(&req.host).ok().and_then(|h| policy.host_address(&h)) {
                 Some(addr) if req.method != "CONNECT" => {
                     http::forward(&req, addr, deadline, policy.limits.max_message_bytes)
                         .unwrap_or_else(|e| http::denied_response(&e.to_string()))
                 }
-                _ => http::denied_response(
-                    "no test address for this host (sig-pin reaches only mapped hosts)",
-                ),
+                _ => http::denied_response("no test address for this host (sig-pin reaches only mapped hosts)"),
             },
             Ok(None) => continue,
             Err(e) => http::denied_response(&e.to_string()),

@@ -12,7 +12,11 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
     let tmp = tempfile::tempdir().unwrap();
     let rel = tmp.path().join("rel");
     std::fs::create_dir_all(&rel).unwrap();
-    std::fs::write(rel.join("germline.toml"), "[release]\nname='echo'\nversion='1'\nruntime='python'\nfactory='echo_server:create_server'\n").unwrap();
+    std::fs::write(
+        rel.join("germline.toml"),
+        "[release]\nname='echo'\nversion='1'\nruntime='python'\nfactory='echo_server:create_server'\n",
+    )
+    .unwrap();
     let data = tmp.path().join("data");
     let code = format!("from mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('echo')\n    @m.tool()\n    def echo(text: str) -> str:\n        return open('{}/a.txt').read() + text\n    return m\n", data.display());
     std::fs::write(rel.join("echo_server.py"), code).unwrap();
@@ -26,32 +30,24 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         limits: ResourceLimits::default(),
         start_timeout: Duration::from_secs(30),
         extra_read: vec![],
+        cgroup_limits: None,
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);
     let copy = g.fork_copy().unwrap();
-    let l = prepare_copy(
-        copy.pid,
-        &[data.clone()],
-        &[CopyFile {
-            path: data.join("a.txt"),
-            contents: b"VIEW".to_vec(),
-        }],
-    )
-    .unwrap();
+    let l =
+        prepare_copy(copy.pid, &[data.clone()], &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec() }])
+            .unwrap();
     let (chan, _) = l.channel.accept().unwrap();
-    chan.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    chan.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut w = chan.try_clone().unwrap();
-    w.write_all(b"{\"twin\":{\"clock\":1000.0,\"seed\":\"00\"},\"slot\":{}}\n")
-        .unwrap();
+    w.write_all(b"{\"twin\":{\"clock\":1000.0,\"seed\":\"00\"},\"slot\":{}}\n").unwrap();
     w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n").unwrap();
     let mut r = BufReader::new(chan);
     let mut line = String::new();
     r.read_line(&mut line).unwrap();
     eprintln!("init: {line}");
-    w.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
-        .unwrap();
+    w.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").unwrap();
     w.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"text\":\"hi\"}}}\n").unwrap();
     line.clear();
     r.read_line(&mut line).unwrap();

@@ -29,11 +29,7 @@ impl OutputLabel {
     /// Starts from what the copy is given: its view's label
     /// ([`crate::View::label_of`]) and its slot's label ([`crate::Slot::label`]).
     pub fn new(view_label: Label, slot_label: Label) -> Self {
-        OutputLabel {
-            view: view_label,
-            slot: slot_label,
-            replies: BTreeSet::new(),
-        }
+        OutputLabel { view: view_label, slot: slot_label, replies: BTreeSet::new() }
     }
 
     /// Records that information carrying `c` reached the copy: a live or recorded reply
@@ -54,9 +50,7 @@ impl OutputLabel {
     /// `join(view labels, slot label, clearances of reached hosts)`: what the copy's
     /// return value and slot writes carry.
     pub fn label(&self) -> Label {
-        self.replies
-            .iter()
-            .fold(self.view.join(&self.slot), |acc, c| acc.join_clearance(c))
+        self.replies.iter().fold(self.view.join(&self.slot), |acc, c| acc.join_clearance(c))
     }
 }
 

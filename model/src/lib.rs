@@ -55,8 +55,8 @@ pub use label::OutputLabel;
 pub use plan::{plan_groups, Group, Horizon, Item, Member, Plan, PlanInput, View};
 pub use replay::{CallRecords, EgressDecision, Exchange, RequestDigest, Trigger, TriggerKind};
 pub use slot::{
-    Slot, SlotEntry, SlotKey, MAX_SLOT_ENTRIES, MAX_SLOT_KEY_BYTES, MAX_SLOT_TOTAL_BYTES,
-    MAX_SLOT_VALUE_BYTES, MAX_USER_BYTES,
+    Slot, SlotEntry, SlotKey, MAX_SLOT_ENTRIES, MAX_SLOT_KEY_BYTES, MAX_SLOT_TOTAL_BYTES, MAX_SLOT_VALUE_BYTES,
+    MAX_USER_BYTES,
 };
 pub use vocab::{Clearance, ConsumerName, HostName, ItemName, Label, ReleaseHash, Tag};
 

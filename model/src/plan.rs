@@ -69,13 +69,7 @@ impl View {
 
     /// `V(d)` for a reader with clearance `c`: every item whose label flows to `c`.
     pub fn of_clearance(items: &[Item], c: &Clearance) -> Self {
-        View(
-            items
-                .iter()
-                .filter(|i| i.label.flows_to(c))
-                .map(|i| i.name.clone())
-                .collect(),
-        )
+        View(items.iter().filter(|i| i.label.flows_to(c)).map(|i| i.name.clone()).collect())
     }
 
     /// Whether the copy with this view gets the item's contents (else only its name).
@@ -111,10 +105,7 @@ impl View {
     /// The join of the labels of the view's items: the least a copy's output carries.
     /// Names not found in `items` contribute nothing, so pass the call's full item list.
     pub fn label_of(&self, items: &[Item]) -> Label {
-        items
-            .iter()
-            .filter(|i| self.contains(&i.name))
-            .fold(Label::empty(), |acc, i| acc.join(&i.label))
+        items.iter().filter(|i| self.contains(&i.name)).fold(Label::empty(), |acc, i| acc.join(&i.label))
     }
 }
 
@@ -200,17 +191,12 @@ impl Group {
     /// Each member with its clearance, in [`Group::members`] order; a member without a
     /// recorded clearance is skipped (only possible in a hand-built group).
     pub fn member_clearances(&self) -> Vec<(Member, Clearance)> {
-        self.members()
-            .into_iter()
-            .filter_map(|m| self.clearances.get(&m).cloned().map(|c| (m, c)))
-            .collect()
+        self.members().into_iter().filter_map(|m| self.clearances.get(&m).cloned().map(|c| (m, c))).collect()
     }
 
     /// The clearance shared by the group's hosts, `None` for a consumer-only group.
     pub fn host_clearance(&self) -> Option<&Clearance> {
-        self.hosts
-            .first()
-            .and_then(|h| self.clearances.get(&Member::Host(h.clone())))
+        self.hosts.first().and_then(|h| self.clearances.get(&Member::Host(h.clone())))
     }
 
     fn order_key(&self) -> (usize, &View, &Horizon, Vec<Member>) {
@@ -233,9 +219,7 @@ impl Plan {
 
     /// The index of the group whose return value goes to `consumer`.
     pub fn consumer_group(&self, consumer: &ConsumerName) -> Option<usize> {
-        self.groups
-            .iter()
-            .position(|g| g.consumers.contains(consumer))
+        self.groups.iter().position(|g| g.consumers.contains(consumer))
     }
 
     /// The copy count; it is the lower bound for any data-independent mechanism.
@@ -258,15 +242,9 @@ impl Plan {
 /// Duplicate item, host or consumer names are refused: a name must mean one reader (or
 /// one item), or a reader could end up in two copies with different views.
 pub fn plan_groups(input: &PlanInput) -> Result<Plan, ModelError> {
-    check_unique(input.items.iter().map(|i| &i.name), |n| {
-        ModelError::DuplicateItem(n.to_string())
-    })?;
-    check_unique(input.hosts.iter().map(|(h, _)| h), |h| {
-        ModelError::DuplicateHost(h.to_string())
-    })?;
-    check_unique(input.consumers.iter().map(|(c, _)| c), |c| {
-        ModelError::DuplicateConsumer(c.to_string())
-    })?;
+    check_unique(input.items.iter().map(|i| &i.name), |n| ModelError::DuplicateItem(n.to_string()))?;
+    check_unique(input.hosts.iter().map(|(h, _)| h), |h| ModelError::DuplicateHost(h.to_string()))?;
+    check_unique(input.consumers.iter().map(|(c, _)| c), |c| ModelError::DuplicateConsumer(c.to_string()))?;
 
     #[derive(Default)]
     struct ByView<'a> {
@@ -276,13 +254,7 @@ pub fn plan_groups(input: &PlanInput) -> Result<Plan, ModelError> {
     let mut by_view: BTreeMap<View, ByView<'_>> = BTreeMap::new();
     for (h, c) in &input.hosts {
         let v = View::of_clearance(&input.items, c);
-        by_view
-            .entry(v)
-            .or_default()
-            .hosts
-            .entry(c)
-            .or_default()
-            .push(h);
+        by_view.entry(v).or_default().hosts.entry(c).or_default().push(h);
     }
     for (name, c) in &input.consumers {
         let v = View::of_clearance(&input.items, c);
@@ -291,11 +263,7 @@ pub fn plan_groups(input: &PlanInput) -> Result<Plan, ModelError> {
 
     let mut groups = Vec::new();
     for (view, bv) in by_view {
-        let mut host_groups: Vec<HostGroup<'_>> = bv
-            .hosts
-            .into_iter()
-            .map(|(c, hs)| (c, hs, Vec::new()))
-            .collect();
+        let mut host_groups: Vec<HostGroup<'_>> = bv.hosts.into_iter().map(|(c, hs)| (c, hs, Vec::new())).collect();
         let mut own = Vec::new();
         for (name, cc) in bv.consumers {
             match host_groups.iter_mut().find(|(hc, _, _)| hc.is_subset(cc)) {
@@ -315,11 +283,7 @@ pub fn plan_groups(input: &PlanInput) -> Result<Plan, ModelError> {
 }
 
 /// A host sub-group of one view under construction: clearance, hosts, joined consumers.
-type HostGroup<'a> = (
-    &'a Clearance,
-    Vec<&'a HostName>,
-    Vec<(&'a ConsumerName, &'a Clearance)>,
-);
+type HostGroup<'a> = (&'a Clearance, Vec<&'a HostName>, Vec<(&'a ConsumerName, &'a Clearance)>);
 
 fn check_unique<'a, T: Ord + 'a>(
     names: impl Iterator<Item = &'a T>,
@@ -350,14 +314,8 @@ fn build_group(
     finish_group(view, clearances)
 }
 
-fn build_consumer_group(
-    view: View,
-    consumers: Vec<(&ConsumerName, &Clearance)>,
-) -> Result<Group, ModelError> {
-    let clearances = consumers
-        .into_iter()
-        .map(|(c, cc)| (Member::Consumer(c.clone()), cc.clone()))
-        .collect();
+fn build_consumer_group(view: View, consumers: Vec<(&ConsumerName, &Clearance)>) -> Result<Group, ModelError> {
+    let clearances = consumers.into_iter().map(|(c, cc)| (Member::Consumer(c.clone()), cc.clone())).collect();
     finish_group(view, clearances)
 }
 
@@ -371,13 +329,7 @@ fn finish_group(view: View, clearances: BTreeMap<Member, Clearance>) -> Result<G
             Member::Consumer(c) => consumers.push(c.clone()),
         }
     }
-    Ok(Group {
-        view,
-        hosts,
-        consumers,
-        horizon,
-        clearances,
-    })
+    Ok(Group { view, hosts, consumers, horizon, clearances })
 }
 
 /// Small deterministic generators shared by the model's property tests (no I/O, no
@@ -422,22 +374,11 @@ pub(crate) mod gen {
                 label: Label::parse(subset(rng).into_iter().take(2)).unwrap(),
             })
             .collect();
-        let hosts = (0..rng.below(6))
-            .map(|i| {
-                (
-                    HostName::new(&format!("h{i}.example")).unwrap(),
-                    clearance(rng),
-                )
-            })
-            .collect();
-        let consumers = (0..rng.below(4))
-            .map(|i| (ConsumerName::new(&format!("c{i}")).unwrap(), clearance(rng)))
-            .collect();
-        PlanInput {
-            items,
-            hosts,
-            consumers,
-        }
+        let hosts =
+            (0..rng.below(6)).map(|i| (HostName::new(&format!("h{i}.example")).unwrap(), clearance(rng))).collect();
+        let consumers =
+            (0..rng.below(4)).map(|i| (ConsumerName::new(&format!("c{i}")).unwrap(), clearance(rng))).collect();
+        PlanInput { items, hosts, consumers }
     }
 }
 
@@ -450,10 +391,7 @@ mod tests {
         Clearance::parse(tags.iter().copied()).unwrap()
     }
     fn item(name: &str, tags: &[&str]) -> Item {
-        Item {
-            name: ItemName::new(name).unwrap(),
-            label: Label::parse(tags.iter().copied()).unwrap(),
-        }
+        Item { name: ItemName::new(name).unwrap(), label: Label::parse(tags.iter().copied()).unwrap() }
     }
     fn host(n: &str) -> HostName {
         HostName::new(n).unwrap()
@@ -468,10 +406,7 @@ mod tests {
     #[test]
     fn design_example_gives_ocr_then_agent() {
         let input = PlanInput {
-            items: vec![
-                item("invoice.pdf", &["finance"]),
-                item("payslip.pdf", &["hr"]),
-            ],
+            items: vec![item("invoice.pdf", &["finance"]), item("payslip.pdf", &["hr"])],
             hosts: vec![(host("ocr.example"), cl(&["finance"]))],
             consumers: vec![(consumer("agent"), cl(&["finance", "hr"]))],
         };
@@ -506,10 +441,7 @@ mod tests {
         };
         let plan = plan_groups(&input).unwrap();
         assert_eq!(plan.copy_count(), 2);
-        assert_eq!(
-            plan.groups[0].hosts,
-            vec![host("a.example"), host("c.example")]
-        );
+        assert_eq!(plan.groups[0].hosts, vec![host("a.example"), host("c.example")]);
         assert_eq!(plan.groups[1].hosts, vec![host("b.example")]);
     }
 
@@ -538,41 +470,23 @@ mod tests {
     #[test]
     fn duplicates_are_refused() {
         let dup_host = PlanInput {
-            hosts: vec![
-                (host("a.example"), cl(&[])),
-                (host("a.example"), cl(&["hr"])),
-            ],
+            hosts: vec![(host("a.example"), cl(&[])), (host("a.example"), cl(&["hr"]))],
             ..PlanInput::default()
         };
-        assert_eq!(
-            plan_groups(&dup_host),
-            Err(ModelError::DuplicateHost("a.example".into()))
-        );
+        assert_eq!(plan_groups(&dup_host), Err(ModelError::DuplicateHost("a.example".into())));
         let dup_consumer = PlanInput {
             consumers: vec![(consumer("agent"), cl(&[])), (consumer("agent"), cl(&[]))],
             ..PlanInput::default()
         };
-        assert_eq!(
-            plan_groups(&dup_consumer),
-            Err(ModelError::DuplicateConsumer("agent".into()))
-        );
-        let dup_item = PlanInput {
-            items: vec![item("x", &[]), item("x", &["hr"])],
-            ..PlanInput::default()
-        };
-        assert_eq!(
-            plan_groups(&dup_item),
-            Err(ModelError::DuplicateItem("x".into()))
-        );
+        assert_eq!(plan_groups(&dup_consumer), Err(ModelError::DuplicateConsumer("agent".into())));
+        let dup_item = PlanInput { items: vec![item("x", &[]), item("x", &["hr"])], ..PlanInput::default() };
+        assert_eq!(plan_groups(&dup_item), Err(ModelError::DuplicateItem("x".into())));
     }
 
     #[test]
     fn empty_call_has_no_copies_and_consumer_only_is_legal() {
         assert_eq!(plan_groups(&PlanInput::default()).unwrap().copy_count(), 0);
-        let input = PlanInput {
-            consumers: vec![(consumer("agent"), cl(&["hr"]))],
-            ..PlanInput::default()
-        };
+        let input = PlanInput { consumers: vec![(consumer("agent"), cl(&["hr"]))], ..PlanInput::default() };
         let plan = plan_groups(&input).unwrap();
         assert_eq!(plan.copy_count(), 1);
         assert!(plan.groups[0].hosts.is_empty());
@@ -601,11 +515,7 @@ mod tests {
         assert!(a.is_subset(&b) && a.is_strict_subset(&b));
         assert!(b.is_subset(&b) && !b.is_strict_subset(&b));
         assert!(!b.is_subset(&a));
-        let items = [
-            item("x", &["finance"]),
-            item("y", &["hr"]),
-            item("z", &["projx"]),
-        ];
+        let items = [item("x", &["finance"]), item("y", &["hr"]), item("z", &["projx"])];
         assert_eq!(b.label_of(&items), Label::parse(["finance", "hr"]).unwrap());
         assert_eq!(View::default().label_of(&items), Label::empty());
     }
@@ -624,13 +534,7 @@ mod tests {
         let clearance_of = |m: &Member| -> Clearance {
             match m {
                 Member::Host(h) => input.hosts.iter().find(|(n, _)| n == h).unwrap().1.clone(),
-                Member::Consumer(c) => input
-                    .consumers
-                    .iter()
-                    .find(|(n, _)| n == c)
-                    .unwrap()
-                    .1
-                    .clone(),
+                Member::Consumer(c) => input.consumers.iter().find(|(n, _)| n == c).unwrap().1.clone(),
             }
         };
         // Every member is in exactly one group, and no group is empty.
@@ -645,12 +549,7 @@ mod tests {
             .hosts
             .iter()
             .map(|(h, _)| Member::Host(h.clone()))
-            .chain(
-                input
-                    .consumers
-                    .iter()
-                    .map(|(c, _)| Member::Consumer(c.clone())),
-            )
+            .chain(input.consumers.iter().map(|(c, _)| Member::Consumer(c.clone())))
             .collect();
         assert_eq!(seen, all);
 
@@ -701,20 +600,11 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(
-                plan.groups
-                    .iter()
-                    .filter(|o| o.hosts.is_empty() && o.view == g.view)
-                    .count(),
-                1
-            );
+            assert_eq!(plan.groups.iter().filter(|o| o.hosts.is_empty() && o.view == g.view).count(), 1);
         }
         // Copy count: one group per (view, host clearance) plus at most one per view.
-        let host_keys: BTreeSet<(View, Clearance)> = input
-            .hosts
-            .iter()
-            .map(|(_, c)| (View::of_clearance(&input.items, c), c.clone()))
-            .collect();
+        let host_keys: BTreeSet<(View, Clearance)> =
+            input.hosts.iter().map(|(_, c)| (View::of_clearance(&input.items, c), c.clone())).collect();
         assert!(plan.copy_count() >= host_keys.len());
         // The plan is a function of its input, independent of input order.
         let mut shuffled = input.clone();

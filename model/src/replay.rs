@@ -59,9 +59,7 @@ impl<'de> Deserialize<'de> for RequestDigest {
         let s = String::deserialize(d)?;
         let mut out = [0u8; 32];
         if s.len() != 64 || s.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(serde::de::Error::custom(
-                "expected 64 lower-case hex digits",
-            ));
+            return Err(serde::de::Error::custom("expected 64 lower-case hex digits"));
         }
         hex::decode_to_slice(&s, &mut out).map_err(serde::de::Error::custom)?;
         Ok(RequestDigest(out))
@@ -164,28 +162,15 @@ impl CallRecords {
     /// exactly the plan's, so an undeclared host is always denied. A plan host missing
     /// from the map, or whose clearance disagrees with the plan, is an error: guessing a
     /// clearance would guess admissibility.
-    pub fn new(
-        plan: &Plan,
-        host_clearances: &BTreeMap<HostName, Clearance>,
-    ) -> Result<Self, ModelError> {
+    pub fn new(plan: &Plan, host_clearances: &BTreeMap<HostName, Clearance>) -> Result<Self, ModelError> {
         let mut hosts = BTreeMap::new();
         for (i, g) in plan.groups.iter().enumerate() {
             for h in &g.hosts {
-                let c = host_clearances
-                    .get(h)
-                    .ok_or_else(|| ModelError::HostClearance(h.to_string()))?;
-                if g.clearances
-                    .get(&crate::Member::Host(h.clone()))
-                    .is_some_and(|pc| pc != c)
-                {
+                let c = host_clearances.get(h).ok_or_else(|| ModelError::HostClearance(h.to_string()))?;
+                if g.clearances.get(&crate::Member::Host(h.clone())).is_some_and(|pc| pc != c) {
                     return Err(ModelError::HostClearance(h.to_string()));
                 }
-                let rec = HostRecord {
-                    serving: i,
-                    clearance: c.clone(),
-                    record: Vec::new(),
-                    pending: BTreeSet::new(),
-                };
+                let rec = HostRecord { serving: i, clearance: c.clone(), record: Vec::new(), pending: BTreeSet::new() };
                 if hosts.insert(h.clone(), rec).is_some() {
                     return Err(ModelError::DuplicateHost(h.to_string()));
                 }
@@ -195,10 +180,7 @@ impl CallRecords {
             groups: plan
                 .groups
                 .iter()
-                .map(|g| GroupInfo {
-                    view: g.view.clone(),
-                    horizon: g.horizon.clone(),
-                })
+                .map(|g| GroupInfo { view: g.view.clone(), horizon: g.horizon.clone() })
                 .collect(),
             hosts,
             copies: vec![CopyState::default(); plan.groups.len()],
@@ -243,10 +225,7 @@ impl CallRecords {
         let Some(rec) = self.hosts.get_mut(host) else {
             return EgressDecision::Deny;
         };
-        let sent = self.copies[group_index]
-            .sent
-            .entry(host.clone())
-            .or_default();
+        let sent = self.copies[group_index].sent.entry(host.clone()).or_default();
         if sent.len() != k {
             return EgressDecision::Deny;
         }
@@ -255,10 +234,7 @@ impl CallRecords {
         if rec.serving == group_index {
             out.add_reply_from(&rec.clearance);
             rec.pending.insert(rec.record.len());
-            rec.record.push(Exchange {
-                request: req,
-                reply: Vec::new(),
-            });
+            rec.record.push(Exchange { request: req, reply: Vec::new() });
             return EgressDecision::Deliver;
         }
         if rec.serving > group_index {
@@ -297,15 +273,8 @@ impl CallRecords {
     /// copies are answered from it. Call exactly once per `Deliver`, with the bytes the
     /// copy was given. An exchange with no matching delivered request, or for a copy that
     /// already finished, is refused.
-    pub fn record_exchange(
-        &mut self,
-        host: &HostName,
-        req: RequestDigest,
-        reply: Vec<u8>,
-    ) -> Result<(), ModelError> {
-        let unexpected = || ModelError::UnexpectedExchange {
-            host: host.to_string(),
-        };
+    pub fn record_exchange(&mut self, host: &HostName, req: RequestDigest, reply: Vec<u8>) -> Result<(), ModelError> {
+        let unexpected = || ModelError::UnexpectedExchange { host: host.to_string() };
         let rec = self.hosts.get_mut(host).ok_or_else(unexpected)?;
         if self.copies[rec.serving].finished {
             return Err(unexpected());
@@ -337,9 +306,7 @@ impl CallRecords {
         let mut missing = Vec::new();
         for (h, rec) in &self.hosts {
             if rec.serving >= group_index
-                || !self.groups[rec.serving]
-                    .view
-                    .is_strict_subset(&self.groups[group_index].view)
+                || !self.groups[rec.serving].view.is_strict_subset(&self.groups[group_index].view)
             {
                 continue;
             }
@@ -352,11 +319,7 @@ impl CallRecords {
             self.record_trigger(group_index, &h, serving, TriggerKind::Missing, pos);
         }
         self.copies[group_index].finished = true;
-        self.triggers
-            .iter()
-            .filter(|t| t.group_index == group_index)
-            .cloned()
-            .collect()
+        self.triggers.iter().filter(|t| t.group_index == group_index).cloned().collect()
     }
 
     /// Every trigger of the call so far, in the order recorded.
@@ -381,18 +344,13 @@ impl CallRecords {
     /// Whether the exchange at `position` was delivered but never got its reply recorded
     /// (the serving copy died or timed out); such a position is never replayed.
     pub fn is_pending(&self, host: &HostName, position: usize) -> bool {
-        self.hosts
-            .get(host)
-            .is_some_and(|r| r.pending.contains(&position))
+        self.hosts.get(host).is_some_and(|r| r.pending.contains(&position))
     }
 
     /// The requests one copy sent to `host`, in order: the other half of a witness's
     /// "both request sequences".
     pub fn copy_requests(&self, group_index: usize, host: &HostName) -> &[RequestDigest] {
-        self.copies
-            .get(group_index)
-            .and_then(|c| c.sent.get(host))
-            .map_or(&[], Vec::as_slice)
+        self.copies.get(group_index).and_then(|c| c.sent.get(host)).map_or(&[], Vec::as_slice)
     }
 
     /// The index of the group that serves a declared host; `None` means undeclared.
@@ -423,13 +381,7 @@ impl CallRecords {
         if !self.copies[group_index].triggered.insert(host.clone()) {
             return;
         }
-        self.triggers.push(Trigger {
-            host: host.clone(),
-            group_index,
-            serving_group_index,
-            kind,
-            position,
-        });
+        self.triggers.push(Trigger { host: host.clone(), group_index, serving_group_index, kind, position });
     }
 }
 
@@ -445,10 +397,7 @@ mod tests {
         HostName::new(n).unwrap()
     }
     fn item(name: &str, tags: &[&str]) -> Item {
-        Item {
-            name: ItemName::new(name).unwrap(),
-            label: Label::parse(tags.iter().copied()).unwrap(),
-        }
+        Item { name: ItemName::new(name).unwrap(), label: Label::parse(tags.iter().copied()).unwrap() }
     }
     fn d(n: u8) -> RequestDigest {
         RequestDigest([n; 32])
@@ -479,9 +428,7 @@ mod tests {
             for (k, &r) in reqs.iter().enumerate() {
                 let dec = self.recs.positional_reply(g, &host(h), k, d(r), &mut out);
                 assert_eq!(dec, EgressDecision::Deliver);
-                self.recs
-                    .record_exchange(&host(h), d(r), format!("reply-{r}").into_bytes())
-                    .unwrap();
+                self.recs.record_exchange(&host(h), d(r), format!("reply-{r}").into_bytes()).unwrap();
             }
             self.recs.finish_copy(g)
         }
@@ -515,22 +462,15 @@ mod tests {
     fn own_group_is_delivered_and_labelled() {
         let mut c = three_hosts();
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(0, &host("low.example"), 0, d(1), &mut out);
+        let dec = c.recs.positional_reply(0, &host("low.example"), 0, d(1), &mut out);
         assert_eq!(dec, EgressDecision::Deliver);
         assert_eq!(out.label(), Label::parse(["finance"]).unwrap());
         assert!(c.recs.is_pending(&host("low.example"), 0));
-        c.recs
-            .record_exchange(&host("low.example"), d(1), b"r".to_vec())
-            .unwrap();
+        c.recs.record_exchange(&host("low.example"), d(1), b"r".to_vec()).unwrap();
         assert!(!c.recs.is_pending(&host("low.example"), 0));
         assert_eq!(c.recs.record(&host("low.example")).unwrap()[0].reply, b"r");
         // A second recording of the same exchange has no delivered request to match.
-        assert!(c
-            .recs
-            .record_exchange(&host("low.example"), d(1), b"r".to_vec())
-            .is_err());
+        assert!(c.recs.record_exchange(&host("low.example"), d(1), b"r".to_vec()).is_err());
     }
 
     #[test]
@@ -538,14 +478,10 @@ mod tests {
         let mut c = three_hosts();
         assert!(c.serve("low.example", &[1, 2]).is_empty());
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(1, &host("low.example"), 0, d(1), &mut out);
+        let dec = c.recs.positional_reply(1, &host("low.example"), 0, d(1), &mut out);
         assert_eq!(dec, EgressDecision::Recorded(b"reply-1".to_vec()));
         assert_eq!(out.label(), Label::parse(["finance"]).unwrap());
-        let dec = c
-            .recs
-            .positional_reply(1, &host("low.example"), 1, d(2), &mut out);
+        let dec = c.recs.positional_reply(1, &host("low.example"), 1, d(2), &mut out);
         assert_eq!(dec, EgressDecision::Recorded(b"reply-2".to_vec()));
         assert!(c.recs.finish_copy(1).is_empty());
         assert!(c.recs.triggers().is_empty());
@@ -558,9 +494,7 @@ mod tests {
         c.serve("projx.example", &[7]);
         // high (finance, hr) is not cleared for projx: the recorded reply is withheld.
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(2, &host("projx.example"), 0, d(7), &mut out);
+        let dec = c.recs.positional_reply(2, &host("projx.example"), 0, d(7), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         assert!(out.label().is_empty());
         assert!(c.recs.finish_copy(2).is_empty());
@@ -572,9 +506,7 @@ mod tests {
         // so when it asks projx the record is not written yet.
         let mut c = three_hosts();
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(0, &host("projx.example"), 0, d(7), &mut out);
+        let dec = c.recs.positional_reply(0, &host("projx.example"), 0, d(7), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         assert!(out.label().is_empty());
         assert!(c.recs.finish_copy(0).is_empty());
@@ -586,9 +518,7 @@ mod tests {
         c.serve("low.example", &[1, 2]);
         c.serve("projx.example", &[]);
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(2, &host("low.example"), 0, d(9), &mut out);
+        let dec = c.recs.positional_reply(2, &host("low.example"), 0, d(9), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         // Compared against a non-empty record while admissible: the label carries it.
         assert_eq!(out.label(), Label::parse(["finance"]).unwrap());
@@ -605,10 +535,8 @@ mod tests {
         );
         assert!(c.recs.take_new_triggers().is_empty());
         // Only the first divergence per copy and host is recorded.
-        c.recs
-            .positional_reply(2, &host("low.example"), 1, d(8), &mut out);
-        c.recs
-            .positional_reply(2, &host("low.example"), 2, d(8), &mut out);
+        c.recs.positional_reply(2, &host("low.example"), 1, d(8), &mut out);
+        c.recs.positional_reply(2, &host("low.example"), 2, d(8), &mut out);
         assert_eq!(c.recs.finish_copy(2), t);
     }
 
@@ -619,15 +547,10 @@ mod tests {
         c.serve("projx.example", &[]);
         let mut out = c.out();
         assert_eq!(
-            c.recs
-                .positional_reply(2, &host("low.example"), 0, d(1), &mut out),
+            c.recs.positional_reply(2, &host("low.example"), 0, d(1), &mut out),
             EgressDecision::Recorded(b"reply-1".to_vec())
         );
-        assert_eq!(
-            c.recs
-                .positional_reply(2, &host("low.example"), 1, d(1), &mut out),
-            EgressDecision::Placeholder
-        );
+        assert_eq!(c.recs.positional_reply(2, &host("low.example"), 1, d(1), &mut out), EgressDecision::Placeholder);
         let t = c.recs.finish_copy(2);
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].kind, TriggerKind::Extra);
@@ -640,11 +563,7 @@ mod tests {
         c.serve("low.example", &[]);
         c.serve("projx.example", &[]);
         let mut out = c.out();
-        assert_eq!(
-            c.recs
-                .positional_reply(2, &host("low.example"), 0, d(1), &mut out),
-            EgressDecision::Placeholder
-        );
+        assert_eq!(c.recs.positional_reply(2, &host("low.example"), 0, d(1), &mut out), EgressDecision::Placeholder);
         assert!(out.label().is_empty());
         assert_eq!(c.recs.finish_copy(2)[0].kind, TriggerKind::Extra);
     }
@@ -658,8 +577,7 @@ mod tests {
         assert!(c.recs.finish_copy(g).is_empty());
         // high's view {invoice, payslip} strictly contains low's.
         let mut out = c.out();
-        c.recs
-            .positional_reply(2, &host("low.example"), 0, d(1), &mut out);
+        c.recs.positional_reply(2, &host("low.example"), 0, d(1), &mut out);
         let t = c.recs.finish_copy(2);
         assert_eq!(
             t,
@@ -680,9 +598,7 @@ mod tests {
         let mut c = three_hosts();
         c.serve("low.example", &[1]);
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(1, &host("low.example"), 0, d(2), &mut out);
+        let dec = c.recs.positional_reply(1, &host("low.example"), 0, d(2), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         assert_eq!(c.recs.finish_copy(1)[0].kind, TriggerKind::Mismatch);
     }
@@ -693,16 +609,8 @@ mod tests {
         c.serve("low.example", &[1, 2]);
         c.serve("projx.example", &[]);
         let mut out = c.out();
-        assert_eq!(
-            c.recs
-                .positional_reply(2, &host("low.example"), 0, d(2), &mut out),
-            EgressDecision::Placeholder
-        );
-        assert_eq!(
-            c.recs
-                .positional_reply(2, &host("low.example"), 1, d(1), &mut out),
-            EgressDecision::Placeholder
-        );
+        assert_eq!(c.recs.positional_reply(2, &host("low.example"), 0, d(2), &mut out), EgressDecision::Placeholder);
+        assert_eq!(c.recs.positional_reply(2, &host("low.example"), 1, d(1), &mut out), EgressDecision::Placeholder);
         let t = c.recs.finish_copy(2);
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].kind, TriggerKind::Reordered);
@@ -713,9 +621,7 @@ mod tests {
     fn host_served_by_later_group_gives_placeholder_without_trigger() {
         let mut c = three_hosts();
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(0, &host("high.example"), 0, d(1), &mut out);
+        let dec = c.recs.positional_reply(0, &host("high.example"), 0, d(1), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         assert!(out.label().is_empty());
         assert!(c.recs.finish_copy(0).is_empty());
@@ -726,19 +632,14 @@ mod tests {
         // a sees {x}, b sees {y}: b runs after a but a's view is not inside b's.
         let mut c = Call::new(PlanInput {
             items: vec![item("x", &["finance"]), item("y", &["hr"])],
-            hosts: vec![
-                (host("a.example"), cl(&["finance"])),
-                (host("b.example"), cl(&["hr"])),
-            ],
+            hosts: vec![(host("a.example"), cl(&["finance"])), (host("b.example"), cl(&["hr"]))],
             consumers: vec![],
         });
         let (ga, gb) = (c.group_of("a.example"), c.group_of("b.example"));
         assert!(ga < gb);
         c.serve("a.example", &[1, 2]);
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(gb, &host("a.example"), 0, d(3), &mut out);
+        let dec = c.recs.positional_reply(gb, &host("a.example"), 0, d(3), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         // finance reply is not admissible to an hr-only copy: nothing joined.
         assert!(out.label().is_empty());
@@ -749,9 +650,7 @@ mod tests {
     fn undeclared_host_is_denied() {
         let mut c = three_hosts();
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(0, &host("evil.example"), 0, d(1), &mut out);
+        let dec = c.recs.positional_reply(0, &host("evil.example"), 0, d(1), &mut out);
         assert_eq!(dec, EgressDecision::Deny);
         assert!(out.label().is_empty());
         assert!(c.recs.serving_group(&host("evil.example")).is_none());
@@ -765,8 +664,7 @@ mod tests {
         let mut out = c.out();
         for k in 0..3 {
             assert_eq!(
-                c.recs
-                    .positional_reply(2, &host("low.example"), k, d(5), &mut out),
+                c.recs.positional_reply(2, &host("low.example"), k, d(5), &mut out),
                 EgressDecision::Recorded(b"reply-5".to_vec())
             );
         }
@@ -778,19 +676,13 @@ mod tests {
     fn pending_reply_is_never_replayed() {
         let mut c = three_hosts();
         let mut out = c.out();
-        c.recs
-            .positional_reply(0, &host("low.example"), 0, d(1), &mut out);
+        c.recs.positional_reply(0, &host("low.example"), 0, d(1), &mut out);
         // The serving copy died before its reply was recorded.
         c.recs.finish_copy(0);
-        assert!(c
-            .recs
-            .record_exchange(&host("low.example"), d(1), b"late".to_vec())
-            .is_err());
+        assert!(c.recs.record_exchange(&host("low.example"), d(1), b"late".to_vec()).is_err());
         c.recs.finish_copy(1);
         let mut out = c.out();
-        let dec = c
-            .recs
-            .positional_reply(2, &host("low.example"), 0, d(1), &mut out);
+        let dec = c.recs.positional_reply(2, &host("low.example"), 0, d(1), &mut out);
         assert_eq!(dec, EgressDecision::Placeholder);
         assert_eq!(out.label(), Label::parse(["finance"]).unwrap());
     }
@@ -800,29 +692,13 @@ mod tests {
         let mut c = three_hosts();
         let mut out = c.out();
         // Group 1 cannot act before group 0 finished.
-        assert_eq!(
-            c.recs
-                .positional_reply(1, &host("projx.example"), 0, d(1), &mut out),
-            EgressDecision::Deny
-        );
+        assert_eq!(c.recs.positional_reply(1, &host("projx.example"), 0, d(1), &mut out), EgressDecision::Deny);
         // k must count this copy's requests to the host.
-        assert_eq!(
-            c.recs
-                .positional_reply(0, &host("low.example"), 3, d(1), &mut out),
-            EgressDecision::Deny
-        );
+        assert_eq!(c.recs.positional_reply(0, &host("low.example"), 3, d(1), &mut out), EgressDecision::Deny);
         // Unknown group, finished copy.
-        assert_eq!(
-            c.recs
-                .positional_reply(9, &host("low.example"), 0, d(1), &mut out),
-            EgressDecision::Deny
-        );
+        assert_eq!(c.recs.positional_reply(9, &host("low.example"), 0, d(1), &mut out), EgressDecision::Deny);
         c.recs.finish_copy(0);
-        assert_eq!(
-            c.recs
-                .positional_reply(0, &host("low.example"), 0, d(1), &mut out),
-            EgressDecision::Deny
-        );
+        assert_eq!(c.recs.positional_reply(0, &host("low.example"), 0, d(1), &mut out), EgressDecision::Deny);
         assert!(c.recs.finish_copy(0).is_empty());
         assert!(c.recs.finish_copy(9).is_empty());
         assert!(out.label().is_empty());
@@ -834,8 +710,7 @@ mod tests {
         c.serve("low.example", &[1]);
         c.serve("projx.example", &[]);
         let mut out = c.out();
-        c.recs
-            .positional_reply(2, &host("low.example"), 0, d(4), &mut out);
+        c.recs.positional_reply(2, &host("low.example"), 0, d(4), &mut out);
         assert_eq!(c.recs.copy_requests(2, &host("low.example")), &[d(4)]);
         assert_eq!(c.recs.copy_requests(0, &host("low.example")), &[d(1)]);
         assert!(c.recs.copy_requests(7, &host("low.example")).is_empty());
@@ -847,23 +722,14 @@ mod tests {
         let mut hc: BTreeMap<HostName, Clearance> = BTreeMap::new();
         hc.insert(host("low.example"), cl(&["finance"]));
         hc.insert(host("projx.example"), cl(&["finance", "projx"]));
-        assert!(matches!(
-            CallRecords::new(&c.plan, &hc),
-            Err(ModelError::HostClearance(_))
-        ));
+        assert!(matches!(CallRecords::new(&c.plan, &hc), Err(ModelError::HostClearance(_))));
         hc.insert(host("high.example"), cl(&["hr"]));
-        assert!(matches!(
-            CallRecords::new(&c.plan, &hc),
-            Err(ModelError::HostClearance(_))
-        ));
+        assert!(matches!(CallRecords::new(&c.plan, &hc), Err(ModelError::HostClearance(_))));
         hc.insert(host("high.example"), cl(&["finance", "hr"]));
         hc.insert(host("other.example"), cl(&[]));
         let recs = CallRecords::new(&c.plan, &hc).unwrap();
         assert!(recs.serving_group(&host("other.example")).is_none());
-        assert_eq!(
-            recs.host_clearance(&host("high.example")),
-            Some(&cl(&["finance", "hr"]))
-        );
+        assert_eq!(recs.host_clearance(&host("high.example")), Some(&cl(&["finance", "hr"])));
     }
 
     #[test]
@@ -901,9 +767,7 @@ mod tests {
     /// Flow-compliant: requests to `h` depend only on the items `h` may see.
     fn honest(h: &HostName, v: &View, vh: &View) -> Vec<RequestDigest> {
         let seen = View::new(v.items().filter(|i| vh.contains(i)).cloned().collect());
-        (0..=seen.len() % 3)
-            .map(|i| digest_of(h, &seen, i))
-            .collect()
+        (0..=seen.len() % 3).map(|i| digest_of(h, &seen, i)).collect()
     }
 
     /// Leaky: requests to `h` depend on the copy's whole view.
@@ -997,11 +861,7 @@ mod tests {
                 for (h, _) in &input.hosts {
                     let s = r.recs.serving_group(h).unwrap();
                     let expect = s < g && plan.groups[s].view.is_strict_subset(&group.view);
-                    let got = r
-                        .recs
-                        .triggers()
-                        .iter()
-                        .any(|t| t.group_index == g && &t.host == h);
+                    let got = r.recs.triggers().iter().any(|t| t.group_index == g && &t.host == h);
                     assert_eq!(got, expect, "seed {seed} group {g} host {h}");
                     seen_trigger |= got;
                 }
@@ -1015,9 +875,7 @@ mod tests {
         fn noisy(h: &HostName, v: &View, _: &View) -> Vec<RequestDigest> {
             // Mixes repeats, reorders and view-dependent lengths.
             let n = (h.as_str().len() + v.len()) % 5;
-            (0..n)
-                .map(|i| RequestDigest([((i * 7 + v.len()) % 3) as u8; 32]))
-                .collect()
+            (0..n).map(|i| RequestDigest([((i * 7 + v.len()) % 3) as u8; 32])).collect()
         }
         for seed in 0..2000 {
             let mut rng = crate::plan::gen::Rng::new(seed);

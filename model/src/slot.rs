@@ -57,22 +57,13 @@ impl SlotKey {
         if user.is_empty() || user.len() > MAX_USER_BYTES || user.chars().any(char::is_control) {
             return Err(ModelError::BadUser(user.to_owned()));
         }
-        Ok(SlotKey {
-            release,
-            user: user.to_owned(),
-            horizon,
-        })
+        Ok(SlotKey { release, user: user.to_owned(), horizon })
     }
 
     /// A stable storage name: `<release hex>/<user hex>/<horizon key>`. The user is
     /// hex-encoded so that any user name is a safe path component.
     pub fn storage_name(&self) -> String {
-        format!(
-            "{}/{}/{}",
-            self.release.to_hex(),
-            hex::encode(self.user.as_bytes()),
-            self.horizon.key()
-        )
+        format!("{}/{}/{}", self.release.to_hex(), hex::encode(self.user.as_bytes()), self.horizon.key())
     }
 }
 
@@ -110,19 +101,13 @@ impl TryFrom<SlotRepr> for Slot {
             total += entry_size(k, &e.value)?;
         }
         check_totals(r.entries.len(), total)?;
-        Ok(Slot {
-            entries: r.entries,
-            removed: r.removed,
-        })
+        Ok(Slot { entries: r.entries, removed: r.removed })
     }
 }
 
 impl From<Slot> for SlotRepr {
     fn from(s: Slot) -> Self {
-        SlotRepr {
-            entries: s.entries,
-            removed: s.removed,
-        }
+        SlotRepr { entries: s.entries, removed: s.removed }
     }
 }
 
@@ -135,9 +120,7 @@ impl Slot {
     /// The join of every entry's label and of every remover's label: what a copy given
     /// this slot has seen through it (goes into its [`crate::OutputLabel`]).
     pub fn label(&self) -> Label {
-        self.entries
-            .values()
-            .fold(self.removed.clone(), |acc, e| acc.join(&e.label))
+        self.entries.values().fold(self.removed.clone(), |acc, e| acc.join(&e.label))
     }
 
     /// Whether everything in the slot may be seen at `horizon`. Every writer's label lies
@@ -183,13 +166,7 @@ impl Slot {
             match value {
                 Some(value) => {
                     entry_size(&key, &value)?;
-                    next.insert(
-                        key,
-                        SlotEntry {
-                            value,
-                            label: writer_label.clone(),
-                        },
-                    );
+                    next.insert(key, SlotEntry { value, label: writer_label.clone() });
                 }
                 None => {
                     check_key(&key)?;
@@ -211,10 +188,7 @@ impl Slot {
 
 fn check_key(key: &str) -> Result<(), ModelError> {
     if key.is_empty() || key.len() > MAX_SLOT_KEY_BYTES {
-        return Err(ModelError::SlotKeySize {
-            len: key.len(),
-            max: MAX_SLOT_KEY_BYTES,
-        });
+        return Err(ModelError::SlotKeySize { len: key.len(), max: MAX_SLOT_KEY_BYTES });
     }
     Ok(())
 }
@@ -223,27 +197,17 @@ fn entry_size(key: &str, value: &serde_json::Value) -> Result<usize, ModelError>
     check_key(key)?;
     let len = value.to_string().len();
     if len > MAX_SLOT_VALUE_BYTES {
-        return Err(ModelError::SlotValueSize {
-            key: key.to_owned(),
-            len,
-            max: MAX_SLOT_VALUE_BYTES,
-        });
+        return Err(ModelError::SlotValueSize { key: key.to_owned(), len, max: MAX_SLOT_VALUE_BYTES });
     }
     Ok(key.len() + len)
 }
 
 fn check_totals(count: usize, total: usize) -> Result<(), ModelError> {
     if count > MAX_SLOT_ENTRIES {
-        return Err(ModelError::SlotEntries {
-            count,
-            max: MAX_SLOT_ENTRIES,
-        });
+        return Err(ModelError::SlotEntries { count, max: MAX_SLOT_ENTRIES });
     }
     if total > MAX_SLOT_TOTAL_BYTES {
-        return Err(ModelError::SlotTotalSize {
-            len: total,
-            max: MAX_SLOT_TOTAL_BYTES,
-        });
+        return Err(ModelError::SlotTotalSize { len: total, max: MAX_SLOT_TOTAL_BYTES });
     }
     Ok(())
 }
@@ -262,15 +226,10 @@ mod tests {
     fn writes_carry_the_writer_label() {
         let mut s = Slot::new();
         assert!(s.label().is_empty());
-        s.apply_writes(
-            vec![("a".into(), Some(json!(1))), ("b".into(), Some(json!("x")))],
-            &l(&["finance"]),
-        )
-        .unwrap();
+        s.apply_writes(vec![("a".into(), Some(json!(1))), ("b".into(), Some(json!("x")))], &l(&["finance"])).unwrap();
         assert_eq!(s.get("a").unwrap().label, l(&["finance"]));
         assert_eq!(s.label(), l(&["finance"]));
-        s.apply_writes(vec![("b".into(), Some(json!([1, 2])))], &l(&["hr"]))
-            .unwrap();
+        s.apply_writes(vec![("b".into(), Some(json!([1, 2])))], &l(&["hr"])).unwrap();
         assert_eq!(s.get("b").unwrap().value, json!([1, 2]));
         assert_eq!(s.label(), l(&["finance", "hr"]));
         assert!(s.fits(&Horizon(Clearance::parse(["finance", "hr"]).unwrap())));
@@ -281,10 +240,8 @@ mod tests {
     #[test]
     fn removal_keeps_its_writer_label() {
         let mut s = Slot::new();
-        s.apply_writes(vec![("a".into(), Some(json!(1)))], &Label::empty())
-            .unwrap();
-        s.apply_writes(vec![("a".into(), None)], &l(&["hr"]))
-            .unwrap();
+        s.apply_writes(vec![("a".into(), Some(json!(1)))], &Label::empty()).unwrap();
+        s.apply_writes(vec![("a".into(), None)], &l(&["hr"])).unwrap();
         assert!(s.is_empty());
         assert_eq!(s.label(), l(&["hr"]));
     }
@@ -294,10 +251,7 @@ mod tests {
         let mut s = Slot::new();
         let big = json!("x".repeat(MAX_SLOT_VALUE_BYTES));
         let err = s
-            .apply_writes(
-                vec![("ok".into(), Some(json!(1))), ("big".into(), Some(big))],
-                &Label::empty(),
-            )
+            .apply_writes(vec![("ok".into(), Some(json!(1))), ("big".into(), Some(big))], &Label::empty())
             .unwrap_err();
         assert!(matches!(err, ModelError::SlotValueSize { .. }));
         assert!(s.is_empty());
@@ -306,27 +260,16 @@ mod tests {
             Err(ModelError::SlotKeySize { .. })
         ));
         assert!(matches!(
-            s.apply_writes(
-                vec![("k".repeat(MAX_SLOT_KEY_BYTES + 1), None)],
-                &Label::empty()
-            ),
+            s.apply_writes(vec![("k".repeat(MAX_SLOT_KEY_BYTES + 1), None)], &Label::empty()),
             Err(ModelError::SlotKeySize { .. })
         ));
-        let many = (0..=MAX_SLOT_ENTRIES)
-            .map(|i| (format!("k{i}"), Some(json!(i))))
-            .collect();
-        assert!(matches!(
-            s.apply_writes(many, &Label::empty()),
-            Err(ModelError::SlotEntries { .. })
-        ));
+        let many = (0..=MAX_SLOT_ENTRIES).map(|i| (format!("k{i}"), Some(json!(i)))).collect();
+        assert!(matches!(s.apply_writes(many, &Label::empty()), Err(ModelError::SlotEntries { .. })));
         let value = json!("v".repeat(MAX_SLOT_VALUE_BYTES - 10));
         let heavy = (0..(MAX_SLOT_TOTAL_BYTES / MAX_SLOT_VALUE_BYTES + 1))
             .map(|i| (format!("k{i}"), Some(value.clone())))
             .collect();
-        assert!(matches!(
-            s.apply_writes(heavy, &Label::empty()),
-            Err(ModelError::SlotTotalSize { .. })
-        ));
+        assert!(matches!(s.apply_writes(heavy, &Label::empty()), Err(ModelError::SlotTotalSize { .. })));
         assert!(s.is_empty());
         assert!(s.label().is_empty());
     }
@@ -334,16 +277,11 @@ mod tests {
     #[test]
     fn slot_serde_round_trips_and_checks_bounds() {
         let mut s = Slot::new();
-        s.apply_writes(vec![("a".into(), Some(json!({"n": 1})))], &l(&["hr"]))
-            .unwrap();
-        s.apply_writes(vec![("gone".into(), None)], &l(&["projx"]))
-            .unwrap();
+        s.apply_writes(vec![("a".into(), Some(json!({"n": 1})))], &l(&["hr"])).unwrap();
+        s.apply_writes(vec![("gone".into(), None)], &l(&["projx"])).unwrap();
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<Slot>(&json).unwrap(), s);
-        let bad = format!(
-            r#"{{"entries":{{"{}":{{"value":1,"label":[]}}}}}}"#,
-            "k".repeat(MAX_SLOT_KEY_BYTES + 1)
-        );
+        let bad = format!(r#"{{"entries":{{"{}":{{"value":1,"label":[]}}}}}}"#, "k".repeat(MAX_SLOT_KEY_BYTES + 1));
         assert!(serde_json::from_str::<Slot>(&bad).is_err());
         let bad_label = r#"{"entries":{"a":{"value":1,"label":["HR"]}}}"#;
         assert!(serde_json::from_str::<Slot>(bad_label).is_err());
@@ -357,10 +295,7 @@ mod tests {
         let b = SlotKey::new(r, "bob", h.clone()).unwrap();
         assert_ne!(a, b);
         assert_ne!(a.storage_name(), b.storage_name());
-        assert_eq!(
-            a.storage_name(),
-            format!("{}/616c696365/finance", r.to_hex())
-        );
+        assert_eq!(a.storage_name(), format!("{}/616c696365/finance", r.to_hex()));
         let e = SlotKey::new(r, "alice", Horizon::default()).unwrap();
         assert!(e.storage_name().ends_with("/{}"));
         assert!(SlotKey::new(r, "", h.clone()).is_err());

@@ -19,8 +19,7 @@ impl Tag {
         let ok = !s.is_empty()
             && s.len() <= 64
             && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
         if ok {
             Ok(Tag(s.to_owned()))
         } else {
@@ -257,8 +256,7 @@ fn is_host_name(s: &str) -> bool {
                 && l.len() <= 63
                 && !l.starts_with('-')
                 && !l.ends_with('-')
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         })
 }
 

@@ -49,22 +49,13 @@ impl Canary {
             .expect("the test world needs /dev/urandom to make canaries");
         let tag: String = label_tag
             .chars()
-            .map(|c| {
-                if c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
+            .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c) { c } else { '_' })
             .collect();
         let mut text = format!("GLC-{tag}-");
         for b in random {
             text.push_str(&format!("{b:02x}"));
         }
-        Canary {
-            text,
-            label_tag: label_tag.to_owned(),
-        }
+        Canary { text, label_tag: label_tag.to_owned() }
     }
 
     /// The marker text to embed in an item.
@@ -116,13 +107,7 @@ pub enum Layer {
 impl Layer {
     /// Order in which the search tries layers; only the shortest chain is reported, so
     /// this order only breaks ties between chains of equal length.
-    const ALL: [Layer; 5] = [
-        Layer::ZeroWidth,
-        Layer::JsonEscape,
-        Layer::Url,
-        Layer::Hex,
-        Layer::Base64,
-    ];
+    const ALL: [Layer; 5] = [Layer::ZeroWidth, Layer::JsonEscape, Layer::Url, Layer::Hex, Layer::Base64];
 }
 
 /// How a canary was found in a haystack: the shortest chain of [`Layer`]s that reveals it.
@@ -158,9 +143,9 @@ impl Encoding {
             [Layer::Hex] => Encoding::Hex,
             [Layer::ZeroWidth] => Encoding::ZeroWidth,
             [Layer::SecretOnly] => Encoding::SecretOnly,
-            all if all.iter().all(|l| *l == Layer::Base64) => Encoding::Base64 {
-                depth: u8::try_from(all.len()).unwrap_or(u8::MAX),
-            },
+            all if all.iter().all(|l| *l == Layer::Base64) => {
+                Encoding::Base64 { depth: u8::try_from(all.len()).unwrap_or(u8::MAX) }
+            }
             _ => Encoding::Layered(layers),
         }
     }
@@ -181,25 +166,11 @@ impl Encoding {
 pub fn discloses(haystack: &[u8], canary: &str) -> Option<Encoding> {
     let needle = canary.as_bytes();
     let secret = secret_part(canary).map(|hex| {
-        let raw = hex
-            .as_bytes()
-            .chunks_exact(2)
-            .filter_map(|p| hex_pair(p[0], p[1]))
-            .collect::<Vec<u8>>();
+        let raw = hex.as_bytes().chunks_exact(2).filter_map(|p| hex_pair(p[0], p[1])).collect::<Vec<u8>>();
         (hex.as_bytes().to_vec(), raw)
     });
-    let shortest = secret
-        .as_ref()
-        .map_or(needle.len(), |(_, raw)| raw.len().min(needle.len()));
-    let mut search = Search {
-        needle,
-        secret,
-        shortest,
-        work: 0,
-        path: Vec::new(),
-        best: None,
-        seen: HashMap::new(),
-    };
+    let shortest = secret.as_ref().map_or(needle.len(), |(_, raw)| raw.len().min(needle.len()));
+    let mut search = Search { needle, secret, shortest, work: 0, path: Vec::new(), best: None, seen: HashMap::new() };
     search.visit(haystack);
     search.best.map(Encoding::from_layers)
 }
@@ -211,9 +182,7 @@ fn secret_part(canary: &str) -> Option<&str> {
     let head = &canary[..canary.len() - SECRET_HEX];
     let ok = head.starts_with("GLC-")
         && head.ends_with('-')
-        && tail
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        && tail.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     ok.then_some(tail)
 }
 
@@ -270,10 +239,7 @@ impl Search<'_> {
                 continue;
             }
             self.work = self.work.saturating_add(decoded.len());
-            assert!(
-                self.work <= WORK_BUDGET,
-                "disclosure oracle: work budget exceeded; cannot certify non-disclosure"
-            );
+            assert!(self.work <= WORK_BUDGET, "disclosure oracle: work budget exceeded; cannot certify non-disclosure");
             let mut h = DefaultHasher::new();
             decoded.hash(&mut h);
             match self.seen.entry(h.finish()) {
@@ -321,10 +287,7 @@ fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
     let mut i = 0;
     while i <= last_start {
         // `| 0x20` folds ASCII case; the few other bytes it folds are weeded out below.
-        match hay[i..=last_start]
-            .iter()
-            .position(|&b| b | 0x20 == first | 0x20)
-        {
+        match hay[i..=last_start].iter().position(|&b| b | 0x20 == first | 0x20) {
             None => return false,
             Some(p) => {
                 let at = i + p;
@@ -470,10 +433,7 @@ fn json_unescape(buf: &[u8]) -> Option<Vec<u8>> {
                 i += 1;
                 continue;
             };
-            if (0xD800..0xDC00).contains(&hi)
-                && buf.get(i + 6) == Some(&b'\\')
-                && buf.get(i + 7) == Some(&b'u')
-            {
+            if (0xD800..0xDC00).contains(&hi) && buf.get(i + 6) == Some(&b'\\') && buf.get(i + 7) == Some(&b'u') {
                 if let Some(lo) = u16_at(i + 8).filter(|lo| (0xDC00..0xE000).contains(lo)) {
                     let cp = 0x10000 + ((u32::from(hi) - 0xD800) << 10) + (u32::from(lo) - 0xDC00);
                     push_char(&mut out, char::from_u32(cp).unwrap_or('\u{FFFD}'));
@@ -481,10 +441,7 @@ fn json_unescape(buf: &[u8]) -> Option<Vec<u8>> {
                     continue;
                 }
             }
-            push_char(
-                &mut out,
-                char::from_u32(u32::from(hi)).unwrap_or('\u{FFFD}'),
-            );
+            push_char(&mut out, char::from_u32(u32::from(hi)).unwrap_or('\u{FFFD}'));
             i += 6;
         } else {
             out.push(b);
@@ -495,9 +452,7 @@ fn json_unescape(buf: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn url_decode(buf: &[u8], needle: &[u8]) -> Option<Vec<u8>> {
-    let has_pct = buf
-        .windows(3)
-        .any(|w| w[0] == b'%' && hex_val(w[1]).is_some() && hex_val(w[2]).is_some());
+    let has_pct = buf.windows(3).any(|w| w[0] == b'%' && hex_val(w[1]).is_some() && hex_val(w[2]).is_some());
     // `+` only matters when the canary itself has a space to hide.
     let plus = needle.contains(&b' ') && buf.contains(&b'+');
     if !has_pct && !plus {
@@ -536,10 +491,8 @@ const INVISIBLE_UTF8: [&[u8]; 11] = [
 ];
 
 /// The same characters as the hex digits of a `\uXXXX` escape (compared case-blind).
-const INVISIBLE_ESCAPES: [&[u8; 4]; 12] = [
-    b"200b", b"200c", b"200d", b"200e", b"200f", b"2060", b"2061", b"2062", b"2063", b"2064",
-    b"feff", b"00ad",
-];
+const INVISIBLE_ESCAPES: [&[u8; 4]; 12] =
+    [b"200b", b"200c", b"200d", b"200e", b"200f", b"2060", b"2061", b"2062", b"2063", b"2064", b"feff", b"00ad"];
 
 fn invisible_at(buf: &[u8], i: usize) -> Option<usize> {
     let rest = &buf[i..];
@@ -692,31 +645,20 @@ impl Oracle {
     /// it for planting. The canary's marker names the tags joined by `.`.
     pub fn plant(&mut self, label_tags: &[&str]) -> Canary {
         let canary = Canary::fresh(&label_tags.join("."));
-        self.canaries.push((
-            canary.clone(),
-            label_tags.iter().map(|t| (*t).to_owned()).collect(),
-        ));
+        self.canaries.push((canary.clone(), label_tags.iter().map(|t| (*t).to_owned()).collect()));
         canary
     }
 
     /// Every planted canary visible in `bytes`, cleared or not, with how it was found.
     /// Positive controls ("mechanism off" twins) use this to show the canary did travel.
     pub fn sightings(&self, bytes: &[u8]) -> Vec<(Canary, Encoding)> {
-        self.canaries
-            .iter()
-            .filter_map(|(c, _)| discloses(bytes, c.as_str()).map(|e| (c.clone(), e)))
-            .collect()
+        self.canaries.iter().filter_map(|(c, _)| discloses(bytes, c.as_str()).map(|e| (c.clone(), e))).collect()
     }
 
     /// The disclosures in `bytes` captured at sink `sink_name` with clearance
     /// `sink_clearance`: planted canaries found there whose label is not a subset of the
     /// clearance.
-    pub fn disclosures(
-        &self,
-        sink_name: &str,
-        sink_clearance: &[String],
-        bytes: &[u8],
-    ) -> Vec<Disclosure> {
+    pub fn disclosures(&self, sink_name: &str, sink_clearance: &[String], bytes: &[u8]) -> Vec<Disclosure> {
         self.canaries
             .iter()
             .filter(|(_, label)| !label.iter().all(|t| sink_clearance.contains(t)))
@@ -732,16 +674,8 @@ impl Oracle {
     }
 
     /// [`Oracle::disclosures`] for a sink whose clearance comes from the policy model.
-    pub fn disclosures_to(
-        &self,
-        sink_name: &str,
-        sink_clearance: &Clearance,
-        bytes: &[u8],
-    ) -> Vec<Disclosure> {
-        let tags: Vec<String> = sink_clearance
-            .tags()
-            .map(|t| t.as_str().to_owned())
-            .collect();
+    pub fn disclosures_to(&self, sink_name: &str, sink_clearance: &Clearance, bytes: &[u8]) -> Vec<Disclosure> {
+        let tags: Vec<String> = sink_clearance.tags().map(|t| t.as_str().to_owned()).collect();
         self.disclosures(sink_name, &tags, bytes)
     }
 }
@@ -768,9 +702,7 @@ mod tests {
             (0..n).map(|_| self.next() as u8).collect()
         }
         fn text_over(&mut self, alphabet: &[u8], n: usize) -> Vec<u8> {
-            (0..n)
-                .map(|_| alphabet[self.below(alphabet.len())])
-                .collect()
+            (0..n).map(|_| alphabet[self.below(alphabet.len())]).collect()
         }
     }
 
@@ -796,9 +728,7 @@ mod tests {
     }
 
     fn hex_lower(data: &[u8]) -> Vec<u8> {
-        data.iter()
-            .flat_map(|b| format!("{b:02x}").into_bytes())
-            .collect()
+        data.iter().flat_map(|b| format!("{b:02x}").into_bytes()).collect()
     }
 
     fn pct(data: &[u8], which: impl Fn(usize) -> bool) -> Vec<u8> {
@@ -830,13 +760,9 @@ mod tests {
         assert!(s.starts_with("GLC-hr-"), "{s}");
         let tail = &s["GLC-hr-".len()..];
         assert_eq!(tail.len(), 24);
-        assert!(tail
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(tail.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(a.label_tag(), "hr");
-        assert!(Canary::fresh("Weird Tag!")
-            .as_str()
-            .starts_with("GLC-_eird__ag_-"));
+        assert!(Canary::fresh("Weird Tag!").as_str().starts_with("GLC-_eird__ag_-"));
     }
 
     #[test]
@@ -844,22 +770,15 @@ mod tests {
         let c = canary();
         let body = format!("POST /ocr HTTP/1.1\r\n\r\n{{\"text\":\"x {c} y\"}}");
         assert_eq!(discloses(body.as_bytes(), c.as_str()), Some(Encoding::Raw));
-        assert_eq!(
-            discloses(c.as_str().as_bytes(), c.as_str()),
-            Some(Encoding::Raw)
-        );
+        assert_eq!(discloses(c.as_str().as_bytes(), c.as_str()), Some(Encoding::Raw));
     }
 
     #[test]
     fn url_encoded_canary_is_detected_whole_or_partial() {
         let c = canary();
         let raw = c.as_str().as_bytes();
-        for which in [
-            &(|_| true) as &dyn Fn(usize) -> bool,
-            &|i| i % 2 == 0,
-            &|i| i % 7 == 3,
-            &|i| i == raw.len() / 2,
-        ] {
+        for which in [&(|_| true) as &dyn Fn(usize) -> bool, &|i| i % 2 == 0, &|i| i % 7 == 3, &|i| i == raw.len() / 2]
+        {
             let enc = pct(raw, which);
             let hay = wrap(b"GET /q?a=1&d=", &enc, b"&z=2 HTTP/1.1\r\n");
             assert_eq!(discloses(&hay, c.as_str()), Some(Encoding::UrlEncoded));
@@ -878,10 +797,7 @@ mod tests {
         assert_eq!(discloses(&enc, &spaced), Some(Encoding::UrlEncoded));
         // Doubly percent-encoded is two layers.
         let twice = pct(&pct(raw, |_| true), |_| true);
-        assert_eq!(
-            discloses(&twice, c.as_str()),
-            Some(Encoding::Layered(vec![Layer::Url, Layer::Url]))
-        );
+        assert_eq!(discloses(&twice, c.as_str()), Some(Encoding::Layered(vec![Layer::Url, Layer::Url])));
     }
 
     #[test]
@@ -892,11 +808,7 @@ mod tests {
             for suffix_len in 0..4 {
                 for alphabet in [STD, URL_SAFE] {
                     for pad in [true, false] {
-                        let blob = wrap(
-                            &rng.bytes(prefix_len),
-                            c.as_str().as_bytes(),
-                            &rng.bytes(suffix_len),
-                        );
+                        let blob = wrap(&rng.bytes(prefix_len), c.as_str().as_bytes(), &rng.bytes(suffix_len));
                         let enc = b64(&blob, alphabet, pad);
                         let hay = wrap(b"{\"payload\":\"", &enc, b"\"}");
                         assert_eq!(
@@ -923,10 +835,7 @@ mod tests {
             broken.extend_from_slice(line);
             broken.extend_from_slice(b"\r\n");
         }
-        assert_eq!(
-            discloses(&broken, c.as_str()),
-            Some(Encoding::Base64 { depth: 1 })
-        );
+        assert_eq!(discloses(&broken, c.as_str()), Some(Encoding::Base64 { depth: 1 }));
     }
 
     #[test]
@@ -938,11 +847,7 @@ mod tests {
             for depth in 1..=3u8 {
                 let prefix = rng.bytes(trial % 4);
                 let suffix = rng.bytes(trial % 3);
-                let alphabet = if (trial + usize::from(depth)) % 2 == 0 {
-                    STD
-                } else {
-                    URL_SAFE
-                };
+                let alphabet = if (trial + usize::from(depth)) % 2 == 0 { STD } else { URL_SAFE };
                 blob = b64(&wrap(&prefix, &blob, &suffix), alphabet, trial % 2 == 0);
                 let hay = wrap(b"data=", &blob, b";");
                 assert_eq!(
@@ -959,17 +864,8 @@ mod tests {
         let c = canary();
         let lower = hex_lower(c.as_str().as_bytes());
         let upper = lower.to_ascii_uppercase();
-        let mixed: Vec<u8> = lower
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                if i % 3 == 0 {
-                    b.to_ascii_uppercase()
-                } else {
-                    *b
-                }
-            })
-            .collect();
+        let mixed: Vec<u8> =
+            lower.iter().enumerate().map(|(i, b)| if i % 3 == 0 { b.to_ascii_uppercase() } else { *b }).collect();
         for enc in [&lower, &upper, &mixed] {
             assert_eq!(discloses(enc, c.as_str()), Some(Encoding::Hex));
             // Odd nibble offset inside a longer hex run.
@@ -990,11 +886,7 @@ mod tests {
                 .flat_map(|(i, ch)| if i % 4 == 1 { vec![zw, ch] } else { vec![ch] })
                 .collect();
             for text in [every, some] {
-                assert_eq!(
-                    discloses(text.as_bytes(), c.as_str()),
-                    Some(Encoding::ZeroWidth),
-                    "{zw:?} utf-8"
-                );
+                assert_eq!(discloses(text.as_bytes(), c.as_str()), Some(Encoding::ZeroWidth), "{zw:?} utf-8");
                 for upper in [false, true] {
                     let escaped: String = text
                         .chars()
@@ -1025,11 +917,7 @@ mod tests {
     #[test]
     fn json_escaped_canary_is_detected() {
         let c = canary();
-        let all: String = c
-            .as_str()
-            .chars()
-            .map(|ch| format!("\\u{:04x}", u32::from(ch)))
-            .collect();
+        let all: String = c.as_str().chars().map(|ch| format!("\\u{:04x}", u32::from(ch))).collect();
         let some: String = c
             .as_str()
             .chars()
@@ -1043,24 +931,13 @@ mod tests {
         let bytes_escaped: String = c.as_str().bytes().map(|b| format!("\\x{b:02x}")).collect();
         for enc in [all, some, bytes_escaped] {
             let hay = format!("{{\"a\":1,\"msg\":\"{enc}\"}}");
-            assert_eq!(
-                discloses(hay.as_bytes(), c.as_str()),
-                Some(Encoding::JsonEscaped),
-                "{hay}"
-            );
+            assert_eq!(discloses(hay.as_bytes(), c.as_str()), Some(Encoding::JsonEscaped), "{hay}");
         }
         // JSON escapes inside JSON escapes (a string holding serialised JSON).
-        let twice: String = c
-            .as_str()
-            .chars()
-            .map(|ch| format!("\\\\u{:04x}", u32::from(ch)))
-            .collect();
+        let twice: String = c.as_str().chars().map(|ch| format!("\\\\u{:04x}", u32::from(ch))).collect();
         assert_eq!(
             discloses(twice.as_bytes(), c.as_str()),
-            Some(Encoding::Layered(vec![
-                Layer::JsonEscape,
-                Layer::JsonEscape
-            ]))
+            Some(Encoding::Layered(vec![Layer::JsonEscape, Layer::JsonEscape]))
         );
     }
 
@@ -1069,55 +946,32 @@ mod tests {
         let c = canary();
         let b = b64(c.as_str().as_bytes(), STD, true);
         let url = pct(&b, |i| i % 2 == 0);
-        let json: String = String::from_utf8_lossy(&url)
-            .chars()
-            .map(|ch| format!("\\u{:04x}", u32::from(ch)))
-            .collect();
+        let json: String =
+            String::from_utf8_lossy(&url).chars().map(|ch| format!("\\u{:04x}", u32::from(ch))).collect();
         assert_eq!(
             discloses(json.as_bytes(), c.as_str()),
-            Some(Encoding::Layered(vec![
-                Layer::JsonEscape,
-                Layer::Url,
-                Layer::Base64
-            ]))
+            Some(Encoding::Layered(vec![Layer::JsonEscape, Layer::Url, Layer::Base64]))
         );
         let hex_of_b64 = hex_lower(&b);
-        assert_eq!(
-            discloses(&hex_of_b64, c.as_str()),
-            Some(Encoding::Layered(vec![Layer::Hex, Layer::Base64]))
-        );
+        assert_eq!(discloses(&hex_of_b64, c.as_str()), Some(Encoding::Layered(vec![Layer::Hex, Layer::Base64])));
     }
 
     #[test]
     fn the_random_part_alone_is_detected() {
         let c = canary();
         let secret = &c.as_str()[c.as_str().len() - 24..];
-        let raw: Vec<u8> = (0..12)
-            .map(|i| u8::from_str_radix(&secret[2 * i..2 * i + 2], 16).expect("hex"))
-            .collect();
+        let raw: Vec<u8> = (0..12).map(|i| u8::from_str_radix(&secret[2 * i..2 * i + 2], 16).expect("hex")).collect();
         let hay = format!("id={secret}&x=1");
-        assert_eq!(
-            discloses(hay.as_bytes(), c.as_str()),
-            Some(Encoding::SecretOnly)
-        );
+        assert_eq!(discloses(hay.as_bytes(), c.as_str()), Some(Encoding::SecretOnly));
         let upper = secret.to_ascii_uppercase();
-        assert_eq!(
-            discloses(upper.as_bytes(), c.as_str()),
-            Some(Encoding::SecretOnly)
-        );
-        assert_eq!(
-            discloses(&wrap(b"\x00\x01", &raw, b"\xff"), c.as_str()),
-            Some(Encoding::SecretOnly)
-        );
+        assert_eq!(discloses(upper.as_bytes(), c.as_str()), Some(Encoding::SecretOnly));
+        assert_eq!(discloses(&wrap(b"\x00\x01", &raw, b"\xff"), c.as_str()), Some(Encoding::SecretOnly));
         assert_eq!(
             discloses(&b64(&raw, URL_SAFE, false), c.as_str()),
             Some(Encoding::Layered(vec![Layer::Base64, Layer::SecretOnly]))
         );
         // Only canaries of Canary::fresh's form have a separable random part.
-        assert_eq!(
-            discloses(b"0123456789abcdef01234567", "x-0123456789abcdef01234567"),
-            None
-        );
+        assert_eq!(discloses(b"0123456789abcdef01234567", "x-0123456789abcdef01234567"), None);
     }
 
     /// Random text shaped like what sinks receive — binary, base64, hex, percent and
@@ -1191,10 +1045,7 @@ mod tests {
         let mut with = rng.bytes(100_000);
         with.splice(50_000..50_000, c.as_str().bytes());
         let blob = b64(&b64(&b64(&with, STD, true), URL_SAFE, false), STD, true);
-        assert_eq!(
-            discloses(&blob, c.as_str()),
-            Some(Encoding::Base64 { depth: 3 })
-        );
+        assert_eq!(discloses(&blob, c.as_str()), Some(Encoding::Base64 { depth: 3 }));
     }
 
     #[test]
@@ -1212,16 +1063,11 @@ mod tests {
         let hr = oracle.plant(&["hr"]);
         let both = oracle.plant(&["finance", "hr"]);
         let public = oracle.plant(&[]);
-        let bytes = format!(
-            "{hr} {} {public}",
-            String::from_utf8_lossy(&b64(both.as_str().as_bytes(), STD, true))
-        );
+        let bytes = format!("{hr} {} {public}", String::from_utf8_lossy(&b64(both.as_str().as_bytes(), STD, true)));
         let bytes = bytes.as_bytes();
 
         // Cleared for everything it got: nothing counted, though everything was seen.
-        assert!(oracle
-            .disclosures("ocr", &tags(&["finance", "hr"]), bytes)
-            .is_empty());
+        assert!(oracle.disclosures("ocr", &tags(&["finance", "hr"]), bytes).is_empty());
         assert_eq!(oracle.sightings(bytes).len(), 3);
 
         // Cleared for hr only: the finance+hr item is a disclosure, the hr item is not.
@@ -1250,8 +1096,6 @@ mod tests {
     fn oracle_reports_nothing_when_no_canary_arrived() {
         let mut oracle = Oracle::new();
         oracle.plant(&["hr"]);
-        assert!(oracle
-            .disclosures("ocr", &[], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .is_empty());
+        assert!(oracle.disclosures("ocr", &[], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").is_empty());
     }
 }

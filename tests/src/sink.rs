@@ -66,10 +66,7 @@ pub enum SinkBehaviour {
 
 impl Default for SinkBehaviour {
     fn default() -> Self {
-        SinkBehaviour::Ok {
-            status: 200,
-            body: DEFAULT_BODY.to_vec(),
-        }
+        SinkBehaviour::Ok { status: 200, body: DEFAULT_BODY.to_vec() }
     }
 }
 
@@ -100,10 +97,7 @@ pub struct RecordedRequest {
 impl RecordedRequest {
     /// The first value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -167,16 +161,9 @@ impl Sink {
         let waker = TcpStream::from(OwnedFd::from(listener.try_clone()?));
         let acceptor = {
             let shared = Arc::clone(&shared);
-            thread::Builder::new()
-                .name(format!("sink-{}", addr.port()))
-                .spawn(move || accept_loop(listener, shared))?
+            thread::Builder::new().name(format!("sink-{}", addr.port())).spawn(move || accept_loop(listener, shared))?
         };
-        Ok(Sink {
-            addr,
-            shared,
-            acceptor: Some(acceptor),
-            waker,
-        })
+        Ok(Sink { addr, shared, acceptor: Some(acceptor), waker })
     }
 
     /// The address to point a client (or a policy host override) at.
@@ -294,13 +281,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         }
         shared.live.fetch_add(1, Ordering::SeqCst);
         let worker = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name(format!("sink-conn-{id}"))
-            .spawn(move || {
-                serve_connection(&worker, stream, id);
-                lock(&worker.open).remove(&id);
-                worker.live.fetch_sub(1, Ordering::SeqCst);
-            });
+        let spawned = thread::Builder::new().name(format!("sink-conn-{id}")).spawn(move || {
+            serve_connection(&worker, stream, id);
+            lock(&worker.open).remove(&id);
+            worker.live.fetch_sub(1, Ordering::SeqCst);
+        });
         match spawned {
             Ok(h) => {
                 let mut handlers = lock(&shared.handlers);
@@ -368,12 +353,7 @@ impl Conn<'_> {
                     self.buf.extend_from_slice(&chunk[..n]);
                     return Ok(());
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     if Instant::now() >= deadline {
                         return Err(Stop::Closed);
                     }
@@ -395,11 +375,7 @@ impl Conn<'_> {
     /// Position just past the next line ending (`\n`) at or after `from`.
     fn line_end(&mut self, from: usize, limit: usize) -> Result<usize, Stop> {
         loop {
-            if let Some(p) = self
-                .buf
-                .get(from..)
-                .and_then(|b| b.iter().position(|&c| c == b'\n'))
-            {
+            if let Some(p) = self.buf.get(from..).and_then(|b| b.iter().position(|&c| c == b'\n')) {
                 return Ok(from + p + 1);
             }
             if self.buf.len().saturating_sub(from) > limit {
@@ -436,16 +412,11 @@ struct Head {
 
 impl Head {
     fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.headers
-            .iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().filter(move |(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 
     fn has_token(&self, name: &str, token: &str) -> bool {
-        self.values(name)
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
+        self.values(name).flat_map(|v| v.split(',')).any(|t| t.trim().eq_ignore_ascii_case(token))
     }
 
     fn keep_alive(&self) -> bool {
@@ -466,8 +437,7 @@ fn parse_head(bytes: &[u8]) -> Result<Head, Stop> {
     let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
     let request_line = lines.next().ok_or(Stop::Bad(400))?;
     let mut parts = request_line.split(' ').filter(|p| !p.is_empty());
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(Stop::Bad(400));
     };
@@ -482,23 +452,14 @@ fn parse_head(bytes: &[u8]) -> Result<Head, Stop> {
         }
         headers.push((name.to_owned(), value.trim().to_owned()));
     }
-    Ok(Head {
-        method: method.to_owned(),
-        target: target.to_owned(),
-        version: version.to_owned(),
-        headers,
-    })
+    Ok(Head { method: method.to_owned(), target: target.to_owned(), version: version.to_owned(), headers })
 }
 
 /// Reads one request; `Ok(None)` when the peer closed cleanly between requests.
 fn read_request(conn: &mut Conn<'_>) -> Result<Option<(Head, RecordedRequest)>, Stop> {
     // Skip empty lines between requests (RFC 9112 §2.2) and wait for the head.
     let head_end = loop {
-        let blank = conn
-            .buf
-            .iter()
-            .take_while(|b| **b == b'\r' || **b == b'\n')
-            .count();
+        let blank = conn.buf.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
         conn.buf.drain(..blank);
         if let Some(end) = find_head_end(&conn.buf) {
             break end;
@@ -514,9 +475,7 @@ fn read_request(conn: &mut Conn<'_>) -> Result<Option<(Head, RecordedRequest)>, 
     };
     let head = parse_head(&conn.buf[..head_end])?;
 
-    let chunked = head
-        .values("transfer-encoding")
-        .any(|v| v.to_ascii_lowercase().contains("chunked"));
+    let chunked = head.values("transfer-encoding").any(|v| v.to_ascii_lowercase().contains("chunked"));
     let content_length = {
         let mut lengths = head.values("content-length").map(|v| v.parse::<usize>());
         match lengths.next() {
@@ -564,10 +523,7 @@ fn read_request(conn: &mut Conn<'_>) -> Result<Option<(Head, RecordedRequest)>, 
 
 fn find_head_end(buf: &[u8]) -> Option<usize> {
     let mut i = 0;
-    while let Some(p) = buf
-        .get(i..)
-        .and_then(|b| b.iter().position(|&c| c == b'\n'))
-    {
+    while let Some(p) = buf.get(i..).and_then(|b| b.iter().position(|&c| c == b'\n')) {
         let nl = i + p;
         match buf.get(nl + 1) {
             Some(b'\n') => return Some(nl + 2),
@@ -633,13 +589,7 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-fn response(
-    status: u16,
-    extra: &[(&str, &str)],
-    body: &[u8],
-    keep_alive: bool,
-    head_only: bool,
-) -> Vec<u8> {
+fn response(status: u16, extra: &[(&str, &str)], body: &[u8], keep_alive: bool, head_only: bool) -> Vec<u8> {
     let mut out = format!("HTTP/1.1 {status} {}\r\n", reason(status)).into_bytes();
     for (n, v) in extra {
         out.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
@@ -679,22 +629,13 @@ fn serve_connection(shared: &Shared, stream: TcpStream, id: usize) {
     }
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(IDLE_TIMEOUT));
-    let mut conn = Conn {
-        shared,
-        stream,
-        id,
-        buf: Vec::new(),
-        received: 0,
-    };
+    let mut conn = Conn { shared, stream, id, buf: Vec::new(), received: 0 };
     loop {
         let (head, request) = match read_request(&mut conn) {
             Ok(Some(r)) => r,
             Ok(None) | Err(Stop::Closed) | Err(Stop::Io) => break,
             Err(Stop::Bad(status)) => {
-                if conn
-                    .write_all(&response(status, &[], b"", false, false))
-                    .is_ok()
-                {
+                if conn.write_all(&response(status, &[], b"", false, false)).is_ok() {
                     conn.linger();
                 }
                 break;
@@ -711,29 +652,19 @@ fn serve_connection(shared: &Shared, stream: TcpStream, id: usize) {
         let head_only = head.method.eq_ignore_ascii_case("HEAD");
         let behaviour = lock(&shared.behaviour).clone();
         let bytes = match behaviour {
-            SinkBehaviour::Ok { status, body } => {
-                response(status, &[], &body, keep_alive, head_only)
+            SinkBehaviour::Ok { status, body } => response(status, &[], &body, keep_alive, head_only),
+            SinkBehaviour::Redirect { status, location } => {
+                response(status, &[("Location", location.as_str())], b"", keep_alive, head_only)
             }
-            SinkBehaviour::Redirect { status, location } => response(
-                status,
-                &[("Location", location.as_str())],
-                b"",
-                keep_alive,
-                head_only,
-            ),
             SinkBehaviour::Slow { delay } => {
                 if !sleep_unless_shutdown(shared, delay) {
                     break;
                 }
                 response(200, &[], DEFAULT_BODY, keep_alive, head_only)
             }
-            SinkBehaviour::Echo => response(
-                200,
-                &[("Content-Type", "application/octet-stream")],
-                &body_echo,
-                keep_alive,
-                head_only,
-            ),
+            SinkBehaviour::Echo => {
+                response(200, &[("Content-Type", "application/octet-stream")], &body_echo, keep_alive, head_only)
+            }
         };
         if conn.write_all(&bytes).is_err() || !keep_alive {
             break;
@@ -764,10 +695,7 @@ mod tests {
 
     impl Reply {
         fn header(&self, name: &str) -> Option<&str> {
-            self.headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_str())
+            self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
         }
     }
 
@@ -787,15 +715,9 @@ mod tests {
         let head = String::from_utf8_lossy(&pending[..head_end]).into_owned();
         let mut lines = head.lines();
         let status_line = lines.next().expect("status line");
-        let status = status_line
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("status code");
-        let headers: Vec<(String, String)> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.to_owned(), v.trim().to_owned()))
-            .collect();
+        let status = status_line.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status code");
+        let headers: Vec<(String, String)> =
+            lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.to_owned(), v.trim().to_owned())).collect();
         let len: usize = headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
@@ -808,11 +730,7 @@ mod tests {
         }
         let body = pending[head_end..head_end + len].to_vec();
         pending.drain(..head_end + len);
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        Reply { status, headers, body }
     }
 
     fn exchange(sink: &Sink, request: &[u8]) -> Reply {
@@ -827,10 +745,7 @@ mod tests {
         match s.read(&mut b) {
             Ok(0) => true,
             Ok(_) => false,
-            Err(e) => !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ),
+            Err(e) => !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
         }
     }
 
@@ -844,10 +759,7 @@ mod tests {
         assert!(sink.wait_for_requests(1, WAIT));
         assert_eq!(sink.received(), req.to_vec());
         let r = &sink.requests()[0];
-        assert_eq!(
-            (r.method.as_str(), r.target.as_str(), r.version.as_str()),
-            ("GET", "/v1/ocr?lang=en", "HTTP/1.1")
-        );
+        assert_eq!((r.method.as_str(), r.target.as_str(), r.version.as_str()), ("GET", "/v1/ocr?lang=en", "HTTP/1.1"));
         assert_eq!(r.header("host"), Some("ocr.example"));
         assert_eq!(r.header("X-TRACE"), Some("a b"));
         assert!(r.body.is_empty());
@@ -857,16 +769,10 @@ mod tests {
 
     #[test]
     fn post_with_content_length_is_recorded() {
-        let sink = Sink::start(SinkBehaviour::Ok {
-            status: 201,
-            body: b"made".to_vec(),
-        });
+        let sink = Sink::start(SinkBehaviour::Ok { status: 201, body: b"made".to_vec() });
         let body = b"{\"text\":\"hello\\u0000\",\"bin\":\"\xff\xfe\"}";
-        let mut req = format!(
-            "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
+        let mut req =
+            format!("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
         req.extend_from_slice(body);
         let reply = exchange(&sink, &req);
         assert_eq!((reply.status, reply.body.as_slice()), (201, &b"made"[..]));
@@ -903,10 +809,7 @@ mod tests {
     fn redirects_carry_the_location_unchanged() {
         let location = "http://attacker.example:8080/a/../b?x=%2F%41&y=é#frag";
         for status in [302, 307] {
-            let sink = Sink::start(SinkBehaviour::Redirect {
-                status,
-                location: location.to_owned(),
-            });
+            let sink = Sink::start(SinkBehaviour::Redirect { status, location: location.to_owned() });
             let reply = exchange(&sink, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
             assert_eq!(reply.status, status);
             assert_eq!(reply.header("location"), Some(location));
@@ -921,22 +824,17 @@ mod tests {
         let mut pending = Vec::new();
         for i in 0..3 {
             let body = format!("request {i}");
-            let req = format!(
-                "POST /k HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
+            let req = format!("POST /k HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len());
             s.write_all(req.as_bytes()).expect("send");
             let reply = read_reply(&mut s, &mut pending);
             assert_eq!(reply.body, body.as_bytes());
             assert_eq!(reply.header("connection"), Some("keep-alive"));
         }
         // Pipelined: two requests in one write, two replies in order.
-        s.write_all(b"GET /p1 HTTP/1.1\r\nHost: x\r\n\r\nGET /p2 HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("send");
+        s.write_all(b"GET /p1 HTTP/1.1\r\nHost: x\r\n\r\nGET /p2 HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
         assert_eq!(read_reply(&mut s, &mut pending).status, 200);
         assert_eq!(read_reply(&mut s, &mut pending).status, 200);
-        s.write_all(b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .expect("send");
+        s.write_all(b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("send");
         let reply = read_reply(&mut s, &mut pending);
         assert_eq!(reply.header("connection"), Some("close"));
         assert!(closed_by_peer(&mut s));
@@ -972,10 +870,7 @@ mod tests {
     fn behaviour_can_change_between_requests() {
         let sink = Sink::start(SinkBehaviour::default());
         assert_eq!(exchange(&sink, b"GET / HTTP/1.1\r\n\r\n").status, 200);
-        sink.set_behaviour(SinkBehaviour::Ok {
-            status: 404,
-            body: Vec::new(),
-        });
+        sink.set_behaviour(SinkBehaviour::Ok { status: 404, body: Vec::new() });
         assert_eq!(exchange(&sink, b"GET / HTTP/1.1\r\n\r\n").status, 404);
     }
 
@@ -983,10 +878,7 @@ mod tests {
     fn expect_continue_gets_an_interim_reply() {
         let sink = Sink::start(SinkBehaviour::Echo);
         let mut s = connect(&sink);
-        s.write_all(
-            b"PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n",
-        )
-        .expect("send");
+        s.write_all(b"PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n").expect("send");
         let mut pending = Vec::new();
         assert_eq!(read_reply(&mut s, &mut pending).status, 100);
         s.write_all(b"abc").expect("send");
@@ -1032,10 +924,7 @@ mod tests {
                     let mut s = TcpStream::connect_timeout(&addr, WAIT).expect("connect");
                     s.set_read_timeout(Some(WAIT)).expect("timeout");
                     let body = format!("client {i}");
-                    let req = format!(
-                        "POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
+                    let req = format!("POST / HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
                     s.write_all(req.as_bytes()).expect("send");
                     read_reply(&mut s, &mut Vec::new()).body == body.as_bytes()
                 })
@@ -1055,23 +944,15 @@ mod tests {
 
     #[test]
     fn drop_stops_the_sink_and_its_connections() {
-        let sink = Sink::start(SinkBehaviour::Slow {
-            delay: Duration::from_secs(20),
-        });
+        let sink = Sink::start(SinkBehaviour::Slow { delay: Duration::from_secs(20) });
         let addr = sink.addr();
         let mut idle = connect(&sink);
         let mut waiting = connect(&sink);
-        waiting
-            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("send");
+        waiting.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
         assert!(sink.wait_for_requests(1, WAIT));
         let t = Instant::now();
         drop(sink);
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "drop took {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_secs(3), "drop took {:?}", t.elapsed());
         assert!(closed_by_peer(&mut idle));
         assert!(closed_by_peer(&mut waiting));
         assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
@@ -1088,11 +969,7 @@ mod tests {
         assert!(sink.wait_for_requests(1, WAIT));
         let t = Instant::now();
         drop(sink);
-        assert!(
-            t.elapsed() < Duration::from_secs(3),
-            "drop took {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_secs(3), "drop took {:?}", t.elapsed());
     }
 
     #[test]
@@ -1127,19 +1004,13 @@ mod tests {
         let mut oracle = Oracle::new();
         let canary = oracle.plant(&["hr"]);
         let sink = Sink::start(SinkBehaviour::default());
-        let hex: String = canary
-            .as_str()
-            .bytes()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex: String = canary.as_str().bytes().map(|b| format!("{b:02x}")).collect();
         let req = format!("GET /t?d={hex} HTTP/1.1\r\nHost: x\r\n\r\n");
         assert_eq!(exchange(&sink, req.as_bytes()).status, 200);
         assert!(sink.wait_for_requests(1, WAIT));
         let d = oracle.disclosures("ocr", &["finance".to_owned()], &sink.received());
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].encoding, Encoding::Hex);
-        assert!(oracle
-            .disclosures("ocr", &["hr".to_owned()], &sink.received())
-            .is_empty());
+        assert!(oracle.disclosures("ocr", &["hr".to_owned()], &sink.received()).is_empty());
     }
 }

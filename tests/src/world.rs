@@ -86,10 +86,7 @@ impl World {
             "[release]\nname = \"{name}\"\nversion = \"1.0.0\"\nruntime = \"python\"\nfactory = \"server:create_server\"\n\n{tools}\n"
         );
         std::fs::write(dir.join("germline.toml"), manifest).expect("manifest");
-        let code = format!(
-            "{PY_PRELUDE}\n{}",
-            body.replace("{DATA}", &self.data.to_string_lossy())
-        );
+        let code = format!("{PY_PRELUDE}\n{}", body.replace("{DATA}", &self.data.to_string_lossy()));
         std::fs::write(dir.join("server.py"), code).expect("code");
         dir
     }
@@ -103,21 +100,11 @@ impl World {
         consumers: &[(&str, &[&str])],
         extra: &str,
     ) -> Policy {
-        let mut t =
-            String::from("tags = [\"hr\", \"board\", \"finance\", \"projx\", \"public\"]\n");
+        let mut t = String::from("tags = [\"hr\", \"board\", \"finance\", \"projx\", \"public\"]\n");
         for l in LABELS {
-            let _ = write!(
-                t,
-                "[[items]]\npath = \"{}/{l}/**\"\nlabel = [\"{l}\"]\n",
-                self.data.display()
-            );
+            let _ = write!(t, "[[items]]\npath = \"{}/{l}/**\"\nlabel = [\"{l}\"]\n", self.data.display());
         }
-        let list = |tags: &[&str]| {
-            tags.iter()
-                .map(|x| format!("\"{x}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let list = |tags: &[&str]| tags.iter().map(|x| format!("\"{x}\"")).collect::<Vec<_>>().join(", ");
         for (h, c, _) in destinations {
             let _ = write!(t, "[destinations.\"{h}\"]\nclearance = [{}]\n", list(c));
         }
@@ -135,27 +122,19 @@ impl World {
     }
 
     /// Starts `release` under `kind`.
-    pub fn start(
-        &self,
-        kind: RuntimeKind,
-        release: &Path,
-        policy: Policy,
-    ) -> Result<Runtime, ExecutorError> {
+    pub fn start(&self, kind: RuntimeKind, release: &Path, policy: Policy) -> Result<Runtime, ExecutorError> {
         Runtime::start(kind, release, policy, python(&self.dir.path().join("home")))
     }
 }
 
 /// The Python runtime (from `GERMLINE_PYTHON`, set by `scripts/test.sh`).
 pub fn python(home: &Path) -> PythonRuntime {
-    PythonRuntime::discover(home)
-        .expect("Python tool host (set GERMLINE_PYTHON to the venv's python)")
+    PythonRuntime::discover(home).expect("Python tool host (set GERMLINE_PYTHON to the venv's python)")
 }
 
 /// A call request.
 pub fn request(tool: &str, args: Value, items: &[&Path]) -> CallRequest {
-    let Value::Object(arguments) = args else {
-        panic!("arguments must be an object")
-    };
+    let Value::Object(arguments) = args else { panic!("arguments must be an object") };
     CallRequest {
         tool: tool.into(),
         arguments,
@@ -170,19 +149,11 @@ pub fn result_text(o: &CallOutcome) -> String {
         .as_ref()
         .and_then(|r| r.get("content"))
         .and_then(Value::as_array)
-        .map(|parts| {
-            parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
+        .map(|parts| parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"))
         .unwrap_or_default()
 }
 
 /// The label of a call's result as tag strings.
 pub fn label_tags(o: &CallOutcome) -> Option<Vec<String>> {
-    o.label
-        .as_ref()
-        .map(|l| l.tags().map(|t| t.as_str().to_owned()).collect())
+    o.label.as_ref().map(|l| l.tags().map(|t| t.as_str().to_owned()).collect())
 }

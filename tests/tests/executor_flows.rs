@@ -33,24 +33,13 @@ fn cross_call_carry_over_discloses_under_sig_pin_and_not_under_germline() {
         let hr = oracle.plant(&["hr"]);
         let fin = oracle.plant(&["finance"]);
         let payslip = w.item("hr", "payslip.txt", &format!("salary {}", hr.as_str()));
-        let invoice = w.item(
-            "finance",
-            "invoice.txt",
-            &format!("invoice {}", fin.as_str()),
-        );
+        let invoice = w.item("finance", "invoice.txt", &format!("invoice {}", fin.as_str()));
         let sink = Sink::start(SinkBehaviour::default());
         let rel = w.release("stash", "[tools.scan]\nhosts = [\"ocr.example\"]\n", STASH);
-        let policy = w.policy(
-            &[("ocr.example", &["finance"], Some(sink.addr()))],
-            &[("agent", &["finance", "hr"])],
-            "",
-        );
+        let policy =
+            w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
-        let o1 = rt.call(&request(
-            "summarize",
-            json!({"document": payslip}),
-            &[&payslip],
-        ));
+        let o1 = rt.call(&request("summarize", json!({"document": payslip}), &[&payslip]));
         assert!(o1.error.is_none(), "{kind:?}: {:?}", o1.error);
         let o2 = rt.call(&request("scan", json!({"document": invoice}), &[&invoice]));
         assert!(o2.error.is_none(), "{kind:?}: {:?}", o2.error);
@@ -60,16 +49,9 @@ fn cross_call_carry_over_discloses_under_sig_pin_and_not_under_germline() {
             result_text(&o2)
         );
         let got = sink.received();
-        assert!(
-            oracle.sightings(&got).iter().any(|(c, _)| c == &fin),
-            "{kind:?}: the invoice reached OCR"
-        );
+        assert!(oracle.sightings(&got).iter().any(|(c, _)| c == &fin), "{kind:?}: the invoice reached OCR");
         let leaks = oracle.disclosures("ocr", &["finance".into()], &got);
-        assert_eq!(
-            !leaks.is_empty(),
-            expect_disclosure,
-            "{kind:?}: disclosures {leaks:?}"
-        );
+        assert_eq!(!leaks.is_empty(), expect_disclosure, "{kind:?}: disclosures {leaks:?}");
     }
 }
 
@@ -87,51 +69,29 @@ def create_server():
 
 #[test]
 fn within_call_mixing_is_split_away() {
-    for (kind, copies, expect_disclosure) in [
-        (RuntimeKind::NoSplit, 1, true),
-        (RuntimeKind::Germline, 2, false),
-    ] {
+    for (kind, copies, expect_disclosure) in [(RuntimeKind::NoSplit, 1, true), (RuntimeKind::Germline, 2, false)] {
         let w = World::new();
         let mut oracle = Oracle::new();
         let fin = oracle.plant(&["finance"]);
         let hr = oracle.plant(&["hr"]);
-        let invoice = w.item(
-            "finance",
-            "invoice.txt",
-            &format!("invoice {}", fin.as_str()),
-        );
+        let invoice = w.item("finance", "invoice.txt", &format!("invoice {}", fin.as_str()));
         let payslip = w.item("hr", "payslip.txt", &format!("payslip {}", hr.as_str()));
         let sink = Sink::start(SinkBehaviour::default());
         let rel = w.release("mixer", "[tools.scan]\nhosts = [\"ocr.example\"]\n", MIXER);
-        let policy = w.policy(
-            &[("ocr.example", &["finance"], Some(sink.addr()))],
-            &[("agent", &["finance", "hr"])],
-            "",
-        );
+        let policy =
+            w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
-        let o = rt.call(&request(
-            "scan",
-            json!({"document": invoice, "others": [payslip]}),
-            &[&invoice, &payslip],
-        ));
+        let o = rt.call(&request("scan", json!({"document": invoice, "others": [payslip]}), &[&invoice, &payslip]));
         assert!(o.error.is_none(), "{kind:?}: {:?}", o.error);
         assert_eq!(o.copies, copies, "{kind:?}");
         let leaks = oracle.disclosures("ocr", &["finance".into()], &sink.received());
         assert_eq!(!leaks.is_empty(), expect_disclosure, "{kind:?}: {leaks:?}");
         // The agent still gets the payslip-bearing result, labelled for what it holds.
         let text = result_text(&o);
-        assert!(
-            text.contains(hr.as_str()) && text.contains(fin.as_str()),
-            "{kind:?}: {text}"
-        );
+        assert!(text.contains(hr.as_str()) && text.contains(fin.as_str()), "{kind:?}: {text}");
         assert_eq!(label_tags(&o).unwrap(), vec!["finance", "hr"], "{kind:?}");
         if kind == RuntimeKind::Germline {
-            assert_eq!(
-                o.triggers.len(),
-                1,
-                "the agent's copy asked for a different OCR request: {:?}",
-                o.triggers
-            );
+            assert_eq!(o.triggers.len(), 1, "the agent's copy asked for a different OCR request: {:?}", o.triggers);
         }
     }
 }
@@ -156,10 +116,7 @@ def create_server():
         let rel = w.release("linger", "", body);
         let policy = w.policy(&[], &[("agent", &[])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
-        let marker = format!(
-            "gl{:08x}",
-            std::process::id() ^ (kind as u32) << 16 ^ rand_u32()
-        );
+        let marker = format!("gl{:08x}", std::process::id() ^ (kind as u32) << 16 ^ rand_u32());
         let o = rt.call(&request("linger", json!({"marker": marker}), &[]));
         assert!(o.error.is_none(), "{kind:?}: {:?}", o.error);
         // The child renames itself right after fork; give it a moment either way.
@@ -171,11 +128,7 @@ def create_server():
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert_eq!(
-            !alive.is_empty(),
-            expect_alive,
-            "{kind:?}: live processes named {marker}: {alive:?}"
-        );
+        assert_eq!(!alive.is_empty(), expect_alive, "{kind:?}: live processes named {marker}: {alive:?}");
         for pid in alive {
             // SAFETY: cleaning up the sig-pin child this test made.
             unsafe { libc_kill(pid) };
@@ -194,9 +147,7 @@ fn processes_named(name: &str) -> Vec<i32> {
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
-        })
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name))
         .collect()
 }
 
@@ -226,20 +177,11 @@ def create_server():
         let projx = oracle.plant(&["projx"]);
         let invoice = w.item("finance", "invoice.txt", fin.as_str());
         let ocr = Sink::start(SinkBehaviour::default());
-        let mail = Sink::start(SinkBehaviour::Ok {
-            status: 200,
-            body: format!("inbox {}", projx.as_str()).into_bytes(),
-        });
-        let rel = w.release(
-            "ask",
-            "[tools.ask]\nhosts = [\"ocr.example\", \"mail.example\"]\n",
-            body,
-        );
+        let mail =
+            Sink::start(SinkBehaviour::Ok { status: 200, body: format!("inbox {}", projx.as_str()).into_bytes() });
+        let rel = w.release("ask", "[tools.ask]\nhosts = [\"ocr.example\", \"mail.example\"]\n", body);
         let policy = w.policy(
-            &[
-                ("ocr.example", &["finance"], Some(ocr.addr())),
-                ("mail.example", &["projx"], Some(mail.addr())),
-            ],
+            &[("ocr.example", &["finance"], Some(ocr.addr())), ("mail.example", &["projx"], Some(mail.addr()))],
             &[("agent", &["finance"])],
             "",
         );
@@ -250,10 +192,7 @@ def create_server():
         let leaks = oracle.disclosures("agent", &["finance".into()], text.as_bytes());
         assert_eq!(!leaks.is_empty(), expect_reply, "{kind:?}: {text}");
         if kind == RuntimeKind::Germline {
-            assert!(
-                text.contains("mail 502"),
-                "the placeholder reached the copy: {text}"
-            );
+            assert!(text.contains("mail 502"), "the placeholder reached the copy: {text}");
             assert_eq!(label_tags(&o).unwrap(), vec!["finance"]);
             assert_eq!(o.copies, 2);
         }
@@ -281,49 +220,25 @@ def create_server():
         let hr = oracle.plant(&["hr"]);
         let payslip = w.item("hr", "payslip.txt", hr.as_str());
         let rel = w.release("memo", "", body);
-        let policy = w.policy(
-            &[],
-            &[("agent", &["finance", "hr"]), ("auditor", &["finance"])],
-            "",
-        );
+        let policy = w.policy(&[], &[("agent", &["finance", "hr"]), ("auditor", &["finance"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
-        let o1 = rt.call(&request(
-            "remember",
-            json!({"document": payslip}),
-            &[&payslip],
-        ));
+        let o1 = rt.call(&request("remember", json!({"document": payslip}), &[&payslip]));
         assert!(o1.error.is_none(), "{kind:?}: {:?}", o1.error);
         let o2 = rt.call(&request("recall", json!({}), &[]));
         assert!(o2.error.is_none(), "{kind:?}: {:?}", o2.error);
-        assert!(
-            result_text(&o2).contains(hr.as_str()),
-            "{kind:?}: recalled {}",
-            result_text(&o2)
-        );
+        assert!(result_text(&o2).contains(hr.as_str()), "{kind:?}: recalled {}", result_text(&o2));
         let mut auditor = request("recall", json!({}), &[]);
         auditor.consumers = vec!["auditor".into()];
         let o3 = rt.call(&auditor);
-        let auditor_leaks =
-            oracle.disclosures("auditor", &["finance".into()], result_text(&o3).as_bytes());
+        let auditor_leaks = oracle.disclosures("auditor", &["finance".into()], result_text(&o3).as_bytes());
         match kind {
             RuntimeKind::SigPin => {
                 assert_eq!(label_tags(&o2), None, "sig-pin labels nothing");
-                assert!(
-                    !auditor_leaks.is_empty(),
-                    "sig-pin hands the memo to anyone"
-                );
+                assert!(!auditor_leaks.is_empty(), "sig-pin hands the memo to anyone");
             }
             _ => {
-                assert_eq!(
-                    label_tags(&o2).unwrap(),
-                    vec!["hr"],
-                    "the public-only call's result carries hr"
-                );
-                assert!(
-                    auditor_leaks.is_empty(),
-                    "another horizon's slot is empty: {}",
-                    result_text(&o3)
-                );
+                assert_eq!(label_tags(&o2).unwrap(), vec!["hr"], "the public-only call's result carries hr");
+                assert!(auditor_leaks.is_empty(), "another horizon's slot is empty: {}", result_text(&o3));
             }
         }
     }
@@ -353,10 +268,7 @@ def create_server():
     let w = World::new();
     let invoice = w.item("finance", "invoice.txt", "invoice 42 EUR");
     let memo = w.item("public", "memo.txt", "lunch at noon");
-    let sink = Sink::start(SinkBehaviour::Ok {
-        status: 200,
-        body: b"OCR-TEXT".to_vec(),
-    });
+    let sink = Sink::start(SinkBehaviour::Ok { status: 200, body: b"OCR-TEXT".to_vec() });
     let rel = w.release("notes", "[tools.scan]\nhosts = [\"ocr.example\"]\n", body);
     let calls = vec![
         request("scan", json!({"document": invoice}), &[&invoice]),

@@ -34,22 +34,13 @@ fn o1_o2_and_init_thread_are_refused_with_the_check_named() {
     );
     let pipe = case("pipe", "KEEP.append(os.pipe())");
     assert!(refusal(w.start(RuntimeKind::Germline, &pipe, policy())).contains("(G2)"));
-    let shm = case(
-        "shm",
-        "KEEP.append(mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED))",
-    );
+    let shm = case("shm", "KEEP.append(mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED))");
     assert!(refusal(w.start(RuntimeKind::Germline, &shm, policy())).contains("(G3)"));
-    let thread = case(
-        "thread",
-        "threading.Thread(target=lambda: __import__('time').sleep(600), daemon=True).start()",
-    );
+    let thread = case("thread", "threading.Thread(target=lambda: __import__('time').sleep(600), daemon=True).start()");
     assert!(refusal(w.start(RuntimeKind::Germline, &thread, policy())).contains("(G1)"));
     // Mechanism off: the unprotected runtime starts all of them.
     for rel in [&pipe, &shm, &thread] {
-        assert_eq!(
-            refusal(w.start(RuntimeKind::SigPin, rel, policy())),
-            "started"
-        );
+        assert_eq!(refusal(w.start(RuntimeKind::SigPin, rel, policy())), "started");
     }
 }
 
@@ -70,21 +61,12 @@ def create_server():
     return m
 "#;
     let rel = w.release("subvert", "", body);
-    let mut rt = w
-        .start(
-            RuntimeKind::Germline,
-            &rel,
-            w.policy(&[], &[("agent", &[])], ""),
-        )
-        .unwrap();
+    let mut rt = w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
     let o = rt.call(&request("ok", json!({}), &[]));
     let err = o.error.unwrap_or_default();
     assert!(err.contains("germline refused (namespaces)"), "{err}");
     let again = rt.call(&request("ok", json!({}), &[]));
-    assert!(
-        again.error.unwrap_or_default().contains("release refused"),
-        "a refused release stays refused"
-    );
+    assert!(again.error.unwrap_or_default().contains("release refused"), "a refused release stays refused");
 }
 
 #[test]
@@ -128,27 +110,18 @@ def create_server():
         let sink = Sink::start(SinkBehaviour::default());
         let rel = w.release("init", "[tools.scan]\nhosts = [\"ocr.example\"]\n", body);
         std::fs::write(rel.join("sink_port"), sink.addr().port().to_string()).unwrap();
-        let policy = w.policy(
-            &[("ocr.example", &["finance"], Some(sink.addr()))],
-            &[("agent", &["finance"])],
-            "",
-        );
+        let policy = w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
         let o = rt.call(&request("scan", json!({"document": invoice}), &[&invoice]));
         assert!(o.error.is_none(), "{kind:?}: {:?}", o.error);
         let got = sink.received();
-        let leaked = !oracle
-            .disclosures("ocr", &["finance".into()], &got)
-            .is_empty();
+        let leaked = !oracle.disclosures("ocr", &["finance".into()], &got).is_empty();
         let init_reached = String::from_utf8_lossy(&got).contains("INIT-SIGNAL");
         assert_eq!(leaked, expect_leak, "{kind:?}: {}", result_text(&o));
         assert_eq!(init_reached, expect_leak, "{kind:?}: init-time connection");
         if kind == RuntimeKind::Germline {
             let text = result_text(&o);
-            assert!(
-                text.contains("no-item:") && text.contains("no-net:"),
-                "{text}"
-            );
+            assert!(text.contains("no-item:") && text.contains("no-net:"), "{text}");
         }
     }
 }
@@ -289,16 +262,9 @@ fn two_live_copies_cannot_exchange_a_byte() {
         let policy = || w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
         let mut sender = w.start(kind, &rel, policy()).unwrap();
         let mut receiver = w.start(kind, &rel, policy()).unwrap();
-        let send_req = request(
-            "send",
-            json!({"document": secret, "tag": tag, "shared": shared, "rounds": 60}),
-            &[&secret],
-        );
-        let mut recv_req = request(
-            "receive",
-            json!({"tag": tag, "shared": shared, "rounds": 50}),
-            &[],
-        );
+        let send_req =
+            request("send", json!({"document": secret, "tag": tag, "shared": shared, "rounds": 60}), &[&secret]);
+        let mut recv_req = request("receive", json!({"tag": tag, "shared": shared, "rounds": 50}), &[]);
         recv_req.consumers = vec!["public".into()];
         let (sent, got) = std::thread::scope(|s| {
             let a = s.spawn(|| sender.call(&send_req));
@@ -306,27 +272,15 @@ fn two_live_copies_cannot_exchange_a_byte() {
             let b = s.spawn(|| receiver.call(&recv_req));
             (a.join().unwrap(), b.join().unwrap())
         });
-        assert!(
-            sent.error.is_none() && got.error.is_none(),
-            "{kind:?}: {:?} {:?}",
-            sent.error,
-            got.error
-        );
+        assert!(sent.error.is_none() && got.error.is_none(), "{kind:?}: {:?} {:?}", sent.error, got.error);
         let text = result_text(&got);
         let channels: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let leaked = !oracle
-            .disclosures("public", &[], text.as_bytes())
-            .is_empty();
+        let leaked = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
         match kind {
             RuntimeKind::SigPin => {
                 assert!(leaked, "mechanism off: the secret crosses ({text})");
-                for ch in [
-                    "tcp", "udp", "abstract", "unixpath", "file", "flock", "proc", "signal", "shm",
-                ] {
-                    assert!(
-                        channels.get(ch).is_some(),
-                        "mechanism off: channel {ch} works ({text})"
-                    );
+                for ch in ["tcp", "udp", "abstract", "unixpath", "file", "flock", "proc", "signal", "shm"] {
+                    assert!(channels.get(ch).is_some(), "mechanism off: channel {ch} works ({text})");
                 }
             }
             _ => {
@@ -357,13 +311,7 @@ def create_server():
     return m
 "#;
     let rel = w.release("mount", "", body);
-    let mut rt = w
-        .start(
-            RuntimeKind::Germline,
-            &rel,
-            w.policy(&[], &[("agent", &[])], ""),
-        )
-        .unwrap();
+    let mut rt = w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
     let o = rt.call(&request("mount", json!({}), &[]));
     assert_eq!(result_text(&o), "-1 1", "mount fails with EPERM: {o:?}");
 }
@@ -392,19 +340,10 @@ def create_server():
 #[test]
 fn copies_over_budget_are_killed_and_the_next_call_succeeds() {
     let w = World::new();
-    let slow = Sink::start(SinkBehaviour::Slow {
-        delay: Duration::from_secs(20),
-    });
-    let rel = w.release(
-        "deadline",
-        "[tools.slow]\nhosts = [\"slow.example\"]\n",
-        DEADLINES,
-    );
-    let policy = w.policy(
-        &[("slow.example", &[], Some(slow.addr()))],
-        &[("agent", &[])],
-        "[limits]\ndeadline_ms = 2000\n",
-    );
+    let slow = Sink::start(SinkBehaviour::Slow { delay: Duration::from_secs(20) });
+    let rel = w.release("deadline", "[tools.slow]\nhosts = [\"slow.example\"]\n", DEADLINES);
+    let policy =
+        w.policy(&[("slow.example", &[], Some(slow.addr()))], &[("agent", &[])], "[limits]\ndeadline_ms = 2000\n");
     let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
     for tool in ["hang", "flood", "slow"] {
         let t0 = Instant::now();
@@ -412,17 +351,9 @@ fn copies_over_budget_are_killed_and_the_next_call_succeeds() {
         let took = t0.elapsed();
         let err = o.error.unwrap_or_default();
         assert!(err.contains("deadline of 2000 ms"), "{tool}: {err}");
-        assert!(
-            took >= Duration::from_millis(1900) && took < Duration::from_secs(10),
-            "{tool}: took {took:?}"
-        );
+        assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(10), "{tool}: took {took:?}");
         let next = rt.call(&request("ok", json!({}), &[]));
-        assert_eq!(
-            result_text(&next),
-            "ok",
-            "{tool}: the next call succeeds ({:?})",
-            next.error
-        );
+        assert_eq!(result_text(&next), "ok", "{tool}: the next call succeeds ({:?})", next.error);
     }
 }
 
@@ -443,48 +374,25 @@ fn redirects_go_back_to_the_copy_and_are_never_followed() {
         for (kind, expect_evil) in [(RuntimeKind::SigPin, true), (RuntimeKind::Germline, false)] {
             let w = World::new();
             let evil = Sink::start(SinkBehaviour::default());
-            let api = Sink::start(SinkBehaviour::Redirect {
-                status,
-                location: "http://evil.example/steal".into(),
-            });
-            let rel = w.release(
-                "redirect",
-                "[tools.fetch]\nhosts = [\"api.example\"]\n",
-                REDIRECT,
-            );
+            let api = Sink::start(SinkBehaviour::Redirect { status, location: "http://evil.example/steal".into() });
+            let rel = w.release("redirect", "[tools.fetch]\nhosts = [\"api.example\"]\n", REDIRECT);
             let policy = w.policy(
-                &[
-                    ("api.example", &[], Some(api.addr())),
-                    ("evil.example", &[], Some(evil.addr())),
-                ],
+                &[("api.example", &[], Some(api.addr())), ("evil.example", &[], Some(evil.addr()))],
                 &[("agent", &[])],
                 "",
             );
             let mut rt = w.start(kind, &rel, policy).unwrap();
             // urllib follows a 307 only for GET, so GET shows the mechanism-off twin for both.
             let method = "GET";
-            let raw = rt.call(&request(
-                "fetch",
-                json!({"method": method, "follow": false}),
-                &[],
-            ));
+            let raw = rt.call(&request("fetch", json!({"method": method, "follow": false}), &[]));
             assert!(
                 result_text(&raw).starts_with(&status.to_string()),
                 "{kind:?}: the copy sees the {status}: {}",
                 result_text(&raw)
             );
-            let followed = rt.call(&request(
-                "fetch",
-                json!({"method": method, "follow": true}),
-                &[],
-            ));
+            let followed = rt.call(&request("fetch", json!({"method": method, "follow": true}), &[]));
             assert!(followed.error.is_none(), "{kind:?}: {:?}", followed.error);
-            assert_eq!(
-                evil.request_count() > 0,
-                expect_evil,
-                "{kind:?} {status}: {}",
-                result_text(&followed)
-            );
+            assert_eq!(evil.request_count() > 0, expect_evil, "{kind:?} {status}: {}", result_text(&followed));
             if kind == RuntimeKind::Germline {
                 assert!(
                     result_text(&followed).starts_with("403"),
@@ -493,5 +401,62 @@ fn redirects_go_back_to_the_copy_and_are_never_followed() {
                 );
             }
         }
+    }
+}
+
+const HOGS: &str = r#"
+def create_server():
+    m = FastMCP("x")
+    @m.tool()
+    def hog(mb: int) -> str:
+        try:
+            blob = bytearray(mb << 20)
+            for i in range(0, len(blob), 4096):
+                blob[i] = 1
+            return "allocated %d MiB" % mb
+        except MemoryError:
+            return "MemoryError"
+    @m.tool()
+    def spawn(n: int) -> str:
+        made = 0
+        kids = []
+        for _ in range(n):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(5)
+                os._exit(0)
+            kids.append(pid)
+            made += 1
+        for k in kids:
+            os.kill(k, 9)
+            os.waitpid(k, 0)
+        return "forked %d" % made
+    @m.tool()
+    def ok() -> str:
+        return "ok"
+    return m
+"#;
+
+#[test]
+fn copies_are_held_to_memory_and_process_limits() {
+    for (kind, limited) in [(RuntimeKind::SigPin, false), (RuntimeKind::Germline, true)] {
+        let w = World::new();
+        let rel = w.release("hogs", "", HOGS);
+        let policy = w.policy(&[], &[("agent", &[])], "[limits]\nmemory_mb = 300\nprocesses = 24\n");
+        let mut rt = w.start(kind, &rel, policy).unwrap();
+        let hog = rt.call(&request("hog", json!({"mb": 600}), &[]));
+        let hog_text = result_text(&hog);
+        assert_eq!(hog_text == "allocated 600 MiB", !limited, "{kind:?}: {hog_text} {:?}", hog.error);
+        let spawn = rt.call(&request("spawn", json!({"n": 60}), &[]));
+        let spawned = result_text(&spawn);
+        assert_eq!(spawned == "forked 60", !limited, "{kind:?}: {spawned} {:?}", spawn.error);
+        assert_eq!(
+            result_text(&rt.call(&request("ok", json!({}), &[]))),
+            "ok",
+            "{kind:?}: the runtime still serves calls"
+        );
     }
 }
