@@ -1,5 +1,7 @@
 //! The `germline` binary: CLI, HTTP API and MCP front.
 
+mod bench;
+mod demo;
 mod exec_cmd;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,11 @@ enum Command {
     Call(exec_cmd::CallArgs),
     /// Run a scripted session (JSON lines) on one germline; one JSON object per call.
     Session(exec_cmd::SessionArgs),
+    /// The main job on embedded defaults: one leaky release under sig-pin, nosplit and
+    /// germline, against a loopback OCR service; reports what leaked.
+    Demo(demo::DemoArgs),
+    /// Measure per-call latency: germline with 1, 2 and 3 copies, sig-pin, fresh process.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,6 +39,11 @@ fn main() -> anyhow::Result<()> {
     let code = match cli.command {
         Command::Call(a) => exec_cmd::call(a)?,
         Command::Session(a) => exec_cmd::session(a)?,
+        Command::Demo(a) => demo::run(&a)?,
+        Command::Bench(a) => {
+            bench::run(&a)?;
+            0
+        }
     };
     std::process::exit(code);
 }

@@ -280,8 +280,12 @@ def _read_line(sock, limit=64 << 20):
 
 
 def _run_copy(server):
+    t0 = _real["perf_counter"]()
     chan = _connect_channel(CHANNEL_PORT)
+    t1 = _real["perf_counter"]()
     preamble = json.loads(_read_line(chan))
+    if preamble.get("trace"):
+        print("copy: connected after %.2f ms, preamble after %.2f ms" % ((t1 - t0) * 1e3, (_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
     _activate_twin(preamble["twin"])
     import germline_slot
 

@@ -173,8 +173,12 @@ fn talk(
     line.push(b'\n');
     writer.write_all(&line).map_err(ExecutorError::io("sending the preamble"))?;
     let mut client = McpClient::new(BufReader::new(conn), writer, max);
+    let t0 = Instant::now();
     client.initialize()?;
-    match client.request("tools/call", json!({"name": tool, "arguments": arguments}))? {
+    let t_init = t0.elapsed();
+    let reply = client.request("tools/call", json!({"name": tool, "arguments": arguments}))?;
+    tracing::debug!(?t_init, t_call = ?t0.elapsed(), "copy MCP timings");
+    match reply {
         Ok(result) => Ok(result),
         Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
     }

@@ -343,7 +343,9 @@ impl GermlineRuntime {
                 self.germline.as_mut().ok_or_else(|| ExecutorError::internal("germline"))?
             }
         };
+        let t0 = Instant::now();
         let copy = germline.fork_copy()?;
+        let t_fork = t0.elapsed();
         let files: Vec<CopyFile> = prepared
             .files
             .iter()
@@ -353,9 +355,11 @@ impl GermlineRuntime {
             })
             .collect();
         let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files)?;
+        let t_setup = t0.elapsed();
         let arguments = prepared.arguments_for(&group.view);
         let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
-        let preamble = json!({"twin": twin, "slot": slot_values});
+        let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
+        let preamble = json!({"twin": twin, "slot": slot_values, "trace": trace});
         let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
         let job = CopyJob {
             group_index: gi,
@@ -370,8 +374,10 @@ impl GermlineRuntime {
             killer: copy.killer()?,
         };
         let r = serve_copy(job, shared);
+        let t_served = t0.elapsed();
         copy.kill()?;
         drop(copy);
+        tracing::debug!(group = gi, ?t_fork, ?t_setup, ?t_served, total = ?t0.elapsed(), "copy timings");
         {
             let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             sh.records.finish_copy(gi);

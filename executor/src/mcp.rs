@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(r["ok"], true);
         let sent = String::from_utf8(sent).unwrap();
         assert!(sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"), "{sent}");
-        let long = vec![b'x'; 100];
+        let long = [b'x'; 100];
         assert!(read_line_bounded(&mut &long[..], 10).is_err());
     }
 }

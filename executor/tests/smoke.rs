@@ -35,9 +35,12 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);
     let copy = g.fork_copy().unwrap();
-    let l =
-        prepare_copy(copy.pid, &[data.clone()], &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec() }])
-            .unwrap();
+    let l = prepare_copy(
+        copy.pid,
+        std::slice::from_ref(&data),
+        &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec() }],
+    )
+    .unwrap();
     let (chan, _) = l.channel.accept().unwrap();
     chan.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut w = chan.try_clone().unwrap();

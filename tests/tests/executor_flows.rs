@@ -270,7 +270,7 @@ def create_server():
     let memo = w.item("public", "memo.txt", "lunch at noon");
     let sink = Sink::start(SinkBehaviour::Ok { status: 200, body: b"OCR-TEXT".to_vec() });
     let rel = w.release("notes", "[tools.scan]\nhosts = [\"ocr.example\"]\n", body);
-    let calls = vec![
+    let calls = [
         request("scan", json!({"document": invoice}), &[&invoice]),
         request("add", json!({"a": 2, "b": 40}), &[]),
         request("count", json!({}), &[]),
