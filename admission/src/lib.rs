@@ -1,3 +1,17 @@
 //! Admission: verifies signed releases (TUF metadata, Sigstore/cosign) against pinned
 //! trust, checks hash and length before unpacking into the content-addressed release
 //! store, and hands the result to the executor to start and check its germline.
+//!
+//! The publisher side lives here too (canonical archive builder, TUF repository
+//! writer), so a release signed with germline's own tooling and one signed with the
+//! field's tools (python-tuf, cosign) go through the same host verification.
+
+pub mod archive;
+mod error;
+pub mod manifest;
+
+pub use archive::{
+    build_release_archive, extract_release, ArchiveLimits, BuildOptions, BuiltRelease,
+};
+pub use error::{AdmissionError, Result};
+pub use manifest::ReleaseInfo;
