@@ -596,6 +596,15 @@ fn plan(archive_path: &Path, limits: &ArchiveLimits) -> Result<(Vec<Planned>, Op
     Ok((planned, manifest))
 }
 
+/// Reads and validates `germline.toml` from an archive without extracting it,
+/// applying the same entry rules as extraction.
+pub fn read_archive_manifest(archive: &Path, limits: &ArchiveLimits) -> Result<ReleaseInfo> {
+    let (_, manifest) = plan(archive, limits)?;
+    let manifest = manifest
+        .ok_or_else(|| AdmissionError::BadManifest(format!("archive has no {MANIFEST_FILE}")))?;
+    ReleaseInfo::from_manifest(&manifest)
+}
+
 /// Extracts a (hash-verified) release archive into `dest`, which must not exist.
 ///
 /// The archive is read twice: the first pass checks every entry against the rules

@@ -15,3 +15,11 @@ pub use archive::{
 };
 pub use error::{AdmissionError, Result};
 pub use manifest::ReleaseInfo;
+pub mod host;
+pub mod publish;
+pub mod transport;
+
+pub use host::{
+    AdmittedRelease, GermlineCheck, NoGermlineCheckPlaceholder, ReleaseStore, TufAdmission,
+};
+pub use publish::{InitOptions, PublisherRepo, TufKey};
