@@ -23,3 +23,9 @@ pub use host::{
     AdmittedRelease, GermlineCheck, NoGermlineCheckPlaceholder, ReleaseStore, TufAdmission,
 };
 pub use publish::{InitOptions, PublisherRepo, TufKey};
+pub mod conformance;
+pub mod sigstore;
+
+/// The clock type admission judges expiry with, re-exported so callers need not
+/// depend on `jiff` themselves.
+pub use jiff::Timestamp;
