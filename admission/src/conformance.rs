@@ -128,7 +128,14 @@ pub fn tuf_client_download(
         if fs::read(&out).is_ok_and(|b| matches_signed(&b, &info)) {
             continue;
         }
-        let bytes = pollster::block_on(u.download_target(&info, name)).map_err(tuf_error)?;
+        let bytes = pollster::block_on(u.download_target(&info, name)).map_err(|e| match e {
+            sigstore_tuf::Error::IntegrityMismatch(why) => AdmissionError::TargetHashMismatch {
+                target: name.clone(),
+                expected: info.hashes.values().next().cloned().unwrap_or_default(),
+                actual: why,
+            },
+            other => tuf_error(other),
+        })?;
         if let Some(parent) = out.parent() {
             fs::create_dir_all(parent)
                 .map_err(|e| AdmissionError::io(format!("creating {}", parent.display()), e))?;
