@@ -19,6 +19,7 @@ use sigstore_tuf::{FileStore, TargetFile, Updater, UpdaterConfig};
 use crate::archive::{extract_release, hash_file, ArchiveLimits};
 use crate::error::{AdmissionError, Result};
 use crate::manifest::ReleaseInfo;
+use crate::sigstore::{verify_bundle_file, SignedArtifact, SignerPolicy};
 use crate::transport::{RepoSource, TooLong};
 
 /// The executor's germline check (G1 one thread, G2 no stray descriptors, G3 no
@@ -286,6 +287,39 @@ impl ReleaseStore {
             .map_err(|e| AdmissionError::io(format!("writing {}", incoming.display()), e))?;
         let result =
             self.admit_verified_archive(&incoming, &hash, signed.as_ref(), &req.limits, check);
+        let _ = fs::remove_file(&incoming);
+        result
+    }
+
+    /// Admits a local archive whose publisher is proven by a Sigstore bundle or a
+    /// cosign key signature (`bundle`), under `policy`. The archive is copied into
+    /// the store first and every check runs on that copy, so the file cannot change
+    /// between verification and extraction.
+    pub fn admit_sigstore(
+        &self,
+        archive: &Path,
+        bundle: &Path,
+        policy: &SignerPolicy,
+        trusted_root: Option<&Path>,
+        limits: &ArchiveLimits,
+        check: &dyn GermlineCheck,
+    ) -> Result<AdmittedRelease> {
+        let incoming = self
+            .root
+            .join("incoming")
+            .join(format!("sigstore.{}.tar.gz", std::process::id()));
+        fs::copy(archive, &incoming)
+            .map_err(|e| AdmissionError::io(format!("copying {}", archive.display()), e))?;
+        let result = (|| {
+            let (hash, _) = hash_file(&incoming)?;
+            verify_bundle_file(
+                bundle,
+                &SignedArtifact::Sha256(hash.0),
+                policy,
+                trusted_root,
+            )?;
+            self.admit_verified_archive(&incoming, &hash, None, limits, check)
+        })();
         let _ = fs::remove_file(&incoming);
         result
     }

@@ -9,8 +9,8 @@ use clap::{Args, Subcommand};
 use germline_admission::conformance::{tuf_client_download, tuf_client_init, tuf_client_refresh};
 use germline_admission::sigstore::{verify_bundle_file, SignedArtifact, SignerPolicy};
 use germline_admission::{
-    build_release_archive, BuildOptions, GermlineCheck, InitOptions, NoGermlineCheckPlaceholder,
-    PublisherRepo, ReleaseStore, Timestamp, TufAdmission,
+    build_release_archive, ArchiveLimits, BuildOptions, GermlineCheck, InitOptions,
+    NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, Timestamp, TufAdmission,
 };
 
 /// Admission commands, flattened into the top-level CLI.
@@ -24,6 +24,9 @@ pub enum AdmissionCommand {
     Repo(RepoCommand),
     /// Verify a release through TUF from a pinned root and admit it into the store.
     Admit(AdmitArgs),
+    /// Verify a local release archive with a Sigstore bundle or cosign key signature
+    /// and admit it into the store.
+    AdmitBundle(AdmitBundleArgs),
     /// TUF client with the tuf-conformance command shape.
     TufClient(TufClientArgs),
     /// Sigstore verification with the sigstore-conformance command shape.
@@ -122,6 +125,45 @@ pub struct AdmitArgs {
     /// Release store directory.
     #[arg(long, default_value = "germline-store")]
     store: PathBuf,
+}
+
+/// `germline admit-bundle ...`
+#[derive(Args)]
+pub struct AdmitBundleArgs {
+    /// Release archive.
+    archive: PathBuf,
+    /// Sigstore bundle JSON, or a base64 cosign signature with --key.
+    #[arg(long)]
+    bundle: PathBuf,
+    /// Expected certificate identity (SAN).
+    #[arg(long, requires = "certificate_oidc_issuer", conflicts_with = "key")]
+    certificate_identity: Option<String>,
+    /// Expected OIDC issuer.
+    #[arg(long, requires = "certificate_identity")]
+    certificate_oidc_issuer: Option<String>,
+    /// Pinned public key (PEM).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Trusted root JSON (default: the embedded Sigstore public-good root).
+    #[arg(long)]
+    trusted_root: Option<PathBuf>,
+    /// Release store directory.
+    #[arg(long, default_value = "germline-store")]
+    store: PathBuf,
+}
+
+fn signer_policy(
+    key: Option<PathBuf>,
+    identity: Option<String>,
+    issuer: Option<String>,
+) -> Result<SignerPolicy> {
+    Ok(match (key, identity, issuer) {
+        (Some(k), None, None) => SignerPolicy::Key(
+            std::fs::read_to_string(&k).with_context(|| format!("reading {}", k.display()))?,
+        ),
+        (None, Some(identity), Some(issuer)) => SignerPolicy::Identity { identity, issuer },
+        _ => bail!("give either --key, or --certificate-identity with --certificate-oidc-issuer"),
+    })
 }
 
 /// `germline tuf-client ...`
@@ -257,6 +299,22 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
                 admitted.dir.display()
             );
         }
+        AdmissionCommand::AdmitBundle(a) => {
+            let policy = signer_policy(a.key, a.certificate_identity, a.certificate_oidc_issuer)?;
+            let store = ReleaseStore::open(&a.store)?;
+            let admitted = store.admit_sigstore(
+                &a.archive,
+                &a.bundle,
+                &policy,
+                a.trusted_root.as_deref(),
+                &ArchiveLimits::default(),
+                germline_check().as_ref(),
+            )?;
+            println!(
+                "admitted {}@{} {}",
+                admitted.info.name, admitted.info.version, admitted.hash
+            );
+        }
         AdmissionCommand::TufClient(t) => match t.action {
             TufClientAction::Init { root } => tuf_client_init(&t.metadata_dir, &root)?,
             TufClientAction::Refresh => {
@@ -281,16 +339,7 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
             trusted_root,
             artifact,
         }) => {
-            let policy = match (key, certificate_identity, certificate_oidc_issuer) {
-                (Some(k), None, None) => SignerPolicy::Key(
-                    std::fs::read_to_string(&k)
-                        .with_context(|| format!("reading {}", k.display()))?,
-                ),
-                (None, Some(identity), Some(issuer)) => SignerPolicy::Identity { identity, issuer },
-                _ => bail!(
-                    "give either --key, or --certificate-identity with --certificate-oidc-issuer"
-                ),
-            };
+            let policy = signer_policy(key, certificate_identity, certificate_oidc_issuer)?;
             let artifact = SignedArtifact::from_arg(&artifact)?;
             verify_bundle_file(&bundle, &artifact, &policy, trusted_root.as_deref())?;
             println!("OK");
