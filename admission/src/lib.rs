@@ -6,6 +6,8 @@
 //! writer), so a release signed with germline's own tooling and one signed with the
 //! field's tools (python-tuf, cosign) go through the same host verification.
 
+#![deny(missing_docs)]
+
 pub mod archive;
 mod error;
 pub mod manifest;
