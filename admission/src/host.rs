@@ -19,7 +19,7 @@ use sigstore_tuf::{FileStore, TargetFile, Updater, UpdaterConfig};
 use crate::archive::{extract_release, hash_file, ArchiveLimits};
 use crate::error::{AdmissionError, Result};
 use crate::manifest::ReleaseInfo;
-use crate::sigstore::{verify_bundle_file, SignedArtifact, SignerPolicy};
+use crate::sigstore::{verify_bundle_file, SignedArtifact, SignerPolicy, TrustedRootChoice};
 use crate::transport::{RepoSource, TooLong};
 
 /// The executor's germline check (G1 one thread, G2 no stray descriptors, G3 no
@@ -300,7 +300,7 @@ impl ReleaseStore {
         archive: &Path,
         bundle: &Path,
         policy: &SignerPolicy,
-        trusted_root: Option<&Path>,
+        trusted_root: &TrustedRootChoice,
         limits: &ArchiveLimits,
         check: &dyn GermlineCheck,
     ) -> Result<AdmittedRelease> {

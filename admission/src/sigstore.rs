@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use sigstore_verify::trust_root::{TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT};
+use sigstore_verify::trust_root::{
+    TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT, SIGSTORE_STAGING_TRUSTED_ROOT,
+};
 use sigstore_verify::types::{Bundle, DerPublicKey, Sha256Hash, SignatureBytes};
 use sigstore_verify::{PublicKeyVerificationPolicy, VerificationPolicy, Verifier};
 
@@ -36,13 +38,17 @@ pub enum SignedArtifact {
 }
 
 impl SignedArtifact {
-    /// Parses `sha256:HEX`, or reads the named file.
+    /// Parses `sha256:HEX` (64 hex digits, and not an existing path), otherwise
+    /// reads the named file, as the sigstore-conformance CLI protocol specifies.
     pub fn from_arg(arg: &str) -> Result<Self> {
         if let Some(hexd) = arg.strip_prefix("sha256:") {
             let mut d = [0u8; 32];
-            hex::decode_to_slice(hexd, &mut d)
-                .map_err(|_| AdmissionError::Sigstore(format!("bad digest {arg:?}")))?;
-            return Ok(Self::Sha256(d));
+            if hexd.len() == 64
+                && hex::decode_to_slice(hexd, &mut d).is_ok()
+                && !Path::new(arg).exists()
+            {
+                return Ok(Self::Sha256(d));
+            }
         }
         std::fs::read(arg)
             .map(Self::Bytes)
@@ -50,8 +56,17 @@ impl SignedArtifact {
     }
 }
 
-/// A trusted root with no authorities: enough for a pinned key without a log.
-const EMPTY_TRUSTED_ROOT: &str = r#"{"mediaType":"application/vnd.dev.sigstore.trustedroot+json;version=0.1","tlogs":[],"certificateAuthorities":[],"ctlogs":[],"timestampAuthorities":[]}"#;
+/// Which trusted root a bundle is checked against.
+#[derive(Debug, Clone, Default)]
+pub enum TrustedRootChoice {
+    /// The Sigstore public-good root embedded in `sigstore-verify`.
+    #[default]
+    Default,
+    /// The Sigstore staging root embedded in `sigstore-verify`.
+    Staging,
+    /// A trusted-root JSON file (offline, private or test deployments).
+    File(std::path::PathBuf),
+}
 
 fn verify_error(e: sigstore_verify::Error) -> AdmissionError {
     use sigstore_verify::Error as E;
@@ -80,11 +95,11 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// Verifies a Sigstore bundle for `artifact`.
 ///
 /// With [`SignerPolicy::Identity`] the certificate chain, SCT, transparency-log
-/// proofs and identity are all checked against `trusted_root` (default: the
-/// Sigstore public-good root embedded in `sigstore-verify`). With
-/// [`SignerPolicy::Key`] the signature is checked with the pinned key; the
-/// transparency-log entries are verified when a trusted root is given and skipped
-/// otherwise (the pinned key is then the whole trust).
+/// proofs and identity are all checked; with [`SignerPolicy::Key`] the signature is
+/// checked with the pinned key and the log entries and timestamps are still
+/// verified. Both against `trusted_root_json`, by default the Sigstore public-good
+/// root embedded in `sigstore-verify` (no network). A key signature without any
+/// log entry is a bare cosign signature: see [`verify_cosign_signature`].
 pub fn verify_bundle(
     bundle_json: &str,
     artifact: &SignedArtifact,
@@ -93,11 +108,7 @@ pub fn verify_bundle(
 ) -> Result<()> {
     let bundle = Bundle::from_json(bundle_json)
         .map_err(|e| AdmissionError::Sigstore(format!("bad bundle: {}", chain(&e))))?;
-    let root_json = match (policy, trusted_root_json) {
-        (_, Some(json)) => json,
-        (SignerPolicy::Identity { .. }, None) => SIGSTORE_PRODUCTION_TRUSTED_ROOT,
-        (SignerPolicy::Key(_), None) => EMPTY_TRUSTED_ROOT,
-    };
+    let root_json = trusted_root_json.unwrap_or(SIGSTORE_PRODUCTION_TRUSTED_ROOT);
     let root = TrustedRoot::from_json(root_json)
         .map_err(|e| AdmissionError::Sigstore(format!("bad trusted root: {}", chain(&e))))?;
     let verifier = Verifier::new(&root).map_err(verify_error)?;
@@ -112,10 +123,7 @@ pub fn verify_bundle(
         (SignerPolicy::Key(pem), art) => {
             let key = DerPublicKey::from_pem(pem)
                 .map_err(|e| AdmissionError::Sigstore(format!("bad public key: {e}")))?;
-            let mut p = PublicKeyVerificationPolicy::new(key);
-            if trusted_root_json.is_none() {
-                p = p.skip_tlog_unsafe();
-            }
+            let p = PublicKeyVerificationPolicy::new(key);
             match art {
                 SignedArtifact::Bytes(b) => verifier.verify(b.as_slice(), &bundle, &p),
                 SignedArtifact::Sha256(d) => verifier.verify(Sha256Hash::new(*d), &bundle, &p),
@@ -154,16 +162,17 @@ pub fn verify_bundle_file(
     bundle: &Path,
     artifact: &SignedArtifact,
     policy: &SignerPolicy,
-    trusted_root: Option<&Path>,
+    trusted_root: &TrustedRootChoice,
 ) -> Result<()> {
     let text = std::fs::read_to_string(bundle)
         .map_err(|e| AdmissionError::io(format!("reading {}", bundle.display()), e))?;
     let root = match trusted_root {
-        Some(p) => Some(
+        TrustedRootChoice::Default => None,
+        TrustedRootChoice::Staging => Some(SIGSTORE_STAGING_TRUSTED_ROOT.to_owned()),
+        TrustedRootChoice::File(p) => Some(
             std::fs::read_to_string(p)
                 .map_err(|e| AdmissionError::io(format!("reading {}", p.display()), e))?,
         ),
-        None => None,
     };
     match policy {
         SignerPolicy::Key(pem) if !text.trim_start().starts_with('{') => {

@@ -3,7 +3,7 @@
 mod common;
 
 use base64::Engine;
-use germline_admission::sigstore::SignerPolicy;
+use germline_admission::sigstore::{SignerPolicy, TrustedRootChoice};
 use germline_admission::{AdmissionError, ArchiveLimits, NoGermlineCheckPlaceholder, ReleaseStore};
 use sigstore_verify::crypto::KeyPair;
 

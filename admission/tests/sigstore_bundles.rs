@@ -214,8 +214,10 @@ fn key_based_bundle_with_log_entry_verifies() {
         Some(&log.trusted_root()),
     )
     .expect("by digest");
-    // Without a trusted root the pinned key alone is checked.
-    verify_bundle(&bundle, &bytes(ARTIFACT), &policy, None).expect("key only");
+    // Without a trusted root the public-good root applies, which does not know
+    // the test log: the log entry is still checked, so this is refused.
+    let err = verify_bundle(&bundle, &bytes(ARTIFACT), &policy, None).expect_err("unknown log");
+    assert!(matches!(err, AdmissionError::TransparencyLog(_)), "{err}");
 }
 
 #[test]

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use germline_admission::conformance::{tuf_client_download, tuf_client_init, tuf_client_refresh};
-use germline_admission::sigstore::{verify_bundle_file, SignedArtifact, SignerPolicy};
+use germline_admission::sigstore::{
+    verify_bundle_file, SignedArtifact, SignerPolicy, TrustedRootChoice,
+};
 use germline_admission::{
     build_release_archive, ArchiveLimits, BuildOptions, GermlineCheck, InitOptions,
     NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, Timestamp, TufAdmission,
@@ -207,6 +209,9 @@ pub enum TufClientAction {
 pub enum SigstoreCommand {
     /// Verify a bundle (or a cosign key signature) for a file or sha256:DIGEST.
     VerifyBundle {
+        /// Use the Sigstore staging instance's trusted root.
+        #[arg(long)]
+        staging: bool,
         /// Sigstore bundle JSON, or a base64 cosign signature with --key.
         #[arg(long)]
         bundle: PathBuf,
@@ -306,7 +311,9 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
                 &a.archive,
                 &a.bundle,
                 &policy,
-                a.trusted_root.as_deref(),
+                &a.trusted_root
+                    .map(TrustedRootChoice::File)
+                    .unwrap_or_default(),
                 &ArchiveLimits::default(),
                 germline_check().as_ref(),
             )?;
@@ -332,6 +339,7 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
             }
         },
         AdmissionCommand::Sigstore(SigstoreCommand::VerifyBundle {
+            staging,
             bundle,
             certificate_identity,
             certificate_oidc_issuer,
@@ -341,7 +349,12 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
         }) => {
             let policy = signer_policy(key, certificate_identity, certificate_oidc_issuer)?;
             let artifact = SignedArtifact::from_arg(&artifact)?;
-            verify_bundle_file(&bundle, &artifact, &policy, trusted_root.as_deref())?;
+            let root = match (trusted_root, staging) {
+                (Some(p), _) => TrustedRootChoice::File(p),
+                (None, true) => TrustedRootChoice::Staging,
+                (None, false) => TrustedRootChoice::Default,
+            };
+            verify_bundle_file(&bundle, &artifact, &policy, &root)?;
             println!("OK");
         }
     }
