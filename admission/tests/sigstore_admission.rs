@@ -30,7 +30,7 @@ fn cosign_signed_release_is_admitted_and_a_tampered_one_refused() {
             &archive,
             &sig_path,
             &policy,
-            None,
+            &TrustedRootChoice::Default,
             &limits,
             &NoGermlineCheckPlaceholder,
         )
@@ -47,7 +47,7 @@ fn cosign_signed_release_is_admitted_and_a_tampered_one_refused() {
             &tampered,
             &sig_path,
             &policy,
-            None,
+            &TrustedRootChoice::Default,
             &limits,
             &NoGermlineCheckPlaceholder,
         )
