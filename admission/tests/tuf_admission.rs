@@ -304,3 +304,28 @@ fn germline_check_refusal_removes_the_release() {
     assert!(!store.is_admitted(&hash));
     assert!(!store.release_dir(&hash).exists());
 }
+
+#[test]
+fn manifest_disagreeing_with_signed_custom_fields_is_refused() {
+    let f = fixture();
+    f.repo
+        .republish_targets(
+            |t| {
+                t["targets"]["notes-1.0.0.tar.gz"]["custom"]["version"] = serde_json::json!("9.9.9")
+            },
+            f.now,
+        )
+        .expect("republish");
+    let err = f.admit().expect_err("refused");
+    assert!(
+        matches!(err, AdmissionError::ManifestMismatch { .. }),
+        "{err}"
+    );
+    assert!(
+        fs::read_dir(f.store_dir.join("releases"))
+            .expect("ls")
+            .next()
+            .is_none(),
+        "nothing left behind"
+    );
+}
