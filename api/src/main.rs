@@ -6,6 +6,10 @@ mod exec_cmd;
 
 use clap::{Parser, Subcommand};
 
+// --- admission commands ---
+mod admission_cli;
+// --- end admission commands ---
+
 /// Runs signed MCP tool releases so that each destination sees only what it is cleared for.
 #[derive(Parser)]
 #[command(name = "germline", version)]
@@ -25,6 +29,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure per-call latency: germline with 1, 2 and 3 copies, sig-pin, fresh process.
     Bench(bench::BenchArgs),
+    // --- admission commands ---
+    #[command(flatten)]
+    Admission(admission_cli::AdmissionCommand),
+    // --- end admission commands ---
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,6 +52,11 @@ fn main() -> anyhow::Result<()> {
             bench::run(&a)?;
             0
         }
+        // --- admission commands ---
+        Command::Admission(cmd) => {
+            admission_cli::run(cmd)?;
+            0
+        } // --- end admission commands ---
     };
     std::process::exit(code);
 }
