@@ -57,17 +57,15 @@ pub fn default_python() -> PathBuf {
 /// requirements are installed into its `vendor/`, so the source tree is never
 /// modified.
 pub fn build_release_archive(dir: &Path, out: &Path, opts: &BuildOptions) -> Result<BuiltRelease> {
-    let manifest = fs::read_to_string(dir.join(MANIFEST_FILE)).map_err(|e| {
-        AdmissionError::io(format!("reading {}", dir.join(MANIFEST_FILE).display()), e)
-    })?;
+    let manifest = fs::read_to_string(dir.join(MANIFEST_FILE))
+        .map_err(|e| AdmissionError::io(format!("reading {}", dir.join(MANIFEST_FILE).display()), e))?;
     let info = ReleaseInfo::from_manifest(&manifest)?;
 
     // The staging copy (if any) must outlive the archiving below.
     let mut _staging = None;
     let mut source = dir.to_path_buf();
     if !opts.pip.is_empty() {
-        let staging =
-            tempfile::tempdir().map_err(|e| AdmissionError::io("creating staging dir", e))?;
+        let staging = tempfile::tempdir().map_err(|e| AdmissionError::io("creating staging dir", e))?;
         source = staging.path().join("release");
         copy_tree(dir, &source)?;
         let python = opts.python.clone().unwrap_or_else(default_python);
@@ -77,41 +75,23 @@ pub fn build_release_archive(dir: &Path, out: &Path, opts: &BuildOptions) -> Res
     let source = source.as_path();
 
     let entries = collect_entries(source)?;
-    let out_dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(out_dir).map_err(|e| {
-        AdmissionError::io(format!("creating temp file in {}", out_dir.display()), e)
-    })?;
+    let out_dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(out_dir)
+        .map_err(|e| AdmissionError::io(format!("creating temp file in {}", out_dir.display()), e))?;
     {
-        let gz = GzBuilder::new()
-            .mtime(0)
-            .operating_system(255)
-            .write(tmp.as_file(), Compression::new(6));
+        let gz = GzBuilder::new().mtime(0).operating_system(255).write(tmp.as_file(), Compression::new(6));
         let mut builder = tar::Builder::new(gz);
         builder.mode(tar::HeaderMode::Deterministic);
         for entry in &entries {
             append_entry(&mut builder, source, entry)?;
         }
-        let gz = builder
-            .into_inner()
-            .map_err(|e| AdmissionError::io("finishing tar stream", e))?;
-        gz.finish()
-            .map_err(|e| AdmissionError::io("finishing gzip stream", e))?;
+        let gz = builder.into_inner().map_err(|e| AdmissionError::io("finishing tar stream", e))?;
+        gz.finish().map_err(|e| AdmissionError::io("finishing gzip stream", e))?;
     }
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| AdmissionError::io("syncing archive", e))?;
-    tmp.persist(out)
-        .map_err(|e| AdmissionError::io(format!("writing {}", out.display()), e.error))?;
-    let bytes =
-        fs::read(out).map_err(|e| AdmissionError::io(format!("reading {}", out.display()), e))?;
-    Ok(BuiltRelease {
-        hash: ReleaseHash::of_bytes(&bytes),
-        length: bytes.len() as u64,
-        info,
-    })
+    tmp.as_file().sync_all().map_err(|e| AdmissionError::io("syncing archive", e))?;
+    tmp.persist(out).map_err(|e| AdmissionError::io(format!("writing {}", out.display()), e.error))?;
+    let bytes = fs::read(out).map_err(|e| AdmissionError::io(format!("reading {}", out.display()), e))?;
+    Ok(BuiltRelease { hash: ReleaseHash::of_bytes(&bytes), length: bytes.len() as u64, info })
 }
 
 enum EntryKind {
@@ -138,11 +118,9 @@ fn collect_entries(root: &Path) -> Result<Vec<SourceEntry>> {
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<SourceEntry>) -> Result<()> {
-    let read = fs::read_dir(dir)
-        .map_err(|e| AdmissionError::io(format!("listing {}", dir.display()), e))?;
+    let read = fs::read_dir(dir).map_err(|e| AdmissionError::io(format!("listing {}", dir.display()), e))?;
     for entry in read {
-        let entry =
-            entry.map_err(|e| AdmissionError::io(format!("listing {}", dir.display()), e))?;
+        let entry = entry.map_err(|e| AdmissionError::io(format!("listing {}", dir.display()), e))?;
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_str().ok_or_else(|| AdmissionError::Unarchivable {
@@ -152,58 +130,39 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<SourceEntry>) -> Result<()> {
         if is_nondeterministic(name) {
             continue;
         }
-        let rel_path = path
-            .strip_prefix(root)
-            .map_err(|_| AdmissionError::Unarchivable {
-                path: path.clone(),
-                reason: "outside the release root".into(),
-            })?;
+        let rel_path = path.strip_prefix(root).map_err(|_| AdmissionError::Unarchivable {
+            path: path.clone(),
+            reason: "outside the release root".into(),
+        })?;
         let rel = rel_path
             .to_str()
-            .ok_or_else(|| AdmissionError::Unarchivable {
-                path: path.clone(),
-                reason: "path is not UTF-8".into(),
-            })?
+            .ok_or_else(|| AdmissionError::Unarchivable { path: path.clone(), reason: "path is not UTF-8".into() })?
             .to_owned();
-        let meta = fs::symlink_metadata(&path)
-            .map_err(|e| AdmissionError::io(format!("stat {}", path.display()), e))?;
+        let meta =
+            fs::symlink_metadata(&path).map_err(|e| AdmissionError::io(format!("stat {}", path.display()), e))?;
         let ft = meta.file_type();
         if ft.is_dir() {
-            out.push(SourceEntry {
-                rel,
-                kind: EntryKind::Dir,
-            });
+            out.push(SourceEntry { rel, kind: EntryKind::Dir });
             walk(root, &path, out)?;
         } else if ft.is_file() {
             let executable = meta.permissions().mode() & 0o111 != 0;
-            out.push(SourceEntry {
-                rel,
-                kind: EntryKind::File { executable },
-            });
+            out.push(SourceEntry { rel, kind: EntryKind::File { executable } });
         } else if ft.is_symlink() {
-            let target = fs::read_link(&path)
-                .map_err(|e| AdmissionError::io(format!("readlink {}", path.display()), e))?;
-            let target = target
-                .to_str()
-                .ok_or_else(|| AdmissionError::Unarchivable {
-                    path: path.clone(),
-                    reason: "link target is not UTF-8".into(),
-                })?;
+            let target =
+                fs::read_link(&path).map_err(|e| AdmissionError::io(format!("readlink {}", path.display()), e))?;
+            let target = target.to_str().ok_or_else(|| AdmissionError::Unarchivable {
+                path: path.clone(),
+                reason: "link target is not UTF-8".into(),
+            })?;
             if !link_target_stays_inside(target) {
                 return Err(AdmissionError::Unarchivable {
                     path: path.clone(),
                     reason: format!("link to {target:?} may leave the release"),
                 });
             }
-            out.push(SourceEntry {
-                rel,
-                kind: EntryKind::Symlink(target.to_owned()),
-            });
+            out.push(SourceEntry { rel, kind: EntryKind::Symlink(target.to_owned()) });
         } else {
-            return Err(AdmissionError::Unarchivable {
-                path,
-                reason: "device, fifo or socket".into(),
-            });
+            return Err(AdmissionError::Unarchivable { path, reason: "device, fifo or socket".into() });
         }
     }
     Ok(())
@@ -213,17 +172,10 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<SourceEntry>) -> Result<()> {
 /// Lexical checks of `..` are unsound once other links are involved (`d -> .`,
 /// `d/l -> ../x` escapes), so `..` is refused outright.
 fn link_target_stays_inside(target: &str) -> bool {
-    !target.is_empty()
-        && Path::new(target)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    !target.is_empty() && Path::new(target).components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
-fn append_entry<W: Write>(
-    builder: &mut tar::Builder<W>,
-    root: &Path,
-    entry: &SourceEntry,
-) -> Result<()> {
+fn append_entry<W: Write>(builder: &mut tar::Builder<W>, root: &Path, entry: &SourceEntry) -> Result<()> {
     let mut header = tar::Header::new_gnu();
     header.set_uid(0);
     header.set_gid(0);
@@ -234,9 +186,7 @@ fn append_entry<W: Write>(
             header.set_entry_type(tar::EntryType::Directory);
             header.set_mode(0o755);
             header.set_size(0);
-            builder
-                .append_data(&mut header, format!("{}/", entry.rel), io::empty())
-                .map_err(ctx)?;
+            builder.append_data(&mut header, format!("{}/", entry.rel), io::empty()).map_err(ctx)?;
         }
         EntryKind::File { executable } => {
             let path = root.join(&entry.rel);
@@ -245,45 +195,35 @@ fn append_entry<W: Write>(
             header.set_entry_type(tar::EntryType::Regular);
             header.set_mode(if *executable { 0o755 } else { 0o644 });
             header.set_size(len);
-            builder
-                .append_data(&mut header, &entry.rel, file.take(len))
-                .map_err(ctx)?;
+            builder.append_data(&mut header, &entry.rel, file.take(len)).map_err(ctx)?;
         }
         EntryKind::Symlink(target) => {
             header.set_entry_type(tar::EntryType::Symlink);
             header.set_mode(0o777);
             header.set_size(0);
-            builder
-                .append_link(&mut header, &entry.rel, target)
-                .map_err(ctx)?;
+            builder.append_link(&mut header, &entry.rel, target).map_err(ctx)?;
         }
     }
     Ok(())
 }
 
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    fs::create_dir_all(to)
-        .map_err(|e| AdmissionError::io(format!("creating {}", to.display()), e))?;
-    let read = fs::read_dir(from)
-        .map_err(|e| AdmissionError::io(format!("listing {}", from.display()), e))?;
+    fs::create_dir_all(to).map_err(|e| AdmissionError::io(format!("creating {}", to.display()), e))?;
+    let read = fs::read_dir(from).map_err(|e| AdmissionError::io(format!("listing {}", from.display()), e))?;
     for entry in read {
-        let entry =
-            entry.map_err(|e| AdmissionError::io(format!("listing {}", from.display()), e))?;
+        let entry = entry.map_err(|e| AdmissionError::io(format!("listing {}", from.display()), e))?;
         let src = entry.path();
         let dst = to.join(entry.file_name());
-        let ft = entry
-            .file_type()
-            .map_err(|e| AdmissionError::io(format!("stat {}", src.display()), e))?;
+        let ft = entry.file_type().map_err(|e| AdmissionError::io(format!("stat {}", src.display()), e))?;
         if ft.is_dir() {
             copy_tree(&src, &dst)?;
         } else if ft.is_symlink() {
-            let target = fs::read_link(&src)
-                .map_err(|e| AdmissionError::io(format!("readlink {}", src.display()), e))?;
+            let target =
+                fs::read_link(&src).map_err(|e| AdmissionError::io(format!("readlink {}", src.display()), e))?;
             std::os::unix::fs::symlink(target, &dst)
                 .map_err(|e| AdmissionError::io(format!("linking {}", dst.display()), e))?;
         } else {
-            fs::copy(&src, &dst)
-                .map_err(|e| AdmissionError::io(format!("copying {}", src.display()), e))?;
+            fs::copy(&src, &dst).map_err(|e| AdmissionError::io(format!("copying {}", src.display()), e))?;
         }
     }
     Ok(())
@@ -297,13 +237,7 @@ pub fn vendor_pip(release: &Path, requirements: &[String], python: &Path) -> Res
     let output = Command::new(python)
         .args(["-m", "pip", "install", "--target"])
         .arg(&vendor)
-        .args([
-            "--no-compile",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--quiet",
-        ])
+        .args(["--no-compile", "--only-binary=:all:", "--disable-pip-version-check", "--no-input", "--quiet"])
         .args(requirements)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
@@ -330,8 +264,7 @@ pub fn vendor_pip(release: &Path, requirements: &[String], python: &Path) -> Res
         for record in ["RECORD", "INSTALLER", "REQUESTED", "direct_url.json"] {
             let p = entry.path().join(record);
             if p.exists() {
-                fs::remove_file(&p)
-                    .map_err(|e| AdmissionError::io(format!("removing {}", p.display()), e))?;
+                fs::remove_file(&p).map_err(|e| AdmissionError::io(format!("removing {}", p.display()), e))?;
             }
         }
     }
@@ -353,12 +286,7 @@ pub struct ArchiveLimits {
 
 impl Default for ArchiveLimits {
     fn default() -> Self {
-        Self {
-            max_entries: 20_000,
-            max_total_bytes: 1 << 30,
-            max_file_bytes: 256 << 20,
-            max_depth: 48,
-        }
+        Self { max_entries: 20_000, max_total_bytes: 1 << 30, max_file_bytes: 256 << 20, max_depth: 48 }
     }
 }
 
@@ -395,22 +323,14 @@ impl<R: Read> Read for Budgeted<R> {
     }
 }
 
-fn open_stream(
-    archive: &Path,
-    limits: &ArchiveLimits,
-) -> Result<tar::Archive<Budgeted<GzDecoder<fs::File>>>> {
-    let file = fs::File::open(archive)
-        .map_err(|e| AdmissionError::io(format!("opening {}", archive.display()), e))?;
+fn open_stream(archive: &Path, limits: &ArchiveLimits) -> Result<tar::Archive<Budgeted<GzDecoder<fs::File>>>> {
+    let file = fs::File::open(archive).map_err(|e| AdmissionError::io(format!("opening {}", archive.display()), e))?;
     // Headers and padding cost at most 1.5 KiB per entry on top of the contents.
     let budget = limits
         .max_total_bytes
         .saturating_add(limits.max_entries.saturating_add(2).saturating_mul(3 * 512))
         .saturating_add(1 << 20);
-    Ok(tar::Archive::new(Budgeted {
-        inner: GzDecoder::new(file),
-        left: budget,
-        exceeded: false,
-    }))
+    Ok(tar::Archive::new(Budgeted { inner: GzDecoder::new(file), left: budget, exceeded: false }))
 }
 
 fn stream_error(e: io::Error) -> AdmissionError {
@@ -423,27 +343,17 @@ fn stream_error(e: io::Error) -> AdmissionError {
 
 /// Normalises an archive path, refusing anything that is not a plain relative path.
 fn safe_relative(raw: &[u8], max_depth: usize) -> Result<PathBuf> {
-    let s = std::str::from_utf8(raw).map_err(|_| {
-        AdmissionError::ArchivePathEscape(format!(
-            "non-UTF-8 path {:?}",
-            String::from_utf8_lossy(raw)
-        ))
-    })?;
+    let s = std::str::from_utf8(raw)
+        .map_err(|_| AdmissionError::ArchivePathEscape(format!("non-UTF-8 path {:?}", String::from_utf8_lossy(raw))))?;
     if s.starts_with('/') {
-        return Err(AdmissionError::ArchivePathEscape(format!(
-            "absolute path {s:?}"
-        )));
+        return Err(AdmissionError::ArchivePathEscape(format!("absolute path {s:?}")));
     }
     let mut out = PathBuf::new();
     let mut depth = 0;
     for part in s.split('/') {
         match part {
             "" | "." => {}
-            ".." => {
-                return Err(AdmissionError::ArchivePathEscape(format!(
-                    "parent component in {s:?}"
-                )))
-            }
+            ".." => return Err(AdmissionError::ArchivePathEscape(format!("parent component in {s:?}"))),
             p => {
                 depth += 1;
                 out.push(p);
@@ -451,14 +361,10 @@ fn safe_relative(raw: &[u8], max_depth: usize) -> Result<PathBuf> {
         }
     }
     if depth == 0 {
-        return Err(AdmissionError::ArchivePathEscape(format!(
-            "empty path {s:?}"
-        )));
+        return Err(AdmissionError::ArchivePathEscape(format!("empty path {s:?}")));
     }
     if depth > max_depth {
-        return Err(AdmissionError::ArchiveTooLarge(format!(
-            "path {s:?} deeper than {max_depth}"
-        )));
+        return Err(AdmissionError::ArchiveTooLarge(format!("path {s:?} deeper than {max_depth}")));
     }
     Ok(out)
 }
@@ -472,9 +378,7 @@ fn plan(archive_path: &Path, limits: &ArchiveLimits) -> Result<(Vec<Planned>, Op
     let mut files: BTreeSet<PathBuf> = BTreeSet::new();
     let mut total: u64 = 0;
     let mut manifest = None;
-    let entries = archive
-        .entries()
-        .map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
+    let entries = archive.entries().map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
     let mut result = Ok(());
     for entry in entries {
         let mut entry = match entry {
@@ -485,38 +389,23 @@ fn plan(archive_path: &Path, limits: &ArchiveLimits) -> Result<(Vec<Planned>, Op
             }
         };
         if planned.len() as u64 >= limits.max_entries {
-            return Err(AdmissionError::ArchiveTooLarge(format!(
-                "more than {} entries",
-                limits.max_entries
-            )));
+            return Err(AdmissionError::ArchiveTooLarge(format!("more than {} entries", limits.max_entries)));
         }
         if let Ok(Some(pax)) = entry.pax_extensions() {
             for ext in pax.flatten() {
                 if ext.key_bytes().starts_with(b"GNU.sparse") {
-                    return Err(AdmissionError::ArchiveEntryRefused(
-                        "sparse file (pax)".into(),
-                    ));
+                    return Err(AdmissionError::ArchiveEntryRefused("sparse file (pax)".into()));
                 }
             }
         }
         let rel = safe_relative(&entry.path_bytes(), limits.max_depth)?;
-        if rel
-            .ancestors()
-            .skip(1)
-            .any(|a| links.contains(a) || files.contains(a))
-        {
-            return Err(AdmissionError::ArchivePathEscape(format!(
-                "{} lies beneath a link or file",
-                rel.display()
-            )));
+        if rel.ancestors().skip(1).any(|a| links.contains(a) || files.contains(a)) {
+            return Err(AdmissionError::ArchivePathEscape(format!("{} lies beneath a link or file", rel.display())));
         }
         let et = entry.header().entry_type();
         let kind = match et {
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let size = entry
-                    .header()
-                    .size()
-                    .map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
+                let size = entry.header().size().map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
                 if size > limits.max_file_bytes {
                     return Err(AdmissionError::ArchiveTooLarge(format!(
                         "{} has {size} bytes, over {}",
@@ -531,28 +420,22 @@ fn plan(archive_path: &Path, limits: &ArchiveLimits) -> Result<(Vec<Planned>, Op
                         limits.max_total_bytes
                     )));
                 }
-                let mode = entry
-                    .header()
-                    .mode()
-                    .map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
+                let mode = entry.header().mode().map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
                 if rel == Path::new(MANIFEST_FILE) && size <= 1 << 20 {
                     let mut text = String::new();
-                    entry.read_to_string(&mut text).map_err(|e| {
-                        AdmissionError::BadManifest(format!("reading manifest: {e}"))
-                    })?;
+                    entry
+                        .read_to_string(&mut text)
+                        .map_err(|e| AdmissionError::BadManifest(format!("reading manifest: {e}")))?;
                     manifest = Some(text);
                 }
                 files.insert(rel.clone());
-                PlannedKind::File {
-                    size,
-                    executable: mode & 0o111 != 0,
-                }
+                PlannedKind::File { size, executable: mode & 0o111 != 0 }
             }
             tar::EntryType::Directory => PlannedKind::Dir,
             tar::EntryType::Symlink => {
-                let target = entry.link_name_bytes().ok_or_else(|| {
-                    AdmissionError::ArchiveMalformed("symlink without target".into())
-                })?;
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| AdmissionError::ArchiveMalformed("symlink without target".into()))?;
                 let target = std::str::from_utf8(&target)
                     .map_err(|_| AdmissionError::ArchivePathEscape("non-UTF-8 link target".into()))?
                     .to_owned();
@@ -566,29 +449,17 @@ fn plan(archive_path: &Path, limits: &ArchiveLimits) -> Result<(Vec<Planned>, Op
                 PlannedKind::Symlink(target)
             }
             tar::EntryType::Link => {
-                return Err(AdmissionError::ArchiveEntryRefused(format!(
-                    "hard link {}",
-                    rel.display()
-                )))
+                return Err(AdmissionError::ArchiveEntryRefused(format!("hard link {}", rel.display())))
             }
             tar::EntryType::GNUSparse => {
-                return Err(AdmissionError::ArchiveEntryRefused(format!(
-                    "sparse file {}",
-                    rel.display()
-                )))
+                return Err(AdmissionError::ArchiveEntryRefused(format!("sparse file {}", rel.display())))
             }
             other => {
-                return Err(AdmissionError::ArchiveEntryRefused(format!(
-                    "{} has entry type {other:?}",
-                    rel.display()
-                )))
+                return Err(AdmissionError::ArchiveEntryRefused(format!("{} has entry type {other:?}", rel.display())))
             }
         };
         if !seen.insert(rel.clone()) {
-            return Err(AdmissionError::ArchiveEntryRefused(format!(
-                "duplicate entry {}",
-                rel.display()
-            )));
+            return Err(AdmissionError::ArchiveEntryRefused(format!("duplicate entry {}", rel.display())));
         }
         planned.push(Planned { rel, kind });
     }
@@ -600,8 +471,7 @@ fn plan(archive_path: &Path, limits: &ArchiveLimits) -> Result<(Vec<Planned>, Op
 /// applying the same entry rules as extraction.
 pub fn read_archive_manifest(archive: &Path, limits: &ArchiveLimits) -> Result<ReleaseInfo> {
     let (_, manifest) = plan(archive, limits)?;
-    let manifest = manifest
-        .ok_or_else(|| AdmissionError::BadManifest(format!("archive has no {MANIFEST_FILE}")))?;
+    let manifest = manifest.ok_or_else(|| AdmissionError::BadManifest(format!("archive has no {MANIFEST_FILE}")))?;
     ReleaseInfo::from_manifest(&manifest)
 }
 
@@ -613,12 +483,10 @@ pub fn read_archive_manifest(archive: &Path, limits: &ArchiveLimits) -> Result<R
 /// Returns the release manifest's name and version.
 pub fn extract_release(archive: &Path, dest: &Path, limits: &ArchiveLimits) -> Result<ReleaseInfo> {
     let (planned, manifest) = plan(archive, limits)?;
-    let manifest = manifest
-        .ok_or_else(|| AdmissionError::BadManifest(format!("archive has no {MANIFEST_FILE}")))?;
+    let manifest = manifest.ok_or_else(|| AdmissionError::BadManifest(format!("archive has no {MANIFEST_FILE}")))?;
     let info = ReleaseInfo::from_manifest(&manifest)?;
 
-    fs::create_dir(dest)
-        .map_err(|e| AdmissionError::io(format!("creating {}", dest.display()), e))?;
+    fs::create_dir(dest).map_err(|e| AdmissionError::io(format!("creating {}", dest.display()), e))?;
     let written = write_planned(archive, dest, limits, &planned);
     if written.is_err() {
         let _ = fs::remove_dir_all(dest);
@@ -627,28 +495,19 @@ pub fn extract_release(archive: &Path, dest: &Path, limits: &ArchiveLimits) -> R
     Ok(info)
 }
 
-fn write_planned(
-    archive_path: &Path,
-    dest: &Path,
-    limits: &ArchiveLimits,
-    planned: &[Planned],
-) -> Result<()> {
+fn write_planned(archive_path: &Path, dest: &Path, limits: &ArchiveLimits, planned: &[Planned]) -> Result<()> {
     let mut archive = open_stream(archive_path, limits)?;
-    let entries = archive
-        .entries()
-        .map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
+    let entries = archive.entries().map_err(|e| AdmissionError::ArchiveMalformed(e.to_string()))?;
     let mut index = 0;
     for entry in entries {
         let mut entry = entry.map_err(stream_error)?;
-        let plan = planned.get(index).ok_or_else(|| {
-            AdmissionError::ArchiveMalformed("archive changed between passes".into())
-        })?;
+        let plan = planned
+            .get(index)
+            .ok_or_else(|| AdmissionError::ArchiveMalformed("archive changed between passes".into()))?;
         index += 1;
         let rel = safe_relative(&entry.path_bytes(), limits.max_depth)?;
         if rel != plan.rel {
-            return Err(AdmissionError::ArchiveMalformed(
-                "archive changed between passes".into(),
-            ));
+            return Err(AdmissionError::ArchiveMalformed("archive changed between passes".into()));
         }
         let path = dest.join(&plan.rel);
         ensure_parents(dest, &plan.rel)?;
@@ -676,10 +535,7 @@ fn write_planned(
                     .map_err(ctx)?;
                 let copied = io::copy(&mut (&mut entry).take(*size), &mut out).map_err(ctx)?;
                 if copied != *size {
-                    return Err(AdmissionError::ArchiveMalformed(format!(
-                        "{} is truncated",
-                        plan.rel.display()
-                    )));
+                    return Err(AdmissionError::ArchiveMalformed(format!("{} is truncated", plan.rel.display())));
                 }
             }
             PlannedKind::Symlink(target) => {
@@ -688,9 +544,7 @@ fn write_planned(
         }
     }
     if index != planned.len() {
-        return Err(AdmissionError::ArchiveMalformed(
-            "archive changed between passes".into(),
-        ));
+        return Err(AdmissionError::ArchiveMalformed("archive changed between passes".into()));
     }
     Ok(())
 }
@@ -711,9 +565,7 @@ fn ensure_parents(dest: &Path, rel: &Path) -> Result<()> {
                     )))
                 }
                 Err(_) => {
-                    fs::create_dir(&cur).map_err(|e| {
-                        AdmissionError::io(format!("creating {}", cur.display()), e)
-                    })?;
+                    fs::create_dir(&cur).map_err(|e| AdmissionError::io(format!("creating {}", cur.display()), e))?;
                 }
             }
         }
@@ -723,11 +575,10 @@ fn ensure_parents(dest: &Path, rel: &Path) -> Result<()> {
 
 /// SHA-256 and length of a file, streamed.
 pub fn hash_file(path: &Path) -> Result<(ReleaseHash, u64)> {
-    let mut file = fs::File::open(path)
-        .map_err(|e| AdmissionError::io(format!("opening {}", path.display()), e))?;
+    let mut file = fs::File::open(path).map_err(|e| AdmissionError::io(format!("opening {}", path.display()), e))?;
     let mut hasher = Sha256::new();
-    let n = io::copy(&mut file, &mut hasher)
-        .map_err(|e| AdmissionError::io(format!("reading {}", path.display()), e))?;
+    let n =
+        io::copy(&mut file, &mut hasher).map_err(|e| AdmissionError::io(format!("reading {}", path.display()), e))?;
     Ok((ReleaseHash(hasher.finalize().into()), n))
 }
 
@@ -743,17 +594,9 @@ pub(crate) mod tests {
             format!("[release]\nname = \"notes\"\nversion = \"{version}\"\nruntime = \"python\"\nfactory = \"notes_server:create_server\"\npython_path = [\"src\"]\n"),
         )
         .expect("manifest");
-        fs::write(
-            dir.join("src/notes_server/__init__.py"),
-            "def create_server():\n    return None\n",
-        )
-        .expect("code");
+        fs::write(dir.join("src/notes_server/__init__.py"), "def create_server():\n    return None\n").expect("code");
         fs::create_dir_all(dir.join("src/notes_server/__pycache__")).expect("mkdir");
-        fs::write(
-            dir.join("src/notes_server/__pycache__/x.cpython-311.pyc"),
-            "junk",
-        )
-        .expect("pyc");
+        fs::write(dir.join("src/notes_server/__pycache__/x.cpython-311.pyc"), "junk").expect("pyc");
     }
 
     /// A raw tar entry, written without the tar crate's own path checks.
@@ -766,13 +609,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn raw_entry<'a>(name: &'a str, kind: tar::EntryType, data: &'a [u8]) -> Raw<'a> {
-        Raw {
-            name: name.as_bytes(),
-            kind,
-            size: data.len() as u64,
-            link: b"",
-            data,
-        }
+        Raw { name: name.as_bytes(), kind, size: data.len() as u64, link: b"", data }
     }
 
     /// Builds a gzip'd tar from raw entries: headers are filled byte by byte so
@@ -793,9 +630,7 @@ pub(crate) mod tests {
                 if let Some(gnu) = header.as_gnu_mut() {
                     gnu.realsize.copy_from_slice(real.as_bytes());
                     gnu.sparse[0].offset.copy_from_slice(last.as_bytes());
-                    gnu.sparse[0]
-                        .numbytes
-                        .copy_from_slice(format!("{:011o}\0", 1).as_bytes());
+                    gnu.sparse[0].numbytes.copy_from_slice(format!("{:011o}\0", 1).as_bytes());
                 }
             }
             header.set_mode(0o644);
@@ -810,11 +645,7 @@ pub(crate) mod tests {
     }
 
     fn manifest_entry() -> Raw<'static> {
-        raw_entry(
-            MANIFEST_FILE,
-            tar::EntryType::Regular,
-            b"[release]\nname = \"x\"\nversion = \"1\"\n",
-        )
+        raw_entry(MANIFEST_FILE, tar::EntryType::Regular, b"[release]\nname = \"x\"\nversion = \"1\"\n")
     }
 
     /// Extracts into `<tmp>/store/dest` and checks that a refusal leaves nothing
@@ -828,11 +659,7 @@ pub(crate) mod tests {
         let dest = store.join("dest");
         let err = extract_release(&archive, &dest, limits).expect_err("must be refused");
         assert!(!dest.exists(), "refused archive left {dest:?}");
-        let mut names: Vec<_> = fs::read_dir(tmp.path())
-            .expect("ls")
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
+        let mut names: Vec<_> = fs::read_dir(tmp.path()).expect("ls").flatten().map(|e| e.file_name()).collect();
         names.sort();
         assert_eq!(names, ["a.tar.gz", "store"]);
         err
@@ -862,8 +689,7 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let rel = tmp.path().join("rel");
         sample_release(&rel, "1.0.0");
-        std::os::unix::fs::symlink("notes_server/__init__.py", rel.join("src/alias.py"))
-            .expect("link");
+        std::os::unix::fs::symlink("notes_server/__init__.py", rel.join("src/alias.py")).expect("link");
         let a = tmp.path().join("a.tar.gz");
         build_release_archive(&rel, &a, &BuildOptions::default()).expect("build");
         let out = tmp.path().join("out");
@@ -871,12 +697,7 @@ pub(crate) mod tests {
         assert_eq!(info.name, "notes");
         assert!(out.join("src/notes_server/__init__.py").is_file());
         assert!(!out.join("src/notes_server/__pycache__").exists());
-        assert_eq!(
-            fs::read_link(out.join("src/alias.py"))
-                .expect("link")
-                .to_str(),
-            Some("notes_server/__init__.py")
-        );
+        assert_eq!(fs::read_link(out.join("src/alias.py")).expect("link").to_str(), Some("notes_server/__init__.py"));
     }
 
     #[test]
@@ -886,8 +707,7 @@ pub(crate) mod tests {
         sample_release(&rel, "1.0.0");
         std::os::unix::fs::symlink("../../etc/passwd", rel.join("escape")).expect("link");
         let err =
-            build_release_archive(&rel, &tmp.path().join("a.tar.gz"), &BuildOptions::default())
-                .expect_err("refused");
+            build_release_archive(&rel, &tmp.path().join("a.tar.gz"), &BuildOptions::default()).expect_err("refused");
         assert!(matches!(err, AdmissionError::Unarchivable { .. }), "{err}");
     }
 
@@ -895,134 +715,54 @@ pub(crate) mod tests {
     fn parent_and_absolute_paths_are_refused() {
         let limits = ArchiveLimits::default();
         for name in ["../evil", "a/../../evil", "/etc/evil"] {
-            let err = refused(
-                &[
-                    manifest_entry(),
-                    raw_entry(name, tar::EntryType::Regular, b"x"),
-                ],
-                &limits,
-            );
-            assert!(
-                matches!(err, AdmissionError::ArchivePathEscape(_)),
-                "{name}: {err}"
-            );
+            let err = refused(&[manifest_entry(), raw_entry(name, tar::EntryType::Regular, b"x")], &limits);
+            assert!(matches!(err, AdmissionError::ArchivePathEscape(_)), "{name}: {err}");
         }
     }
 
     #[test]
     fn link_escapes_are_refused() {
         let limits = ArchiveLimits::default();
-        let sym = Raw {
-            name: b"l",
-            kind: tar::EntryType::Symlink,
-            size: 0,
-            link: b"../../etc",
-            data: b"",
-        };
+        let sym = Raw { name: b"l", kind: tar::EntryType::Symlink, size: 0, link: b"../../etc", data: b"" };
         let err = refused(&[manifest_entry(), sym], &limits);
         assert!(matches!(err, AdmissionError::ArchivePathEscape(_)), "{err}");
-        let abs = Raw {
-            name: b"l",
-            kind: tar::EntryType::Symlink,
-            size: 0,
-            link: b"/etc/passwd",
-            data: b"",
-        };
+        let abs = Raw { name: b"l", kind: tar::EntryType::Symlink, size: 0, link: b"/etc/passwd", data: b"" };
         let err = refused(&[manifest_entry(), abs], &limits);
         assert!(matches!(err, AdmissionError::ArchivePathEscape(_)), "{err}");
         // A link inside the tree followed by a write through it.
-        let dot = Raw {
-            name: b"d",
-            kind: tar::EntryType::Symlink,
-            size: 0,
-            link: b".",
-            data: b"",
-        };
-        let err = refused(
-            &[
-                manifest_entry(),
-                dot,
-                raw_entry("d/x", tar::EntryType::Regular, b"x"),
-            ],
-            &limits,
-        );
+        let dot = Raw { name: b"d", kind: tar::EntryType::Symlink, size: 0, link: b".", data: b"" };
+        let err = refused(&[manifest_entry(), dot, raw_entry("d/x", tar::EntryType::Regular, b"x")], &limits);
         assert!(matches!(err, AdmissionError::ArchivePathEscape(_)), "{err}");
-        let hard = Raw {
-            name: b"h",
-            kind: tar::EntryType::Link,
-            size: 0,
-            link: b"/etc/shadow",
-            data: b"",
-        };
+        let hard = Raw { name: b"h", kind: tar::EntryType::Link, size: 0, link: b"/etc/shadow", data: b"" };
         let err = refused(&[manifest_entry(), hard], &limits);
-        assert!(
-            matches!(err, AdmissionError::ArchiveEntryRefused(_)),
-            "{err}"
-        );
+        assert!(matches!(err, AdmissionError::ArchiveEntryRefused(_)), "{err}");
     }
 
     #[test]
     fn sparse_and_oversized_entries_are_refused_before_writing() {
         let limits = ArchiveLimits::default();
-        let sparse = Raw {
-            name: b"s",
-            kind: tar::EntryType::GNUSparse,
-            size: 1,
-            link: b"",
-            data: b"x",
-        };
+        let sparse = Raw { name: b"s", kind: tar::EntryType::GNUSparse, size: 1, link: b"", data: b"x" };
         let err = refused(&[manifest_entry(), sparse], &limits);
-        assert!(
-            matches!(err, AdmissionError::ArchiveEntryRefused(_)),
-            "{err}"
-        );
+        assert!(matches!(err, AdmissionError::ArchiveEntryRefused(_)), "{err}");
         // A header claiming 10 GB: refused from the header alone.
-        let huge = Raw {
-            name: b"big",
-            kind: tar::EntryType::Regular,
-            size: 10 << 30,
-            link: b"",
-            data: b"",
-        };
+        let huge = Raw { name: b"big", kind: tar::EntryType::Regular, size: 10 << 30, link: b"", data: b"" };
         let err = refused(&[manifest_entry(), huge], &limits);
         assert!(matches!(err, AdmissionError::ArchiveTooLarge(_)), "{err}");
         // Real bytes over a small budget (a gzip bomb in miniature).
         let zeros = vec![0u8; 4 << 20];
-        let small = ArchiveLimits {
-            max_total_bytes: 1 << 20,
-            ..ArchiveLimits::default()
-        };
-        let err = refused(
-            &[
-                manifest_entry(),
-                raw_entry("z", tar::EntryType::Regular, &zeros),
-            ],
-            &small,
-        );
+        let small = ArchiveLimits { max_total_bytes: 1 << 20, ..ArchiveLimits::default() };
+        let err = refused(&[manifest_entry(), raw_entry("z", tar::EntryType::Regular, &zeros)], &small);
         assert!(matches!(err, AdmissionError::ArchiveTooLarge(_)), "{err}");
-        let dev = Raw {
-            name: b"dev",
-            kind: tar::EntryType::Char,
-            size: 0,
-            link: b"",
-            data: b"",
-        };
+        let dev = Raw { name: b"dev", kind: tar::EntryType::Char, size: 0, link: b"", data: b"" };
         let err = refused(&[manifest_entry(), dev], &limits);
-        assert!(
-            matches!(err, AdmissionError::ArchiveEntryRefused(_)),
-            "{err}"
-        );
+        assert!(matches!(err, AdmissionError::ArchiveEntryRefused(_)), "{err}");
     }
 
     #[test]
     fn hundred_thousand_files_are_refused() {
         let names: Vec<String> = (0..100_000).map(|i| format!("f{i}")).collect();
         let mut entries = vec![manifest_entry()];
-        entries.extend(
-            names
-                .iter()
-                .map(|n| raw_entry(n, tar::EntryType::Regular, b"")),
-        );
+        entries.extend(names.iter().map(|n| raw_entry(n, tar::EntryType::Regular, b"")));
         let err = refused(&entries, &ArchiveLimits::default());
         assert!(matches!(err, AdmissionError::ArchiveTooLarge(_)), "{err}");
     }

@@ -31,25 +31,20 @@ impl MetadataStore for MetadataDir {
     }
 
     fn store(&self, name: &str, bytes: &[u8]) -> sigstore_tuf::Result<()> {
-        let versioned = name
-            .split('.')
-            .next()
-            .is_some_and(|stem| !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_digit()));
+        let versioned =
+            name.split('.').next().is_some_and(|stem| !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_digit()));
         if name.contains('/') || versioned {
             return Ok(());
         }
         let tmp = self.0.join(format!(".{name}.tmp"));
-        fs::write(&tmp, bytes)
-            .map_err(|e| sigstore_tuf::Error::io(format!("writing {name}"), e))?;
-        fs::rename(&tmp, self.0.join(name))
-            .map_err(|e| sigstore_tuf::Error::io(format!("renaming {name}"), e))
+        fs::write(&tmp, bytes).map_err(|e| sigstore_tuf::Error::io(format!("writing {name}"), e))?;
+        fs::rename(&tmp, self.0.join(name)).map_err(|e| sigstore_tuf::Error::io(format!("renaming {name}"), e))
     }
 }
 
 /// `init ROOT`: trust `root` (it must be validly self-signed) on first use.
 pub fn tuf_client_init(metadata_dir: &Path, root: &Path) -> Result<()> {
-    let bytes =
-        fs::read(root).map_err(|e| AdmissionError::io(format!("reading {}", root.display()), e))?;
+    let bytes = fs::read(root).map_err(|e| AdmissionError::io(format!("reading {}", root.display()), e))?;
     TrustedMetadataSet::from_root(&bytes).map_err(tuf_error)?;
     fs::create_dir_all(metadata_dir)
         .map_err(|e| AdmissionError::io(format!("creating {}", metadata_dir.display()), e))?;
@@ -57,26 +52,15 @@ pub fn tuf_client_init(metadata_dir: &Path, root: &Path) -> Result<()> {
         .map_err(|e| AdmissionError::io(format!("writing {}", metadata_dir.display()), e))
 }
 
-fn updater(
-    metadata_dir: &Path,
-    metadata_url: &str,
-    target_base_url: Option<&str>,
-) -> Result<Updater> {
+fn updater(metadata_dir: &Path, metadata_url: &str, target_base_url: Option<&str>) -> Result<Updater> {
     let root_path = metadata_dir.join("root.json");
-    let root = fs::read(&root_path)
-        .map_err(|e| AdmissionError::io(format!("reading {}", root_path.display()), e))?;
+    let root = fs::read(&root_path).map_err(|e| AdmissionError::io(format!("reading {}", root_path.display()), e))?;
     let source = RepoSource::with_bases(metadata_url, target_base_url.unwrap_or(metadata_url));
-    Ok(Updater::new(source, &root)
-        .map_err(tuf_error)?
-        .with_store(MetadataDir(metadata_dir.to_path_buf())))
+    Ok(Updater::new(source, &root).map_err(tuf_error)?.with_store(MetadataDir(metadata_dir.to_path_buf())))
 }
 
 /// `refresh`: the TUF client workflow from the trusted root, at time `now`.
-pub fn tuf_client_refresh(
-    metadata_dir: &Path,
-    metadata_url: &str,
-    now: jiff::Timestamp,
-) -> Result<()> {
+pub fn tuf_client_refresh(metadata_dir: &Path, metadata_url: &str, now: jiff::Timestamp) -> Result<()> {
     let mut u = updater(metadata_dir, metadata_url, None)?;
     pollster::block_on(u.refresh(now)).map_err(tuf_error)
 }
@@ -120,9 +104,7 @@ pub fn tuf_client_download(
             .ok_or_else(|| AdmissionError::TargetNotFound(name.clone()))?;
         let rel = Path::new(name.trim_start_matches('/'));
         if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
-            return Err(AdmissionError::ArchivePathEscape(format!(
-                "target name {name:?}"
-            )));
+            return Err(AdmissionError::ArchivePathEscape(format!("target name {name:?}")));
         }
         let out = target_dir.join(rel);
         if fs::read(&out).is_ok_and(|b| matches_signed(&b, &info)) {
@@ -137,11 +119,9 @@ pub fn tuf_client_download(
             other => tuf_error(other),
         })?;
         if let Some(parent) = out.parent() {
-            fs::create_dir_all(parent)
-                .map_err(|e| AdmissionError::io(format!("creating {}", parent.display()), e))?;
+            fs::create_dir_all(parent).map_err(|e| AdmissionError::io(format!("creating {}", parent.display()), e))?;
         }
-        fs::write(&out, bytes)
-            .map_err(|e| AdmissionError::io(format!("writing {}", out.display()), e))?;
+        fs::write(&out, bytes).map_err(|e| AdmissionError::io(format!("writing {}", out.display()), e))?;
     }
     Ok(())
 }

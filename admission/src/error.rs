@@ -172,10 +172,7 @@ pub enum AdmissionError {
 impl AdmissionError {
     /// An I/O error with the path or action that failed.
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        AdmissionError::Io {
-            context: context.into(),
-            source,
-        }
+        AdmissionError::Io { context: context.into(), source }
     }
 }
 

@@ -97,37 +97,15 @@ pub(crate) fn tuf_error(e: sigstore_tuf::Error) -> AdmissionError {
     use sigstore_tuf::Error as E;
     match e {
         E::ThresholdNotMet { role, found: 0, .. } => AdmissionError::UnknownSigningKey { role },
-        E::ThresholdNotMet {
-            role,
-            found,
-            threshold,
-        } => AdmissionError::BelowThreshold {
-            role,
-            found,
-            threshold,
-        },
-        E::Rollback { role, trusted, new } => AdmissionError::Rollback {
-            role,
-            trusted,
-            offered: new,
-        },
-        E::Expired { role, expires } if role == "timestamp" => AdmissionError::Frozen {
-            expires: expires.to_string(),
-        },
-        E::Expired { role, expires } => AdmissionError::Expired {
-            role,
-            expires: expires.to_string(),
-        },
+        E::ThresholdNotMet { role, found, threshold } => AdmissionError::BelowThreshold { role, found, threshold },
+        E::Rollback { role, trusted, new } => AdmissionError::Rollback { role, trusted, offered: new },
+        E::Expired { role, expires } if role == "timestamp" => AdmissionError::Frozen { expires: expires.to_string() },
+        E::Expired { role, expires } => AdmissionError::Expired { role, expires: expires.to_string() },
         E::IntegrityMismatch(msg) => AdmissionError::MixAndMatch(msg),
-        E::BadRootVersion { trusted, new } => AdmissionError::BadRootVersion {
-            trusted,
-            offered: new,
-        },
+        E::BadRootVersion { trusted, new } => AdmissionError::BadRootVersion { trusted, offered: new },
         E::TargetNotFound(t) => AdmissionError::TargetNotFound(t),
         E::Transport { message, source } => match source {
-            Some(s) if s.downcast_ref::<TooLong>().is_some() => {
-                AdmissionError::EndlessData(format!("{message}: {s}"))
-            }
+            Some(s) if s.downcast_ref::<TooLong>().is_some() => AdmissionError::EndlessData(format!("{message}: {s}")),
             Some(s) => AdmissionError::Transport(format!("{message}: {s}")),
             None => AdmissionError::Transport(message),
         },
@@ -155,9 +133,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// Orders versions numerically where they are numeric (`1.10.0` after `1.9.0`).
 fn version_key(v: &str) -> Vec<(u64, String)> {
-    v.split(['.', '-', '+'])
-        .map(|p| (p.parse::<u64>().unwrap_or(0), p.to_owned()))
-        .collect()
+    v.split(['.', '-', '+']).map(|p| (p.parse::<u64>().unwrap_or(0), p.to_owned())).collect()
 }
 
 /// Where a consistent-snapshot target lives: the hash prefixes the file name only.
@@ -182,8 +158,7 @@ impl ReleaseStore {
         let root = root.into();
         for sub in ["releases", "admitted", "tuf", "incoming"] {
             let d = root.join(sub);
-            fs::create_dir_all(&d)
-                .map_err(|e| AdmissionError::io(format!("creating {}", d.display()), e))?;
+            fs::create_dir_all(&d).map_err(|e| AdmissionError::io(format!("creating {}", d.display()), e))?;
         }
         Ok(Self { root })
     }
@@ -195,11 +170,7 @@ impl ReleaseStore {
 
     /// Whether `hash` passed admission on this host.
     pub fn is_admitted(&self, hash: &ReleaseHash) -> bool {
-        self.root
-            .join("admitted")
-            .join(format!("{hash}.json"))
-            .is_file()
-            && self.release_dir(hash).is_dir()
+        self.root.join("admitted").join(format!("{hash}.json")).is_file() && self.release_dir(hash).is_dir()
     }
 
     /// Trusted-metadata directory for one pinned root.
@@ -211,16 +182,11 @@ impl ReleaseStore {
     /// Verifies `req.target` through TUF from the pinned root, downloads it bounded
     /// by its signed length, checks length and SHA-256, then extracts and runs
     /// `check` (see [`ReleaseStore::admit_verified_archive`]).
-    pub fn admit_tuf(
-        &self,
-        req: &TufAdmission,
-        check: &dyn GermlineCheck,
-    ) -> Result<AdmittedRelease> {
+    pub fn admit_tuf(&self, req: &TufAdmission, check: &dyn GermlineCheck) -> Result<AdmittedRelease> {
         let source = RepoSource::parse(&req.repo);
         let config = UpdaterConfig::default();
         let state = self.tuf_state(&req.pinned_root);
-        fs::create_dir_all(&state)
-            .map_err(|e| AdmissionError::io(format!("creating {}", state.display()), e))?;
+        fs::create_dir_all(&state).map_err(|e| AdmissionError::io(format!("creating {}", state.display()), e))?;
         let mut updater = Updater::new(source.clone(), &req.pinned_root)
             .map_err(tuf_error)?
             .with_config(config)
@@ -239,21 +205,12 @@ impl ReleaseStore {
                 info.length, req.max_archive_bytes
             )));
         }
-        let fetch_path = if updater.trusted().root().consistent_snapshot {
-            consistent_path(&path, &expected)
-        } else {
-            path.clone()
-        };
+        let fetch_path =
+            if updater.trusted().root().consistent_snapshot { consistent_path(&path, &expected) } else { path.clone() };
         let bytes = match source.read_target(&fetch_path, info.length) {
             Ok(Some(b)) => b,
-            Ok(None) => {
-                return Err(AdmissionError::Transport(format!(
-                    "target file {fetch_path} not found"
-                )))
-            }
-            Err(sigstore_tuf::Error::Transport {
-                source: Some(s), ..
-            }) if s.downcast_ref::<TooLong>().is_some() => {
+            Ok(None) => return Err(AdmissionError::Transport(format!("target file {fetch_path} not found"))),
+            Err(sigstore_tuf::Error::Transport { source: Some(s), .. }) if s.downcast_ref::<TooLong>().is_some() => {
                 return Err(AdmissionError::TargetLengthMismatch {
                     target: path,
                     expected: info.length,
@@ -271,22 +228,13 @@ impl ReleaseStore {
         }
         let actual = hex::encode(Sha256::digest(&bytes));
         if actual != expected {
-            return Err(AdmissionError::TargetHashMismatch {
-                target: path,
-                expected,
-                actual,
-            });
+            return Err(AdmissionError::TargetHashMismatch { target: path, expected, actual });
         }
         let signed = signed_release(&info);
         let hash = ReleaseHash::of_bytes(&bytes);
-        let incoming = self
-            .root
-            .join("incoming")
-            .join(format!("{hash}.{}.tar.gz", std::process::id()));
-        fs::write(&incoming, &bytes)
-            .map_err(|e| AdmissionError::io(format!("writing {}", incoming.display()), e))?;
-        let result =
-            self.admit_verified_archive(&incoming, &hash, signed.as_ref(), &req.limits, check);
+        let incoming = self.root.join("incoming").join(format!("{hash}.{}.tar.gz", std::process::id()));
+        fs::write(&incoming, &bytes).map_err(|e| AdmissionError::io(format!("writing {}", incoming.display()), e))?;
+        let result = self.admit_verified_archive(&incoming, &hash, signed.as_ref(), &req.limits, check);
         let _ = fs::remove_file(&incoming);
         result
     }
@@ -304,20 +252,11 @@ impl ReleaseStore {
         limits: &ArchiveLimits,
         check: &dyn GermlineCheck,
     ) -> Result<AdmittedRelease> {
-        let incoming = self
-            .root
-            .join("incoming")
-            .join(format!("sigstore.{}.tar.gz", std::process::id()));
-        fs::copy(archive, &incoming)
-            .map_err(|e| AdmissionError::io(format!("copying {}", archive.display()), e))?;
+        let incoming = self.root.join("incoming").join(format!("sigstore.{}.tar.gz", std::process::id()));
+        fs::copy(archive, &incoming).map_err(|e| AdmissionError::io(format!("copying {}", archive.display()), e))?;
         let result = (|| {
             let (hash, _) = hash_file(&incoming)?;
-            verify_bundle_file(
-                bundle,
-                &SignedArtifact::Sha256(hash.0),
-                policy,
-                trusted_root,
-            )?;
+            verify_bundle_file(bundle, &SignedArtifact::Sha256(hash.0), policy, trusted_root)?;
             self.admit_verified_archive(&incoming, &hash, None, limits, check)
         })();
         let _ = fs::remove_file(&incoming);
@@ -330,9 +269,7 @@ impl ReleaseStore {
         target: &str,
         now: jiff::Timestamp,
     ) -> Result<(String, TargetFile)> {
-        if let Some(info) =
-            pollster::block_on(updater.get_target_info(target, now)).map_err(tuf_error)?
-        {
+        if let Some(info) = pollster::block_on(updater.get_target_info(target, now)).map_err(tuf_error)? {
             return Ok((target.to_owned(), info));
         }
         // Not a path: the highest signed version whose custom name is `target`.
@@ -351,8 +288,7 @@ impl ReleaseStore {
                 })
             })
             .max_by(|a, b| a.0.cmp(&b.0));
-        best.map(|(_, p, t)| (p, t))
-            .ok_or_else(|| AdmissionError::TargetNotFound(target.to_owned()))
+        best.map(|(_, p, t)| (p, t)).ok_or_else(|| AdmissionError::TargetNotFound(target.to_owned()))
     }
 
     /// Admits an archive whose bytes were already proven (by TUF or a Sigstore
@@ -377,10 +313,7 @@ impl ReleaseStore {
             });
         }
         let dir = self.release_dir(hash);
-        let partial = self
-            .root
-            .join("releases")
-            .join(format!(".{hash}.partial-{}", std::process::id()));
+        let partial = self.root.join("releases").join(format!(".{hash}.partial-{}", std::process::id()));
         if partial.exists() {
             fs::remove_dir_all(&partial)
                 .map_err(|e| AdmissionError::io(format!("clearing {}", partial.display()), e))?;
@@ -389,18 +322,13 @@ impl ReleaseStore {
         if let Some(signed) = signed {
             if signed != &info {
                 let _ = fs::remove_dir_all(&partial);
-                return Err(AdmissionError::ManifestMismatch {
-                    manifest: info.label(),
-                    signed: signed.label(),
-                });
+                return Err(AdmissionError::ManifestMismatch { manifest: info.label(), signed: signed.label() });
             }
         }
         if dir.exists() {
-            fs::remove_dir_all(&dir)
-                .map_err(|e| AdmissionError::io(format!("replacing {}", dir.display()), e))?;
+            fs::remove_dir_all(&dir).map_err(|e| AdmissionError::io(format!("replacing {}", dir.display()), e))?;
         }
-        fs::rename(&partial, &dir)
-            .map_err(|e| AdmissionError::io(format!("moving into {}", dir.display()), e))?;
+        fs::rename(&partial, &dir).map_err(|e| AdmissionError::io(format!("moving into {}", dir.display()), e))?;
         if let Err(reason) = check.check(&dir) {
             let _ = fs::remove_dir_all(&dir);
             let _ = fs::remove_file(self.root.join("admitted").join(format!("{hash}.json")));
@@ -416,12 +344,7 @@ impl ReleaseStore {
         let record_path = self.root.join("admitted").join(format!("{hash}.json"));
         fs::write(&record_path, record.to_string())
             .map_err(|e| AdmissionError::io(format!("writing {}", record_path.display()), e))?;
-        Ok(AdmittedRelease {
-            hash: *hash,
-            dir,
-            info,
-            length,
-        })
+        Ok(AdmittedRelease { hash: *hash, dir, info, length })
     }
 }
 

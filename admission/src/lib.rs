@@ -12,18 +12,14 @@ pub mod archive;
 mod error;
 pub mod manifest;
 
-pub use archive::{
-    build_release_archive, extract_release, ArchiveLimits, BuildOptions, BuiltRelease,
-};
+pub use archive::{build_release_archive, extract_release, ArchiveLimits, BuildOptions, BuiltRelease};
 pub use error::{AdmissionError, Result};
 pub use manifest::ReleaseInfo;
 pub mod host;
 pub mod publish;
 pub mod transport;
 
-pub use host::{
-    AdmittedRelease, GermlineCheck, NoGermlineCheckPlaceholder, ReleaseStore, TufAdmission,
-};
+pub use host::{AdmittedRelease, GermlineCheck, NoGermlineCheckPlaceholder, ReleaseStore, TufAdmission};
 pub use publish::{InitOptions, PublisherRepo, TufKey};
 pub mod conformance;
 pub mod sigstore;

@@ -27,8 +27,7 @@ impl ReleaseInfo {
     /// Parses `germline.toml` text, validating name and version so they are safe to
     /// use in target paths.
     pub fn from_manifest(text: &str) -> Result<Self> {
-        let head: ManifestHead =
-            toml::from_str(text).map_err(|e| AdmissionError::BadManifest(e.to_string()))?;
+        let head: ManifestHead = toml::from_str(text).map_err(|e| AdmissionError::BadManifest(e.to_string()))?;
         let info = head.release;
         info.validate()?;
         Ok(info)
@@ -37,10 +36,7 @@ impl ReleaseInfo {
     fn validate(&self) -> Result<()> {
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 128
-            && self
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+            && self.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
             && !self.name.starts_with('.');
         if !name_ok {
             return Err(AdmissionError::BadManifest(format!(
@@ -50,10 +46,7 @@ impl ReleaseInfo {
         }
         let version_ok = !self.version.is_empty()
             && self.version.len() <= 64
-            && self
-                .version
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b));
+            && self.version.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b));
         if !version_ok {
             return Err(AdmissionError::BadManifest(format!(
                 "release version {:?} must be 1-64 characters of [A-Za-z0-9._+-]",

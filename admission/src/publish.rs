@@ -45,9 +45,7 @@ impl std::fmt::Debug for TufKey {
 impl TufKey {
     /// A fresh key from the operating system's RNG.
     pub fn generate() -> Self {
-        Self {
-            signing: SigningKey::generate(&mut rand_core::OsRng),
-        }
+        Self { signing: SigningKey::generate(&mut rand_core::OsRng) }
     }
 
     /// The public key in TUF's JSON form.
@@ -61,8 +59,7 @@ impl TufKey {
 
     /// SHA-256 of the canonical public key JSON, as python-tuf computes it.
     pub fn key_id(&self) -> String {
-        let bytes = sigstore_tuf::canonical_json::to_canonical_bytes(&self.public_json())
-            .unwrap_or_default();
+        let bytes = sigstore_tuf::canonical_json::to_canonical_bytes(&self.public_json()).unwrap_or_default();
         hex::encode(Sha256::digest(bytes))
     }
 
@@ -84,9 +81,7 @@ impl TufKey {
         let mut seed = [0u8; 32];
         hex::decode_to_slice(private, &mut seed)
             .map_err(|_| AdmissionError::Publish("private key is not 32 hex bytes".into()))?;
-        Ok(Self {
-            signing: SigningKey::from_bytes(&seed),
-        })
+        Ok(Self { signing: SigningKey::from_bytes(&seed) })
     }
 }
 
@@ -94,18 +89,13 @@ impl TufKey {
 pub fn sign_metadata(signed: &Value, keys: &[&TufKey]) -> Result<Value> {
     let bytes = sigstore_tuf::canonical_json::to_canonical_bytes(signed)
         .map_err(|e| AdmissionError::Publish(format!("canonical JSON: {e}")))?;
-    let signatures: Vec<Value> = keys
-        .iter()
-        .map(|k| json!({"keyid": k.key_id(), "sig": k.sign_hex(&bytes)}))
-        .collect();
+    let signatures: Vec<Value> = keys.iter().map(|k| json!({"keyid": k.key_id(), "sig": k.sign_hex(&bytes)})).collect();
     Ok(json!({"signed": signed, "signatures": signatures}))
 }
 
 /// TUF's expiry format: RFC 3339, UTC, whole seconds.
 pub fn expiry(now: jiff::Timestamp, days: i64) -> String {
-    let t = now
-        .checked_add(jiff::SignedDuration::from_hours(24 * days))
-        .unwrap_or(now);
+    let t = now.checked_add(jiff::SignedDuration::from_hours(24 * days)).unwrap_or(now);
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
@@ -124,12 +114,7 @@ pub struct Expiries {
 
 impl Default for Expiries {
     fn default() -> Self {
-        Self {
-            root: 365,
-            targets: 90,
-            snapshot: 7,
-            timestamp: 1,
-        }
+        Self { root: 365, targets: 90, snapshot: 7, timestamp: 1 }
     }
 }
 
@@ -146,11 +131,7 @@ pub struct InitOptions {
 
 impl Default for InitOptions {
     fn default() -> Self {
-        Self {
-            root_keys: 1,
-            root_threshold: 1,
-            expiries: Expiries::default(),
-        }
+        Self { root_keys: 1, root_threshold: 1, expiries: Expiries::default() }
     }
 }
 
@@ -164,16 +145,13 @@ pub struct PublisherRepo {
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let bytes =
-        fs::read(path).map_err(|e| AdmissionError::io(format!("reading {}", path.display()), e))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| AdmissionError::Publish(format!("{}: {e}", path.display())))
+    let bytes = fs::read(path).map_err(|e| AdmissionError::io(format!("reading {}", path.display()), e))?;
+    serde_json::from_slice(&bytes).map_err(|e| AdmissionError::Publish(format!("{}: {e}", path.display())))
 }
 
 fn write_file(path: &Path, bytes: &[u8], private: bool) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)
-        .map_err(|e| AdmissionError::io(format!("creating {}", dir.display()), e))?;
+    fs::create_dir_all(dir).map_err(|e| AdmissionError::io(format!("creating {}", dir.display()), e))?;
     let tmp = path.with_extension("tmp");
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -185,8 +163,7 @@ fn write_file(path: &Path, bytes: &[u8], private: bool) -> Result<()> {
     f.write_all(bytes)
         .and_then(|_| f.sync_all())
         .map_err(|e| AdmissionError::io(format!("writing {}", tmp.display()), e))?;
-    fs::rename(&tmp, path)
-        .map_err(|e| AdmissionError::io(format!("renaming {}", path.display()), e))
+    fs::rename(&tmp, path).map_err(|e| AdmissionError::io(format!("renaming {}", path.display()), e))
 }
 
 fn version_of(v: &Value) -> u64 {
@@ -196,11 +173,7 @@ fn version_of(v: &Value) -> u64 {
 impl PublisherRepo {
     /// Opens an existing repository (`repo`) whose private keys are in `keys`.
     pub fn open(repo: impl Into<PathBuf>, keys: impl Into<PathBuf>) -> Self {
-        Self {
-            repo: repo.into(),
-            keys: keys.into(),
-            expiries: Expiries::default(),
-        }
+        Self { repo: repo.into(), keys: keys.into(), expiries: Expiries::default() }
     }
 
     /// Directory served to hosts: `metadata/` and `targets/` below it.
@@ -225,20 +198,14 @@ impl PublisherRepo {
 
     fn save_role_keys(&self, role: &str, keys: &[TufKey]) -> Result<()> {
         let v = json!({"keys": keys.iter().map(TufKey::to_private_json).collect::<Vec<_>>()});
-        let bytes =
-            serde_json::to_vec_pretty(&v).map_err(|e| AdmissionError::Publish(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(&v).map_err(|e| AdmissionError::Publish(e.to_string()))?;
         write_file(&self.keys.join(format!("{role}.json")), &bytes, true)
     }
 
     fn write_metadata(&self, name: &str, envelope: &Value, versioned: bool) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(envelope)
-            .map_err(|e| AdmissionError::Publish(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(envelope).map_err(|e| AdmissionError::Publish(e.to_string()))?;
         if versioned {
-            write_file(
-                &self.meta(&format!("{}.{name}.json", version_of(envelope))),
-                &bytes,
-                false,
-            )?;
+            write_file(&self.meta(&format!("{}.{name}.json", version_of(envelope))), &bytes, false)?;
         }
         write_file(&self.meta(&format!("{name}.json")), &bytes, false)
     }
@@ -256,27 +223,15 @@ impl PublisherRepo {
         opts: &InitOptions,
         now: jiff::Timestamp,
     ) -> Result<Self> {
-        let this = Self {
-            repo: repo.into(),
-            keys: keys.into(),
-            expiries: opts.expiries,
-        };
+        let this = Self { repo: repo.into(), keys: keys.into(), expiries: opts.expiries };
         if this.meta("root.json").exists() || this.keys.join("root.json").exists() {
-            return Err(AdmissionError::Publish(format!(
-                "{} already holds a repository",
-                this.repo.display()
-            )));
+            return Err(AdmissionError::Publish(format!("{} already holds a repository", this.repo.display())));
         }
         if opts.root_threshold == 0 || opts.root_threshold > opts.root_keys {
-            return Err(AdmissionError::Publish(
-                "root threshold must be 1..=root keys".into(),
-            ));
+            return Err(AdmissionError::Publish("root threshold must be 1..=root keys".into()));
         }
         let mut all: BTreeMap<&str, Vec<TufKey>> = BTreeMap::new();
-        all.insert(
-            "root",
-            (0..opts.root_keys).map(|_| TufKey::generate()).collect(),
-        );
+        all.insert("root", (0..opts.root_keys).map(|_| TufKey::generate()).collect());
         for role in ["targets", "snapshot", "timestamp"] {
             all.insert(role, vec![TufKey::generate()]);
         }
@@ -286,11 +241,7 @@ impl PublisherRepo {
             for k in keys {
                 keys_json.insert(k.key_id(), k.public_json());
             }
-            let threshold = if *role == "root" {
-                opts.root_threshold
-            } else {
-                1
-            };
+            let threshold = if *role == "root" { opts.root_threshold } else { 1 };
             roles_json.insert(
                 role.to_string(),
                 json!({"keyids": keys.iter().map(TufKey::key_id).collect::<Vec<_>>(), "threshold": threshold}),
@@ -310,8 +261,7 @@ impl PublisherRepo {
         }
         let root_keys: Vec<&TufKey> = all["root"].iter().collect();
         this.write_metadata("root", &sign_metadata(&root, &root_keys)?, true)?;
-        fs::create_dir_all(this.repo.join("targets"))
-            .map_err(|e| AdmissionError::io("creating targets dir", e))?;
+        fs::create_dir_all(this.repo.join("targets")).map_err(|e| AdmissionError::io("creating targets dir", e))?;
         let targets = json!({
             "_type": "targets",
             "spec_version": SPEC_VERSION,
@@ -340,9 +290,7 @@ impl PublisherRepo {
 
     /// Signs a new snapshot pinning the current targets, then a new timestamp.
     fn publish_snapshot(&self, now: jiff::Timestamp) -> Result<()> {
-        let targets_version = self.current_signed("targets")?["version"]
-            .as_u64()
-            .unwrap_or(0);
+        let targets_version = self.current_signed("targets")?["version"].as_u64().unwrap_or(0);
         let version = match read_json(&self.meta("snapshot.json")) {
             Ok(v) => version_of(&v) + 1,
             Err(_) => 1,
@@ -363,9 +311,7 @@ impl PublisherRepo {
     /// Signs a new timestamp pinning the current snapshot: what a publisher runs
     /// regularly so hosts do not see the repository as frozen.
     pub fn publish_timestamp(&self, now: jiff::Timestamp) -> Result<()> {
-        let snapshot_version = self.current_signed("snapshot")?["version"]
-            .as_u64()
-            .unwrap_or(0);
+        let snapshot_version = self.current_signed("snapshot")?["version"].as_u64().unwrap_or(0);
         let version = match read_json(&self.meta("timestamp.json")) {
             Ok(v) => version_of(&v) + 1,
             Err(_) => 1,
@@ -385,37 +331,21 @@ impl PublisherRepo {
     /// Adds a release archive as a target named `target_path` (default
     /// `NAME-VERSION.tar.gz`) with custom fields `name` and `version` from its
     /// manifest, and publishes new targets, snapshot and timestamp.
-    pub fn add_target(
-        &self,
-        archive: &Path,
-        target_path: Option<&str>,
-        now: jiff::Timestamp,
-    ) -> Result<String> {
+    pub fn add_target(&self, archive: &Path, target_path: Option<&str>, now: jiff::Timestamp) -> Result<String> {
         let info = read_archive_manifest(archive, &ArchiveLimits::default())?;
         let (hash, length) = hash_file(archive)?;
-        let path = target_path
-            .map(str::to_owned)
-            .unwrap_or_else(|| info.target_path());
-        if path.is_empty()
-            || path.starts_with('/')
-            || path.split('/').any(|c| c == ".." || c.is_empty())
-        {
+        let path = target_path.map(str::to_owned).unwrap_or_else(|| info.target_path());
+        if path.is_empty() || path.starts_with('/') || path.split('/').any(|c| c == ".." || c.is_empty()) {
             return Err(AdmissionError::Publish(format!("bad target path {path:?}")));
         }
         let stored = match path.rsplit_once('/') {
-            Some((dir, name)) => self
-                .repo
-                .join("targets")
-                .join(dir)
-                .join(format!("{hash}.{name}")),
+            Some((dir, name)) => self.repo.join("targets").join(dir).join(format!("{hash}.{name}")),
             None => self.repo.join("targets").join(format!("{hash}.{path}")),
         };
         if let Some(dir) = stored.parent() {
-            fs::create_dir_all(dir)
-                .map_err(|e| AdmissionError::io(format!("creating {}", dir.display()), e))?;
+            fs::create_dir_all(dir).map_err(|e| AdmissionError::io(format!("creating {}", dir.display()), e))?;
         }
-        fs::copy(archive, &stored)
-            .map_err(|e| AdmissionError::io(format!("copying to {}", stored.display()), e))?;
+        fs::copy(archive, &stored).map_err(|e| AdmissionError::io(format!("copying to {}", stored.display()), e))?;
         let mut targets = self.current_signed("targets")?;
         targets["targets"][&path] = json!({
             "length": length,
@@ -428,11 +358,7 @@ impl PublisherRepo {
 
     /// Applies `edit` to the current targets payload and publishes it (new targets,
     /// snapshot and timestamp versions): the hook for edits the CLI has no verb for.
-    pub fn republish_targets(
-        &self,
-        edit: impl FnOnce(&mut Value),
-        now: jiff::Timestamp,
-    ) -> Result<()> {
+    pub fn republish_targets(&self, edit: impl FnOnce(&mut Value), now: jiff::Timestamp) -> Result<()> {
         let mut targets = self.current_signed("targets")?;
         edit(&mut targets);
         self.publish_targets(targets, now)
@@ -446,29 +372,19 @@ impl PublisherRepo {
             "timestamp" => self.publish_timestamp(now),
             "snapshot" => self.publish_snapshot(now),
             "targets" => self.publish_targets(self.current_signed("targets")?, now),
-            other => Err(AdmissionError::Publish(format!(
-                "cannot re-sign role {other:?}"
-            ))),
+            other => Err(AdmissionError::Publish(format!("cannot re-sign role {other:?}"))),
         }
     }
 
     /// Replaces `role`'s keys with `count` fresh ones and threshold `threshold`,
     /// publishing root N+1 signed by both the old and the new root keys (so hosts
     /// pinned to the old root follow), then re-signs what the new keys now cover.
-    pub fn rotate(
-        &self,
-        role: &str,
-        count: usize,
-        threshold: usize,
-        now: jiff::Timestamp,
-    ) -> Result<()> {
+    pub fn rotate(&self, role: &str, count: usize, threshold: usize, now: jiff::Timestamp) -> Result<()> {
         if !TOP_LEVEL_ROLES.contains(&role) {
             return Err(AdmissionError::Publish(format!("unknown role {role:?}")));
         }
         if threshold == 0 || threshold > count {
-            return Err(AdmissionError::Publish(
-                "threshold must be 1..=key count".into(),
-            ));
+            return Err(AdmissionError::Publish("threshold must be 1..=key count".into()));
         }
         let old_root_keys = self.role_keys("root")?;
         let mut root = self.current_signed("root")?;
@@ -487,11 +403,7 @@ impl PublisherRepo {
             .flat_map(|r| {
                 root["roles"][*r]["keyids"]
                     .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(str::to_owned))
-                            .collect::<Vec<_>>()
-                    })
+                    .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect::<Vec<_>>())
                     .unwrap_or_default()
             })
             .collect();
@@ -507,11 +419,8 @@ impl PublisherRepo {
         let envelope = sign_metadata(&root, &signers)?;
         // Keep the retired keys beside the new ones, named by the root that retired them.
         let retired = self.keys.join(format!("{role}.json"));
-        let backup = self
-            .keys
-            .join(format!("{role}.retired-v{old_version}.json"));
-        fs::copy(&retired, &backup)
-            .map_err(|e| AdmissionError::io(format!("backing up {}", retired.display()), e))?;
+        let backup = self.keys.join(format!("{role}.retired-v{old_version}.json"));
+        fs::copy(&retired, &backup).map_err(|e| AdmissionError::io(format!("backing up {}", retired.display()), e))?;
         self.save_role_keys(role, &new_keys)?;
         self.write_metadata("root", &envelope, true)?;
         match role {

@@ -5,9 +5,7 @@
 
 use std::path::Path;
 
-use sigstore_verify::trust_root::{
-    TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT, SIGSTORE_STAGING_TRUSTED_ROOT,
-};
+use sigstore_verify::trust_root::{TrustedRoot, SIGSTORE_PRODUCTION_TRUSTED_ROOT, SIGSTORE_STAGING_TRUSTED_ROOT};
 use sigstore_verify::types::{Bundle, DerPublicKey, Sha256Hash, SignatureBytes};
 use sigstore_verify::{PublicKeyVerificationPolicy, VerificationPolicy, Verifier};
 
@@ -43,16 +41,11 @@ impl SignedArtifact {
     pub fn from_arg(arg: &str) -> Result<Self> {
         if let Some(hexd) = arg.strip_prefix("sha256:") {
             let mut d = [0u8; 32];
-            if hexd.len() == 64
-                && hex::decode_to_slice(hexd, &mut d).is_ok()
-                && !Path::new(arg).exists()
-            {
+            if hexd.len() == 64 && hex::decode_to_slice(hexd, &mut d).is_ok() && !Path::new(arg).exists() {
                 return Ok(Self::Sha256(d));
             }
         }
-        std::fs::read(arg)
-            .map(Self::Bytes)
-            .map_err(|e| AdmissionError::io(format!("reading {arg}"), e))
+        std::fs::read(arg).map(Self::Bytes).map_err(|e| AdmissionError::io(format!("reading {arg}"), e))
     }
 }
 
@@ -72,9 +65,7 @@ fn verify_error(e: sigstore_verify::Error) -> AdmissionError {
     use sigstore_verify::Error as E;
     let text = chain(&e);
     match e {
-        E::IdentityMismatch { .. } | E::IssuerMismatch { .. } => {
-            AdmissionError::SigstoreIdentity(text)
-        }
+        E::IdentityMismatch { .. } | E::IssuerMismatch { .. } => AdmissionError::SigstoreIdentity(text),
         E::SignatureInvalid(_) | E::ArtifactMismatch(_) => AdmissionError::BadSignature(text),
         E::TransparencyLog(_) => AdmissionError::TransparencyLog(text),
         _ => AdmissionError::Sigstore(text),
@@ -106,8 +97,8 @@ pub fn verify_bundle(
     policy: &SignerPolicy,
     trusted_root_json: Option<&str>,
 ) -> Result<()> {
-    let bundle = Bundle::from_json(bundle_json)
-        .map_err(|e| AdmissionError::Sigstore(format!("bad bundle: {}", chain(&e))))?;
+    let bundle =
+        Bundle::from_json(bundle_json).map_err(|e| AdmissionError::Sigstore(format!("bad bundle: {}", chain(&e))))?;
     let root_json = trusted_root_json.unwrap_or(SIGSTORE_PRODUCTION_TRUSTED_ROOT);
     let root = TrustedRoot::from_json(root_json)
         .map_err(|e| AdmissionError::Sigstore(format!("bad trusted root: {}", chain(&e))))?;
@@ -121,8 +112,8 @@ pub fn verify_bundle(
             }
         }
         (SignerPolicy::Key(pem), art) => {
-            let key = DerPublicKey::from_pem(pem)
-                .map_err(|e| AdmissionError::Sigstore(format!("bad public key: {e}")))?;
+            let key =
+                DerPublicKey::from_pem(pem).map_err(|e| AdmissionError::Sigstore(format!("bad public key: {e}")))?;
             let p = PublicKeyVerificationPolicy::new(key);
             match art {
                 SignedArtifact::Bytes(b) => verifier.verify(b.as_slice(), &bundle, &p),
@@ -135,14 +126,10 @@ pub fn verify_bundle(
 
 /// Verifies a cosign `sign-blob --key` signature (base64 DER ECDSA, or any scheme
 /// the key's SPKI names) over `artifact` with the pinned PEM public key.
-pub fn verify_cosign_signature(
-    artifact: &SignedArtifact,
-    signature_b64: &str,
-    public_key_pem: &str,
-) -> Result<()> {
+pub fn verify_cosign_signature(artifact: &SignedArtifact, signature_b64: &str, public_key_pem: &str) -> Result<()> {
     use base64::Engine;
-    let key = DerPublicKey::from_pem(public_key_pem)
-        .map_err(|e| AdmissionError::Sigstore(format!("bad public key: {e}")))?;
+    let key =
+        DerPublicKey::from_pem(public_key_pem).map_err(|e| AdmissionError::Sigstore(format!("bad public key: {e}")))?;
     let vk = sigstore_verify::crypto::VerificationKey::from_spki(&key)
         .map_err(|e| AdmissionError::Sigstore(format!("unusable public key: {e}")))?;
     let raw = base64::engine::general_purpose::STANDARD
@@ -164,20 +151,17 @@ pub fn verify_bundle_file(
     policy: &SignerPolicy,
     trusted_root: &TrustedRootChoice,
 ) -> Result<()> {
-    let text = std::fs::read_to_string(bundle)
-        .map_err(|e| AdmissionError::io(format!("reading {}", bundle.display()), e))?;
+    let text =
+        std::fs::read_to_string(bundle).map_err(|e| AdmissionError::io(format!("reading {}", bundle.display()), e))?;
     let root = match trusted_root {
         TrustedRootChoice::Default => None,
         TrustedRootChoice::Staging => Some(SIGSTORE_STAGING_TRUSTED_ROOT.to_owned()),
-        TrustedRootChoice::File(p) => Some(
-            std::fs::read_to_string(p)
-                .map_err(|e| AdmissionError::io(format!("reading {}", p.display()), e))?,
-        ),
+        TrustedRootChoice::File(p) => {
+            Some(std::fs::read_to_string(p).map_err(|e| AdmissionError::io(format!("reading {}", p.display()), e))?)
+        }
     };
     match policy {
-        SignerPolicy::Key(pem) if !text.trim_start().starts_with('{') => {
-            verify_cosign_signature(artifact, &text, pem)
-        }
+        SignerPolicy::Key(pem) if !text.trim_start().starts_with('{') => verify_cosign_signature(artifact, &text, pem),
         _ => verify_bundle(&text, artifact, policy, root.as_deref()),
     }
 }

@@ -30,9 +30,7 @@ impl Base {
             }
             Base::Http(s)
         } else {
-            Base::Dir(PathBuf::from(
-                location.strip_prefix("file://").unwrap_or(location),
-            ))
+            Base::Dir(PathBuf::from(location.strip_prefix("file://").unwrap_or(location)))
         }
     }
 
@@ -55,15 +53,11 @@ pub struct RepoSource {
 fn safe_name(name: &str) -> sigstore_tuf::Result<()> {
     if name.is_empty()
         || name.starts_with('/')
-        || name
-            .split('/')
-            .any(|c| c == ".." || c == "." || c.is_empty())
+        || name.split('/').any(|c| c == ".." || c == "." || c.is_empty())
         || name.contains('\\')
         || name.contains('\0')
     {
-        return Err(sigstore_tuf::Error::transport(format!(
-            "refusing unsafe repository path {name:?}"
-        )));
+        return Err(sigstore_tuf::Error::transport(format!("refusing unsafe repository path {name:?}")));
     }
     Ok(())
 }
@@ -74,18 +68,12 @@ impl RepoSource {
     /// and python-tuf's examples write).
     pub fn parse(location: &str) -> Self {
         let base = Base::parse(location);
-        Self {
-            metadata: base.join("metadata"),
-            targets: base.join("targets"),
-        }
+        Self { metadata: base.join("metadata"), targets: base.join("targets") }
     }
 
     /// Separate metadata and targets bases (as the conformance harness gives them).
     pub fn with_bases(metadata: &str, targets: &str) -> Self {
-        Self {
-            metadata: Base::parse(metadata),
-            targets: Base::parse(targets),
-        }
+        Self { metadata: Base::parse(metadata), targets: Base::parse(targets) }
     }
 
     /// Reads at most `max_length` bytes of `name` under `base`; `Ok(None)` if absent.
@@ -97,12 +85,7 @@ impl RepoSource {
                 match std::fs::File::open(path.join(name)) {
                     Ok(f) => Box::new(f),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => {
-                        return Err(sigstore_tuf::Error::transport_with_source(
-                            format!("reading {name}"),
-                            e,
-                        ))
-                    }
+                    Err(e) => return Err(sigstore_tuf::Error::transport_with_source(format!("reading {name}"), e)),
                 }
             }
             Base::Http(url) => {
@@ -114,10 +97,7 @@ impl RepoSource {
                     Ok(resp) => Box::new(resp.into_reader()),
                     Err(ureq::Error::Status(404 | 403, _)) => return Ok(None),
                     Err(e) => {
-                        return Err(sigstore_tuf::Error::transport_with_source(
-                            format!("GET {url}{name}"),
-                            Box::new(e),
-                        ))
+                        return Err(sigstore_tuf::Error::transport_with_source(format!("GET {url}{name}"), Box::new(e)))
                     }
                 }
             }
@@ -126,24 +106,15 @@ impl RepoSource {
         reader
             .take(max_length.saturating_add(1))
             .read_to_end(&mut buf)
-            .map_err(|e| {
-                sigstore_tuf::Error::transport_with_source(format!("reading {name}"), e)
-            })?;
+            .map_err(|e| sigstore_tuf::Error::transport_with_source(format!("reading {name}"), e))?;
         if buf.len() as u64 > max_length {
-            return Err(sigstore_tuf::Error::transport_with_source(
-                name.to_owned(),
-                TooLong(max_length),
-            ));
+            return Err(sigstore_tuf::Error::transport_with_source(name.to_owned(), TooLong(max_length)));
         }
         Ok(Some(buf))
     }
 
     /// Reads a target file (repository-relative path), bounded by `max_length`.
-    pub fn read_target(
-        &self,
-        path: &str,
-        max_length: u64,
-    ) -> sigstore_tuf::Result<Option<Vec<u8>>> {
+    pub fn read_target(&self, path: &str, max_length: u64) -> sigstore_tuf::Result<Option<Vec<u8>>> {
         Self::read(&self.targets, path, max_length)
     }
 }

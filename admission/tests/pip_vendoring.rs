@@ -20,16 +20,8 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
     z.writestr("germtest-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
     z.writestr("germtest-1.0.dist-info/RECORD", "")
 "#;
-    let out = std::process::Command::new(python)
-        .args(["-c", script])
-        .arg(&wheel)
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = std::process::Command::new(python).args(["-c", script]).arg(&wheel).output().expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     wheel
 }
 
@@ -44,32 +36,20 @@ fn pip_vendored_release_is_reproducible_and_carries_the_dependency() {
     let rel = tmp.path().join("rel");
     common::sample_release(&rel, "1.0.0");
     let wheel = make_wheel(&python, tmp.path());
-    let opts = BuildOptions {
-        pip: vec![wheel.display().to_string()],
-        python: Some(python),
-    };
+    let opts = BuildOptions { pip: vec![wheel.display().to_string()], python: Some(python) };
     let a = tmp.path().join("a.tar.gz");
     let b = tmp.path().join("b.tar.gz");
     let first = build_release_archive(&rel, &a, &opts).expect("build with pip");
     let second = build_release_archive(&rel, &b, &opts).expect("build again");
     assert_eq!(first.hash, second.hash);
     assert_eq!(fs::read(&a).expect("a"), fs::read(&b).expect("b"));
-    assert!(
-        !rel.join("vendor").exists(),
-        "the source tree is not modified"
-    );
+    assert!(!rel.join("vendor").exists(), "the source tree is not modified");
 
     let out = tmp.path().join("out");
     extract_release(&a, &out, &ArchiveLimits::default()).expect("extract");
-    assert_eq!(
-        fs::read_to_string(out.join("vendor/germtest/__init__.py")).expect("dep"),
-        "VALUE = 42\n"
-    );
+    assert_eq!(fs::read_to_string(out.join("vendor/germtest/__init__.py")).expect("dep"), "VALUE = 42\n");
     for f in ["RECORD", "INSTALLER", "REQUESTED", "direct_url.json"] {
-        assert!(
-            !out.join("vendor/germtest-1.0.dist-info").join(f).exists(),
-            "{f} stripped"
-        );
+        assert!(!out.join("vendor/germtest-1.0.dist-info").join(f).exists(), "{f} stripped");
     }
     assert!(out.join("vendor/germtest-1.0.dist-info/METADATA").is_file());
 }

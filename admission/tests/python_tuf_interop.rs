@@ -9,9 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use germline_admission::{
-    InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, TufAdmission,
-};
+use germline_admission::{InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, TufAdmission};
 
 /// Writes a consistent-snapshot repository with python-tuf's Metadata API.
 const PY_PUBLISH: &str = r#"
@@ -70,11 +68,7 @@ fn run_py(python: &Path, script: &str, args: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().expect("tmp");
     let file = dir.path().join("script.py");
     fs::write(&file, script).expect("write script");
-    Command::new(python)
-        .arg(&file)
-        .args(args)
-        .output()
-        .expect("run python")
+    Command::new(python).arg(&file).args(args).output().expect("run python")
 }
 
 #[test]
@@ -85,36 +79,20 @@ fn python_tuf_repository_is_admitted_by_germline() {
     let tmp = tempfile::tempdir().expect("tmp");
     let (archive, built) = common::built_release(tmp.path(), "2.0.0");
     let repo = tmp.path().join("pyrepo");
-    let out = run_py(
-        &python,
-        PY_PUBLISH,
-        &[
-            repo.to_str().expect("utf8"),
-            archive.to_str().expect("utf8"),
-            "notes",
-            "2.0.0",
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "python-tuf publish failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out =
+        run_py(&python, PY_PUBLISH, &[repo.to_str().expect("utf8"), archive.to_str().expect("utf8"), "notes", "2.0.0"]);
+    assert!(out.status.success(), "python-tuf publish failed: {}", String::from_utf8_lossy(&out.stderr));
     let root = fs::read(repo.join("metadata/1.root.json")).expect("root");
     let store = ReleaseStore::open(tmp.path().join("store")).expect("store");
 
     let from_dir = TufAdmission::new(repo.display().to_string(), root.clone(), "notes");
-    let admitted = store
-        .admit_tuf(&from_dir, &NoGermlineCheckPlaceholder)
-        .expect("admitted from dir");
+    let admitted = store.admit_tuf(&from_dir, &NoGermlineCheckPlaceholder).expect("admitted from dir");
     assert_eq!(admitted.hash, built.hash);
     assert_eq!(admitted.info.version, "2.0.0");
 
     let url = common::serve_dir(repo.clone(), 64);
     let over_http = TufAdmission::new(url, root, "notes-2.0.0.tar.gz");
-    store
-        .admit_tuf(&over_http, &NoGermlineCheckPlaceholder)
-        .expect("admitted over http");
+    store.admit_tuf(&over_http, &NoGermlineCheckPlaceholder).expect("admitted over http");
 }
 
 #[test]
@@ -124,13 +102,8 @@ fn germline_repository_verifies_with_python_tuf_ngclient() {
     };
     let tmp = tempfile::tempdir().expect("tmp");
     let now = germline_admission::Timestamp::now();
-    let repo = PublisherRepo::init(
-        tmp.path().join("repo"),
-        tmp.path().join("keys"),
-        &InitOptions::default(),
-        now,
-    )
-    .expect("init");
+    let repo = PublisherRepo::init(tmp.path().join("repo"), tmp.path().join("keys"), &InitOptions::default(), now)
+        .expect("init");
     let (archive, built) = common::built_release(tmp.path(), "1.0.0");
     repo.add_target(&archive, None, now).expect("add");
     // Exercise root and role rotation too: ngclient must walk 1 -> 3.
@@ -142,29 +115,12 @@ fn germline_repository_verifies_with_python_tuf_ngclient() {
     let out = run_py(
         &python,
         PY_NGCLIENT,
-        &[
-            root.to_str().expect("utf8"),
-            &url,
-            work.to_str().expect("utf8"),
-            "notes-1.0.0.tar.gz",
-        ],
+        &[root.to_str().expect("utf8"), &url, work.to_str().expect("utf8"), "notes-1.0.0.tar.gz"],
     );
-    assert!(
-        out.status.success(),
-        "ngclient refused: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ngclient refused: {}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(
-        report["custom"],
-        serde_json::json!({"name": "notes", "version": "1.0.0"})
-    );
+    assert_eq!(report["custom"], serde_json::json!({"name": "notes", "version": "1.0.0"}));
     let downloaded = fs::read(report["path"].as_str().expect("path")).expect("downloaded");
-    assert_eq!(
-        germline_admission::archive::hash_file(&archive)
-            .expect("hash")
-            .0,
-        built.hash
-    );
+    assert_eq!(germline_admission::archive::hash_file(&archive).expect("hash").0, built.hash);
     assert_eq!(downloaded, fs::read(&archive).expect("archive"));
 }

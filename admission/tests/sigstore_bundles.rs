@@ -4,9 +4,7 @@
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use germline_admission::sigstore::{
-    verify_bundle, verify_cosign_signature, SignedArtifact, SignerPolicy,
-};
+use germline_admission::sigstore::{verify_bundle, verify_cosign_signature, SignedArtifact, SignerPolicy};
 use germline_admission::AdmissionError;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -70,10 +68,7 @@ impl Log {
         let sig = self.key.sign(note.as_bytes()).expect("sign checkpoint");
         let mut hinted = self.log_id()[..4].to_vec();
         hinted.extend_from_slice(sig.as_bytes());
-        let checkpoint = format!(
-            "{note}\n\u{2014} rekor.germline.test {}\n",
-            B64.encode(hinted)
-        );
+        let checkpoint = format!("{note}\n\u{2014} rekor.germline.test {}\n", B64.encode(hinted));
         let integrated = jiff::Timestamp::now().as_second() - 60;
         let set_payload = format!(
             "{{\"body\":\"{}\",\"integratedTime\":{integrated},\"logID\":\"{}\",\"logIndex\":0}}",
@@ -143,14 +138,12 @@ fn cosign_key_signature_verifies_and_refuses_wrong_key_and_tampering() {
     let sig = B64.encode(publisher.sign(ARTIFACT));
     verify_cosign_signature(&bytes(ARTIFACT), &sig, &publisher.pem).expect("verifies");
     let digest: [u8; 32] = Sha256::digest(ARTIFACT).into();
-    verify_cosign_signature(&SignedArtifact::Sha256(digest), &sig, &publisher.pem)
-        .expect("verifies by digest");
+    verify_cosign_signature(&SignedArtifact::Sha256(digest), &sig, &publisher.pem).expect("verifies by digest");
 
     let other = Publisher::new();
     let err = verify_cosign_signature(&bytes(ARTIFACT), &sig, &other.pem).expect_err("wrong key");
     assert!(matches!(err, AdmissionError::BadSignature(_)), "{err}");
-    let err = verify_cosign_signature(&bytes(b"release archive bytez"), &sig, &publisher.pem)
-        .expect_err("tampered");
+    let err = verify_cosign_signature(&bytes(b"release archive bytez"), &sig, &publisher.pem).expect_err("tampered");
     assert!(matches!(err, AdmissionError::BadSignature(_)), "{err}");
 }
 
@@ -175,19 +168,9 @@ fn openssl_made_cosign_style_signature_verifies() {
         return;
     }
     std::fs::write(tmp.path().join("blob"), ARTIFACT).expect("blob");
-    assert!(run(&[
-        "ecparam",
-        "-name",
-        "prime256v1",
-        "-genkey",
-        "-noout",
-        "-out",
-        "k.pem"
-    ]));
+    assert!(run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "k.pem"]));
     assert!(run(&["ec", "-in", "k.pem", "-pubout", "-out", "k.pub"]));
-    assert!(run(&[
-        "dgst", "-sha256", "-sign", "k.pem", "-out", "sig.der", "blob"
-    ]));
+    assert!(run(&["dgst", "-sha256", "-sign", "k.pem", "-out", "sig.der", "blob"]));
     let sig = B64.encode(std::fs::read(tmp.path().join("sig.der")).expect("sig"));
     let pem = std::fs::read_to_string(tmp.path().join("k.pub")).expect("pub");
     verify_cosign_signature(&bytes(ARTIFACT), &sig, &pem).expect("verifies");
@@ -199,21 +182,9 @@ fn key_based_bundle_with_log_entry_verifies() {
     let publisher = Publisher::new();
     let bundle = publisher.bundle(&log).to_string();
     let policy = SignerPolicy::Key(publisher.pem.clone());
-    verify_bundle(
-        &bundle,
-        &bytes(ARTIFACT),
-        &policy,
-        Some(&log.trusted_root()),
-    )
-    .expect("verifies with log");
+    verify_bundle(&bundle, &bytes(ARTIFACT), &policy, Some(&log.trusted_root())).expect("verifies with log");
     let digest: [u8; 32] = Sha256::digest(ARTIFACT).into();
-    verify_bundle(
-        &bundle,
-        &SignedArtifact::Sha256(digest),
-        &policy,
-        Some(&log.trusted_root()),
-    )
-    .expect("by digest");
+    verify_bundle(&bundle, &SignedArtifact::Sha256(digest), &policy, Some(&log.trusted_root())).expect("by digest");
     // Without a trusted root the public-good root applies, which does not know
     // the test log: the log entry is still checked, so this is refused.
     let err = verify_bundle(&bundle, &bytes(ARTIFACT), &policy, None).expect_err("unknown log");
@@ -229,45 +200,25 @@ fn key_based_bundle_refusals() {
     let policy = SignerPolicy::Key(publisher.pem.clone());
 
     let wrong = SignerPolicy::Key(Publisher::new().pem);
-    let err = verify_bundle(&bundle.to_string(), &bytes(ARTIFACT), &wrong, Some(&root))
-        .expect_err("wrong key");
+    let err = verify_bundle(&bundle.to_string(), &bytes(ARTIFACT), &wrong, Some(&root)).expect_err("wrong key");
     assert!(matches!(err, AdmissionError::BadSignature(_)), "{err}");
 
-    let err = verify_bundle(
-        &bundle.to_string(),
-        &bytes(b"tampered"),
-        &policy,
-        Some(&root),
-    )
-    .expect_err("tampered");
+    let err = verify_bundle(&bundle.to_string(), &bytes(b"tampered"), &policy, Some(&root)).expect_err("tampered");
     assert!(matches!(err, AdmissionError::BadSignature(_)), "{err}");
 
     let mut bad_proof = bundle.clone();
-    bad_proof["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]["hashes"] =
-        json!([B64.encode([7u8; 32])]);
-    let err = verify_bundle(
-        &bad_proof.to_string(),
-        &bytes(ARTIFACT),
-        &policy,
-        Some(&root),
-    )
-    .expect_err("proof");
+    bad_proof["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]["hashes"] = json!([B64.encode([7u8; 32])]);
+    let err = verify_bundle(&bad_proof.to_string(), &bytes(ARTIFACT), &policy, Some(&root)).expect_err("proof");
     assert!(matches!(err, AdmissionError::TransparencyLog(_)), "{err}");
 
     let mut bad_set = bundle.clone();
     bad_set["verificationMaterial"]["tlogEntries"][0]["integratedTime"] = json!("1700000000");
-    let err = verify_bundle(&bad_set.to_string(), &bytes(ARTIFACT), &policy, Some(&root))
-        .expect_err("SET");
+    let err = verify_bundle(&bad_set.to_string(), &bytes(ARTIFACT), &policy, Some(&root)).expect_err("SET");
     assert!(matches!(err, AdmissionError::TransparencyLog(_)), "{err}");
 
     // A log this host does not trust.
-    let err = verify_bundle(
-        &bundle.to_string(),
-        &bytes(ARTIFACT),
-        &policy,
-        Some(&Log::new().trusted_root()),
-    )
-    .expect_err("unknown log");
+    let err = verify_bundle(&bundle.to_string(), &bytes(ARTIFACT), &policy, Some(&Log::new().trusted_root()))
+        .expect_err("unknown log");
     assert!(matches!(err, AdmissionError::TransparencyLog(_)), "{err}");
 }
 
@@ -304,33 +255,21 @@ impl Fulcio {
     fn new() -> Self {
         let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("ca key");
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "germline test fulcio");
+        params.distinguished_name.push(rcgen::DnType::CommonName, "germline test fulcio");
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2099, 1, 1);
         let ca = params.self_signed(&ca_key).expect("ca");
         let ca_der = ca.der().to_vec();
         let ct = KeyPair::generate_ecdsa_p256().expect("ct key");
         let ct_der = ct.public_key_der().expect("der").as_bytes().to_vec();
-        Self {
-            ca_der,
-            issuer: rcgen::Issuer::new(params, ca_key),
-            ct,
-            ct_der,
-        }
+        Self { ca_der, issuer: rcgen::Issuer::new(params, ca_key), ct, ct_der }
     }
 
     fn leaf_params(&self, identity: &str, sct: Option<Vec<u8>>) -> rcgen::CertificateParams {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.subject_alt_names = vec![rcgen::SanType::Rfc822Name(
-            identity.try_into().expect("ia5"),
-        )];
+        params.subject_alt_names = vec![rcgen::SanType::Rfc822Name(identity.try_into().expect("ia5"))];
         params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
@@ -338,10 +277,7 @@ impl Fulcio {
         params.serial_number = Some(rcgen::SerialNumber::from(vec![1, 2, 3, 4]));
         params.use_authority_key_identifier_extension = true;
         params.custom_extensions = vec![
-            rcgen::CustomExtension::from_oid_content(
-                &[1, 3, 6, 1, 4, 1, 57264, 1, 1],
-                ISSUER.as_bytes().to_vec(),
-            ),
+            rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 57264, 1, 1], ISSUER.as_bytes().to_vec()),
             rcgen::CustomExtension::from_oid_content(
                 &[1, 3, 6, 1, 4, 1, 57264, 1, 8],
                 der_tlv(0x0c, ISSUER.as_bytes()),
@@ -350,10 +286,7 @@ impl Fulcio {
         if let Some(sct) = sct {
             params
                 .custom_extensions
-                .push(rcgen::CustomExtension::from_oid_content(
-                    &[1, 3, 6, 1, 4, 1, 11129, 2, 4, 2],
-                    sct,
-                ));
+                .push(rcgen::CustomExtension::from_oid_content(&[1, 3, 6, 1, 4, 1, 11129, 2, 4, 2], sct));
         }
         params
     }
@@ -361,26 +294,14 @@ impl Fulcio {
     /// A leaf for `identity` with an embedded SCT from the test CT log.
     fn leaf(&self, identity: &str, key: &rcgen::KeyPair, with_sct: bool) -> Vec<u8> {
         use x509_cert::der::{Decode, Encode};
-        let pre = self
-            .leaf_params(identity, None)
-            .signed_by(key, &self.issuer)
-            .expect("precert");
+        let pre = self.leaf_params(identity, None).signed_by(key, &self.issuer).expect("precert");
         if !with_sct {
             return pre.der().to_vec();
         }
-        let tbs = x509_cert::Certificate::from_der(pre.der())
-            .expect("parse")
-            .tbs_certificate
-            .to_der()
-            .expect("tbs");
+        let tbs = x509_cert::Certificate::from_der(pre.der()).expect("parse").tbs_certificate.to_der().expect("tbs");
         let ca = x509_cert::Certificate::from_der(&self.ca_der).expect("parse ca");
-        let issuer_key_hash: [u8; 32] = Sha256::digest(
-            ca.tbs_certificate
-                .subject_public_key_info
-                .to_der()
-                .expect("spki"),
-        )
-        .into();
+        let issuer_key_hash: [u8; 32] =
+            Sha256::digest(ca.tbs_certificate.subject_public_key_info.to_der().expect("spki")).into();
         let timestamp = (jiff::Timestamp::now().as_second() as u64 - 3600) * 1000;
         let mut signed = vec![0u8, 0u8];
         signed.extend(timestamp.to_be_bytes());
@@ -400,10 +321,7 @@ impl Fulcio {
         let mut list = ((sct.len() + 2) as u16).to_be_bytes().to_vec();
         list.extend((sct.len() as u16).to_be_bytes());
         list.extend(&sct);
-        let cert = self
-            .leaf_params(identity, Some(der_tlv(0x04, &list)))
-            .signed_by(key, &self.issuer)
-            .expect("leaf");
+        let cert = self.leaf_params(identity, Some(der_tlv(0x04, &list))).signed_by(key, &self.issuer).expect("leaf");
         cert.der().to_vec()
     }
 
@@ -460,10 +378,7 @@ impl Fulcio {
 }
 
 fn identity_policy(identity: &str, issuer: &str) -> SignerPolicy {
-    SignerPolicy::Identity {
-        identity: identity.into(),
-        issuer: issuer.into(),
-    }
+    SignerPolicy::Identity { identity: identity.into(), issuer: issuer.into() }
 }
 
 #[test]
@@ -472,13 +387,7 @@ fn identity_bundle_verifies_against_test_trusted_root() {
     let fulcio = Fulcio::new();
     let root = fulcio.trusted_root(&log);
     let bundle = fulcio.bundle(&log, IDENTITY, true).to_string();
-    verify_bundle(
-        &bundle,
-        &bytes(ARTIFACT),
-        &identity_policy(IDENTITY, ISSUER),
-        Some(&root),
-    )
-    .expect("verifies");
+    verify_bundle(&bundle, &bytes(ARTIFACT), &identity_policy(IDENTITY, ISSUER), Some(&root)).expect("verifies");
 }
 
 #[test]
@@ -506,31 +415,21 @@ fn identity_bundle_refusals() {
     .expect_err("wrong issuer");
     assert!(matches!(err, AdmissionError::SigstoreIdentity(_)), "{err}");
 
-    let err = verify_bundle(&bundle.to_string(), &bytes(b"tampered"), &good, Some(&root))
-        .expect_err("tampered");
+    let err = verify_bundle(&bundle.to_string(), &bytes(b"tampered"), &good, Some(&root)).expect_err("tampered");
     assert!(matches!(err, AdmissionError::BadSignature(_)), "{err}");
 
     let mut bad_proof = bundle.clone();
-    bad_proof["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]["hashes"] =
-        json!([B64.encode([9u8; 32])]);
-    let err = verify_bundle(&bad_proof.to_string(), &bytes(ARTIFACT), &good, Some(&root))
-        .expect_err("proof");
+    bad_proof["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]["hashes"] = json!([B64.encode([9u8; 32])]);
+    let err = verify_bundle(&bad_proof.to_string(), &bytes(ARTIFACT), &good, Some(&root)).expect_err("proof");
     assert!(matches!(err, AdmissionError::TransparencyLog(_)), "{err}");
 
     // The same bundle shape without an SCT: the CT check is really applied.
     let no_sct = fulcio.bundle(&log, IDENTITY, false);
-    let err = verify_bundle(&no_sct.to_string(), &bytes(ARTIFACT), &good, Some(&root))
-        .expect_err("no SCT");
+    let err = verify_bundle(&no_sct.to_string(), &bytes(ARTIFACT), &good, Some(&root)).expect_err("no SCT");
     assert!(matches!(err, AdmissionError::Sigstore(_)), "{err}");
 
     // A certificate from a CA the trusted root does not list.
     let other_root = Fulcio::new().trusted_root(&log);
-    let err = verify_bundle(
-        &bundle.to_string(),
-        &bytes(ARTIFACT),
-        &good,
-        Some(&other_root),
-    )
-    .expect_err("foreign CA");
+    let err = verify_bundle(&bundle.to_string(), &bytes(ARTIFACT), &good, Some(&other_root)).expect_err("foreign CA");
     assert!(matches!(err, AdmissionError::Sigstore(_)), "{err}");
 }

@@ -8,8 +8,7 @@ use std::path::Path;
 
 use germline_admission::publish::{sign_metadata, TufKey};
 use germline_admission::{
-    AdmissionError, GermlineCheck, InitOptions, NoGermlineCheckPlaceholder, PublisherRepo,
-    ReleaseStore, TufAdmission,
+    AdmissionError, GermlineCheck, InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, TufAdmission,
 };
 
 struct Fixture {
@@ -23,37 +22,18 @@ struct Fixture {
 fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().expect("tmp");
     let now = jiff::Timestamp::now();
-    let repo = PublisherRepo::init(
-        tmp.path().join("repo"),
-        tmp.path().join("keys"),
-        &InitOptions::default(),
-        now,
-    )
-    .expect("init");
+    let repo = PublisherRepo::init(tmp.path().join("repo"), tmp.path().join("keys"), &InitOptions::default(), now)
+        .expect("init");
     let (archive, _) = common::built_release(tmp.path(), "1.0.0");
     repo.add_target(&archive, None, now).expect("add");
     let root = fs::read(tmp.path().join("repo/metadata/1.root.json")).expect("root");
-    Fixture {
-        store_dir: tmp.path().join("store"),
-        _tmp: tmp,
-        repo,
-        root,
-        now,
-    }
+    Fixture { store_dir: tmp.path().join("store"), _tmp: tmp, repo, root, now }
 }
 
 impl Fixture {
-    fn admit_at(
-        &self,
-        now: jiff::Timestamp,
-    ) -> Result<germline_admission::AdmittedRelease, AdmissionError> {
+    fn admit_at(&self, now: jiff::Timestamp) -> Result<germline_admission::AdmittedRelease, AdmissionError> {
         let store = ReleaseStore::open(&self.store_dir).expect("store");
-        let req = TufAdmission::new(
-            self.repo.repo_dir().display().to_string(),
-            self.root.clone(),
-            "notes",
-        )
-        .at(now);
+        let req = TufAdmission::new(self.repo.repo_dir().display().to_string(), self.root.clone(), "notes").at(now);
         store.admit_tuf(&req, &NoGermlineCheckPlaceholder)
     }
 
@@ -67,12 +47,7 @@ impl Fixture {
 
     fn target_file(&self) -> std::path::PathBuf {
         let dir = self.repo.repo_dir().join("targets");
-        fs::read_dir(&dir)
-            .expect("ls")
-            .flatten()
-            .map(|e| e.path())
-            .next()
-            .expect("one target")
+        fs::read_dir(&dir).expect("ls").flatten().map(|e| e.path()).next().expect("one target")
     }
 }
 
@@ -92,9 +67,7 @@ fn published_release_is_admitted_from_dir_and_over_http() {
 
     let url = common::serve_dir(f.repo.repo_dir().to_path_buf(), 64);
     let req = TufAdmission::new(url, f.root.clone(), "notes-1.0.0.tar.gz");
-    let again = store
-        .admit_tuf(&req, &NoGermlineCheckPlaceholder)
-        .expect("admitted over http");
+    let again = store.admit_tuf(&req, &NoGermlineCheckPlaceholder).expect("admitted over http");
     assert_eq!(again.hash, admitted.hash);
 }
 
@@ -107,17 +80,8 @@ fn flipped_byte_is_refused_by_hash() {
     bytes[mid] ^= 1;
     fs::write(&target, bytes).expect("write");
     let err = f.admit().expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::TargetHashMismatch { .. }),
-        "{err}"
-    );
-    assert!(
-        fs::read_dir(f.store_dir.join("releases"))
-            .expect("ls")
-            .next()
-            .is_none(),
-        "nothing extracted"
-    );
+    assert!(matches!(err, AdmissionError::TargetHashMismatch { .. }), "{err}");
+    assert!(fs::read_dir(f.store_dir.join("releases")).expect("ls").next().is_none(), "nothing extracted");
 }
 
 #[test]
@@ -133,10 +97,7 @@ fn wrong_signed_length_is_refused() {
         )
         .expect("republish");
     let err = f.admit().expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::TargetLengthMismatch { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, AdmissionError::TargetLengthMismatch { .. }), "{err}");
     // Served longer than signed: cut off at the signed length.
     f.repo
         .republish_targets(
@@ -148,10 +109,7 @@ fn wrong_signed_length_is_refused() {
         )
         .expect("republish");
     let err = f.admit().expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::TargetLengthMismatch { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, AdmissionError::TargetLengthMismatch { .. }), "{err}");
 }
 
 fn resign_timestamp(f: &Fixture, keys: &[&TufKey]) {
@@ -160,11 +118,7 @@ fn resign_timestamp(f: &Fixture, keys: &[&TufKey]) {
     let mut signed = current["signed"].clone();
     signed["version"] = serde_json::json!(signed["version"].as_u64().unwrap_or(0) + 1);
     let env = sign_metadata(&signed, keys).expect("sign");
-    fs::write(
-        f.meta("timestamp.json"),
-        serde_json::to_vec(&env).expect("json"),
-    )
-    .expect("write");
+    fs::write(f.meta("timestamp.json"), serde_json::to_vec(&env).expect("json")).expect("write");
 }
 
 #[test]
@@ -172,10 +126,7 @@ fn unknown_signing_key_is_refused() {
     let f = fixture();
     resign_timestamp(&f, &[&TufKey::generate()]);
     let err = f.admit().expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::UnknownSigningKey { ref role } if role == "timestamp"),
-        "{err}"
-    );
+    assert!(matches!(err, AdmissionError::UnknownSigningKey { ref role } if role == "timestamp"), "{err}");
 }
 
 #[test]
@@ -198,9 +149,7 @@ fn below_threshold_is_refused_and_rotation_is_followed() {
 fn root_rotation_is_followed() {
     let f = fixture();
     f.repo.rotate("root", 2, 2, f.now).expect("rotate root");
-    f.repo
-        .rotate("targets", 1, 1, f.now)
-        .expect("rotate targets");
+    f.repo.rotate("targets", 1, 1, f.now).expect("rotate targets");
     f.admit().expect("host pinned to root v1 follows to v3");
 }
 
@@ -208,10 +157,7 @@ fn root_rotation_is_followed() {
 fn expired_metadata_is_refused_with_injected_clock() {
     let f = fixture();
     let err = f.admit_at(f.now + days(400)).expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::Expired { ref role, .. } if role == "root"),
-        "{err}"
-    );
+    assert!(matches!(err, AdmissionError::Expired { ref role, .. } if role == "root"), "{err}");
 }
 
 #[test]
@@ -230,14 +176,10 @@ fn rollback_is_refused_also_across_a_restart() {
     fs::write(f.meta("timestamp.json"), old).expect("replay older timestamp");
     // Each admit_tuf starts a fresh client: the floor comes from persisted metadata.
     let err = f.admit().expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::Rollback { ref role, .. } if role == "timestamp"),
-        "{err}"
-    );
+    assert!(matches!(err, AdmissionError::Rollback { ref role, .. } if role == "timestamp"), "{err}");
     // "Mechanism off" twin: without the persisted state the replay would pass.
     fs::remove_dir_all(f.store_dir.join("tuf")).expect("forget trusted metadata");
-    f.admit()
-        .expect("a host without memory accepts the older, still valid, timestamp");
+    f.admit().expect("a host without memory accepts the older, still valid, timestamp");
 }
 
 #[test]
@@ -277,10 +219,7 @@ fn newest_version_is_chosen_by_name() {
 struct FailingCheck;
 impl GermlineCheck for FailingCheck {
     fn check(&self, release_dir: &Path) -> Result<(), String> {
-        assert!(
-            release_dir.join("germline.toml").is_file(),
-            "check runs on the extracted release"
-        );
+        assert!(release_dir.join("germline.toml").is_file(), "check runs on the extracted release");
         Err("G1: germline has 2 threads".into())
     }
 }
@@ -289,17 +228,9 @@ impl GermlineCheck for FailingCheck {
 fn germline_check_refusal_removes_the_release() {
     let f = fixture();
     let store = ReleaseStore::open(&f.store_dir).expect("store");
-    let req = TufAdmission::new(
-        f.repo.repo_dir().display().to_string(),
-        f.root.clone(),
-        "notes",
-    )
-    .at(f.now);
+    let req = TufAdmission::new(f.repo.repo_dir().display().to_string(), f.root.clone(), "notes").at(f.now);
     let err = store.admit_tuf(&req, &FailingCheck).expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::GermlineRefused(ref s) if s.contains("G1")),
-        "{err}"
-    );
+    assert!(matches!(err, AdmissionError::GermlineRefused(ref s) if s.contains("G1")), "{err}");
     let hash = common::built_release(f._tmp.path(), "1.0.0").1.hash;
     assert!(!store.is_admitted(&hash));
     assert!(!store.release_dir(&hash).exists());
@@ -310,22 +241,11 @@ fn manifest_disagreeing_with_signed_custom_fields_is_refused() {
     let f = fixture();
     f.repo
         .republish_targets(
-            |t| {
-                t["targets"]["notes-1.0.0.tar.gz"]["custom"]["version"] = serde_json::json!("9.9.9")
-            },
+            |t| t["targets"]["notes-1.0.0.tar.gz"]["custom"]["version"] = serde_json::json!("9.9.9"),
             f.now,
         )
         .expect("republish");
     let err = f.admit().expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::ManifestMismatch { .. }),
-        "{err}"
-    );
-    assert!(
-        fs::read_dir(f.store_dir.join("releases"))
-            .expect("ls")
-            .next()
-            .is_none(),
-        "nothing left behind"
-    );
+    assert!(matches!(err, AdmissionError::ManifestMismatch { .. }), "{err}");
+    assert!(fs::read_dir(f.store_dir.join("releases")).expect("ls").next().is_none(), "nothing left behind");
 }

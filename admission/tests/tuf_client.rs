@@ -12,13 +12,8 @@ use germline_admission::{AdmissionError, InitOptions, PublisherRepo, Timestamp};
 fn init_refresh_download_and_refuse_a_tampered_target() {
     let tmp = tempfile::tempdir().expect("tmp");
     let now = Timestamp::now();
-    let repo = PublisherRepo::init(
-        tmp.path().join("repo"),
-        tmp.path().join("keys"),
-        &InitOptions::default(),
-        now,
-    )
-    .expect("init");
+    let repo = PublisherRepo::init(tmp.path().join("repo"), tmp.path().join("keys"), &InitOptions::default(), now)
+        .expect("init");
     let (archive, _) = common::built_release(tmp.path(), "1.0.0");
     repo.add_target(&archive, None, now).expect("add");
     let url = common::serve_dir(repo.repo_dir().to_path_buf(), 256);
@@ -30,21 +25,10 @@ fn init_refresh_download_and_refuse_a_tampered_target() {
     let meta_url = format!("{url}/metadata/");
     let targets_url = format!("{url}/targets/");
     tuf_client_refresh(&md, &meta_url, now).expect("refresh");
-    let mut stored: Vec<String> = fs::read_dir(&md)
-        .expect("ls")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut stored: Vec<String> =
+        fs::read_dir(&md).expect("ls").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     stored.sort();
-    assert_eq!(
-        stored,
-        [
-            "root.json",
-            "snapshot.json",
-            "targets.json",
-            "timestamp.json"
-        ]
-    );
+    assert_eq!(stored, ["root.json", "snapshot.json", "targets.json", "timestamp.json"]);
     // Trusted metadata is stored byte for byte as served.
     assert_eq!(
         fs::read(md.join("timestamp.json")).expect("ts"),
@@ -53,32 +37,19 @@ fn init_refresh_download_and_refuse_a_tampered_target() {
 
     let names = vec!["notes-1.0.0.tar.gz".to_owned()];
     tuf_client_download(&md, &meta_url, &names, &targets_url, &dl, now).expect("download");
-    assert_eq!(
-        fs::read(dl.join("notes-1.0.0.tar.gz")).expect("dl"),
-        fs::read(&archive).expect("archive")
-    );
+    assert_eq!(fs::read(dl.join("notes-1.0.0.tar.gz")).expect("dl"), fs::read(&archive).expect("archive"));
 
     // Tamper with the served target; a fresh download must fail.
     fs::remove_file(dl.join("notes-1.0.0.tar.gz")).expect("rm");
-    let served = fs::read_dir(tmp.path().join("repo/targets"))
-        .expect("ls")
-        .flatten()
-        .next()
-        .expect("t")
-        .path();
+    let served = fs::read_dir(tmp.path().join("repo/targets")).expect("ls").flatten().next().expect("t").path();
     let mut bytes = fs::read(&served).expect("read");
     bytes[10] ^= 0xff;
     fs::write(&served, bytes).expect("write");
-    let err =
-        tuf_client_download(&md, &meta_url, &names, &targets_url, &dl, now).expect_err("refused");
-    assert!(
-        matches!(err, AdmissionError::TargetHashMismatch { .. }),
-        "{err}"
-    );
+    let err = tuf_client_download(&md, &meta_url, &names, &targets_url, &dl, now).expect_err("refused");
+    assert!(matches!(err, AdmissionError::TargetHashMismatch { .. }), "{err}");
     assert!(!dl.join("notes-1.0.0.tar.gz").exists());
 
     let missing = vec!["nope.tar.gz".to_owned()];
-    let err =
-        tuf_client_download(&md, &meta_url, &missing, &targets_url, &dl, now).expect_err("absent");
+    let err = tuf_client_download(&md, &meta_url, &missing, &targets_url, &dl, now).expect_err("absent");
     assert!(matches!(err, AdmissionError::TargetNotFound(_)), "{err}");
 }

@@ -7,12 +7,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use germline_admission::conformance::{tuf_client_download, tuf_client_init, tuf_client_refresh};
-use germline_admission::sigstore::{
-    verify_bundle_file, SignedArtifact, SignerPolicy, TrustedRootChoice,
-};
+use germline_admission::sigstore::{verify_bundle_file, SignedArtifact, SignerPolicy, TrustedRootChoice};
 use germline_admission::{
-    build_release_archive, ArchiveLimits, BuildOptions, GermlineCheck, InitOptions,
-    NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, Timestamp, TufAdmission,
+    build_release_archive, ArchiveLimits, BuildOptions, GermlineCheck, InitOptions, PublisherRepo, ReleaseStore,
+    Timestamp, TufAdmission,
 };
 
 /// Admission commands, flattened into the top-level CLI.
@@ -154,15 +152,11 @@ pub struct AdmitBundleArgs {
     store: PathBuf,
 }
 
-fn signer_policy(
-    key: Option<PathBuf>,
-    identity: Option<String>,
-    issuer: Option<String>,
-) -> Result<SignerPolicy> {
+fn signer_policy(key: Option<PathBuf>, identity: Option<String>, issuer: Option<String>) -> Result<SignerPolicy> {
     Ok(match (key, identity, issuer) {
-        (Some(k), None, None) => SignerPolicy::Key(
-            std::fs::read_to_string(&k).with_context(|| format!("reading {}", k.display()))?,
-        ),
+        (Some(k), None, None) => {
+            SignerPolicy::Key(std::fs::read_to_string(&k).with_context(|| format!("reading {}", k.display()))?)
+        }
         (None, Some(identity), Some(issuer)) => SignerPolicy::Identity { identity, issuer },
         _ => bail!("give either --key, or --certificate-identity with --certificate-oidc-issuer"),
     })
@@ -232,10 +226,20 @@ pub enum SigstoreCommand {
     },
 }
 
-/// PLACEHOLDER germline check: the main engineer replaces this with the executor's
-/// G1–G3 check once the executor exposes it.
+/// The executor's germline check: start the release as a data-free germline, check
+/// G1–G3, fork and kill one copy.
+struct ExecutorGermlineCheck;
+
+impl GermlineCheck for ExecutorGermlineCheck {
+    fn check(&self, release_dir: &std::path::Path) -> std::result::Result<(), String> {
+        let python = germline_executor::germline::PythonRuntime::discover(&crate::exec_cmd::home())
+            .map_err(|e| e.to_string())?;
+        germline_executor::germline::check_release(release_dir, python).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
 fn germline_check() -> Box<dyn GermlineCheck> {
-    Box::new(NoGermlineCheckPlaceholder)
+    Box::new(ExecutorGermlineCheck)
 }
 
 /// Runs one admission command.
@@ -246,56 +250,25 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
             let built = build_release_archive(&dir, &out, &BuildOptions { pip, python: None })?;
             println!("{}  {} bytes  {}", built.hash, built.length, out.display());
         }
-        AdmissionCommand::Repo(RepoCommand::Init {
-            repo,
-            keys,
-            root_keys,
-            root_threshold,
-        }) => {
-            let opts = InitOptions {
-                root_keys,
-                root_threshold,
-                ..InitOptions::default()
-            };
+        AdmissionCommand::Repo(RepoCommand::Init { repo, keys, root_keys, root_threshold }) => {
+            let opts = InitOptions { root_keys, root_threshold, ..InitOptions::default() };
             PublisherRepo::init(&repo, &keys, &opts, now)?;
-            println!(
-                "pin this root on hosts: {}",
-                repo.join("metadata/1.root.json").display()
-            );
+            println!("pin this root on hosts: {}", repo.join("metadata/1.root.json").display());
         }
-        AdmissionCommand::Repo(RepoCommand::Add {
-            repo,
-            archive,
-            keys,
-            target_path,
-        }) => {
-            let path = PublisherRepo::open(repo, keys).add_target(
-                &archive,
-                target_path.as_deref(),
-                now,
-            )?;
+        AdmissionCommand::Repo(RepoCommand::Add { repo, archive, keys, target_path }) => {
+            let path = PublisherRepo::open(repo, keys).add_target(&archive, target_path.as_deref(), now)?;
             println!("published {path}");
         }
         AdmissionCommand::Repo(RepoCommand::Sign { repo, keys, role }) => {
             PublisherRepo::open(repo, keys).sign(&role, now)?;
         }
-        AdmissionCommand::Repo(RepoCommand::Rotate {
-            repo,
-            keys,
-            role,
-            count,
-            threshold,
-        }) => {
+        AdmissionCommand::Repo(RepoCommand::Rotate { repo, keys, role, count, threshold }) => {
             PublisherRepo::open(repo, keys).rotate(&role, count, threshold, now)?;
         }
         AdmissionCommand::Admit(a) => {
-            let root =
-                std::fs::read(&a.root).with_context(|| format!("reading {}", a.root.display()))?;
+            let root = std::fs::read(&a.root).with_context(|| format!("reading {}", a.root.display()))?;
             let store = ReleaseStore::open(&a.store)?;
-            let admitted = store.admit_tuf(
-                &TufAdmission::new(a.repo, root, a.target),
-                germline_check().as_ref(),
-            )?;
+            let admitted = store.admit_tuf(&TufAdmission::new(a.repo, root, a.target), germline_check().as_ref())?;
             println!(
                 "admitted {}@{} {} at {}",
                 admitted.info.name,
@@ -311,16 +284,11 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
                 &a.archive,
                 &a.bundle,
                 &policy,
-                &a.trusted_root
-                    .map(TrustedRootChoice::File)
-                    .unwrap_or_default(),
+                &a.trusted_root.map(TrustedRootChoice::File).unwrap_or_default(),
                 &ArchiveLimits::default(),
                 germline_check().as_ref(),
             )?;
-            println!(
-                "admitted {}@{} {}",
-                admitted.info.name, admitted.info.version, admitted.hash
-            );
+            println!("admitted {}@{} {}", admitted.info.name, admitted.info.version, admitted.hash);
         }
         AdmissionCommand::TufClient(t) => match t.action {
             TufClientAction::Init { root } => tuf_client_init(&t.metadata_dir, &root)?,

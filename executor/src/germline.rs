@@ -454,3 +454,23 @@ impl CopyKiller {
 pub const fn channel_port() -> u16 {
     CHANNEL_PORT
 }
+
+/// The admission-time germline check: starts the release's germline with no data roots,
+/// checks G1–G3, forks one copy (G1–G3 again before and after the fork, namespaces
+/// verified) and kills it. Returns how long the germline took to start.
+pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Duration, ExecutorError> {
+    crate::manifest::Manifest::load(release_dir)?;
+    let spec = GermlineSpec {
+        runtime,
+        release_dir: release_dir.to_path_buf(),
+        data_roots: Vec::new(),
+        limits: ResourceLimits::default(),
+        start_timeout: Duration::from_secs(60),
+        extra_read: Vec::new(),
+        cgroup_limits: None,
+    };
+    let mut g = Germline::start(&spec)?;
+    let copy = g.fork_copy()?;
+    copy.kill()?;
+    Ok(g.start_time)
+}

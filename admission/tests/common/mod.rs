@@ -18,11 +18,7 @@ pub fn sample_release(dir: &Path, version: &str) {
         ),
     )
     .expect("manifest");
-    fs::write(
-        dir.join("src/notes_server/__init__.py"),
-        "def create_server():\n    return None\n",
-    )
-    .expect("code");
+    fs::write(dir.join("src/notes_server/__init__.py"), "def create_server():\n    return None\n").expect("code");
 }
 
 /// Builds `notes@version` into `<tmp>/notes-<version>.tar.gz`.
@@ -53,20 +49,12 @@ pub fn serve_dir(root: PathBuf, max_requests: usize) -> String {
                     break;
                 }
             }
-            let path = line
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or("/")
-                .trim_start_matches('/')
-                .to_owned();
+            let path = line.split_whitespace().nth(1).unwrap_or("/").trim_start_matches('/').to_owned();
             let file = root.join(&path);
             let resp = if !path.contains("..") && file.is_file() {
                 let body = fs::read(&file).unwrap_or_default();
-                let mut r = format!(
-                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                )
-                .into_bytes();
+                let mut r = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())
+                    .into_bytes();
                 r.extend(body);
                 r
             } else {
