@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 need_apt=()
-for pkg in libclang-dev clang iproute2 git; do
+for pkg in libclang-dev clang iproute2 git python3 python3-venv util-linux; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -20,3 +20,15 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/scripts/requirements.txt"
+
+# A second venv on Debian's interpreter, readable by any user: the unprivileged-path test
+# runs germline as `nobody`, who cannot read a root-owned pyenv.
+if [ "$(id -u)" = 0 ] && [ -x /usr/bin/python3 ]; then
+  uvenv=/var/cache/germline/venv-unprivileged
+  if [ ! -x "$uvenv/bin/python" ]; then
+    mkdir -p /var/cache/germline
+    /usr/bin/python3 -m venv "$uvenv"
+  fi
+  "$uvenv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/scripts/requirements.txt"
+  chmod -R a+rX "$uvenv"
+fi

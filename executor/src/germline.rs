@@ -34,11 +34,18 @@ pub struct PythonRuntime {
 }
 
 impl PythonRuntime {
-    /// Finds the interpreter (`GERMLINE_PYTHON`, else `python3`), asks it where it reads
+    /// Finds the interpreter (`GERMLINE_PYTHON`, else `./.venv/bin/python` as made by
+    /// `scripts/setup.sh`, else `python3`), asks it where it reads
     /// from, and writes the shim into `shim_root` (content-addressed, so a tampered copy
     /// is never reused).
     pub fn discover(shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
-        let python = PathBuf::from(std::env::var_os("GERMLINE_PYTHON").unwrap_or_else(|| "python3".into()));
+        let python = match std::env::var_os("GERMLINE_PYTHON") {
+            Some(p) => PathBuf::from(p),
+            None if Path::new(".venv/bin/python").exists() => {
+                PathBuf::from(".venv/bin/python").canonicalize().unwrap_or_default()
+            }
+            None => PathBuf::from("python3"),
+        };
         let python = if python.is_absolute() { python } else { which(&python)? };
         let out = Command::new(&python)
             .args(["-I", "-c", "import sys,json;print(json.dumps([sys.executable,sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix]+sys.path))"])
