@@ -24,6 +24,10 @@ pub struct RunTarget {
     /// long-lived unprotected process).
     #[arg(long, default_value = "germline")]
     pub runtime: RuntimeKind,
+    /// Where triggers are appended as JSON lines [default: $GERMLINE_DATA_DIR/triggers.jsonl,
+    /// or ./germline-data/triggers.jsonl].
+    #[arg(long)]
+    pub trigger_log: Option<PathBuf>,
 }
 
 /// `germline call`.
@@ -73,7 +77,11 @@ pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
     let policy = Policy::load(&target.policy)?;
     let python = PythonRuntime::discover(&home()).context("finding the Python tool host")?;
     let release = absolute(&target.release)?;
-    Ok(Runtime::start(target.runtime, &release, policy, python)?)
+    let mut rt = Runtime::start(target.runtime, &release, policy, python)?;
+    let data_dir =
+        std::env::var_os("GERMLINE_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("germline-data"));
+    rt.set_trigger_log(target.trigger_log.clone().unwrap_or_else(|| data_dir.join("triggers.jsonl")));
+    Ok(rt)
 }
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {

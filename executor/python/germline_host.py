@@ -279,8 +279,54 @@ def _read_line(sock, limit=64 << 20):
     return bytes(buf)
 
 
+def _landlock_copy_layer():
+    """A Landlock domain of the copy's own, on top of the germline's.
+
+    Defence in depth only (a hostile germline may skip it; nothing relies on it): a new
+    domain per copy makes Landlock's signal and abstract-socket scoping separate this
+    copy from every sibling, not just from the outside world.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+
+    class Attr(ctypes.Structure):
+        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+    class NetPort(ctypes.Structure):
+        _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+    fs_all = (1 << 16) - 1  # every filesystem right up to ABI 5/6
+    read = 0x1 | 0x4 | 0x8  # EXECUTE | READ_FILE | READ_DIR
+    attr = Attr(fs_all, 0x1 | 0x2, 0x1 | 0x2)
+    rs = libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
+    if rs < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        for path, rights in (("/", read), ("/dev/null", 0x2 | 0x4)):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = PathBeneath(rights, fd)
+                if libc.syscall(445, rs, 1, ctypes.byref(rule), 0) < 0:
+                    raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
+            finally:
+                os.close(fd)
+        for port in (3128, CHANNEL_PORT, SLOT_PORT):
+            rule = NetPort(0x2, port)
+            if libc.syscall(445, rs, 2, ctypes.byref(rule), 0) < 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule port")
+        if libc.syscall(446, rs, 0) < 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(rs)
+
+
 def _run_copy(server):
     t0 = _real["perf_counter"]()
+    _landlock_copy_layer()
     chan = _connect_channel(CHANNEL_PORT)
     t1 = _real["perf_counter"]()
     preamble = json.loads(_read_line(chan))

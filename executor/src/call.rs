@@ -193,6 +193,8 @@ pub struct GermlineRuntime {
     pub slots: SlotStore,
     /// How calls are split.
     pub splitting: Splitting,
+    /// Where triggers are appended (JSON lines), if anywhere.
+    pub trigger_log: Option<PathBuf>,
     refused: Option<String>,
 }
 
@@ -243,6 +245,7 @@ impl GermlineRuntime {
             release,
             slots: SlotStore::default(),
             splitting,
+            trigger_log: None,
             refused: None,
         })
     }
@@ -320,6 +323,9 @@ impl GermlineRuntime {
         for t in &outcome.triggers {
             tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
         }
+        if let (Some(path), false) = (&self.trigger_log, outcome.triggers.is_empty()) {
+            append_triggers(path, &self.release, &prepared.tool, &outcome.triggers)?;
+        }
         Ok(outcome)
     }
 
@@ -384,6 +390,28 @@ impl GermlineRuntime {
         }
         Ok((r.result, r.label, r.slot_writes, r.egress))
     }
+}
+
+/// Appends one JSON line per trigger and syncs, so a trigger once reported is not lost.
+fn append_triggers(path: &Path, release: &ReleaseHash, tool: &str, triggers: &[Trigger]) -> Result<(), ExecutorError> {
+    use std::io::Write;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(ExecutorError::io(format!("opening trigger log {}", path.display())))?;
+    let time = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let mut buf = Vec::new();
+    for t in triggers {
+        serde_json::to_writer(&mut buf, &json!({"time": time, "release": release, "tool": tool, "trigger": t}))
+            .map_err(|e| ExecutorError::Call(e.to_string()))?;
+        buf.push(b'\n');
+    }
+    f.write_all(&buf).map_err(ExecutorError::io("writing the trigger log"))?;
+    f.sync_data().map_err(ExecutorError::io("syncing the trigger log"))
 }
 
 fn attach_label(v: &mut Value, label: &Label) {

@@ -59,6 +59,13 @@ impl Runtime {
         })
     }
 
+    /// Appends every trigger to `path` (JSON lines); germline runtimes only.
+    pub fn set_trigger_log(&mut self, path: std::path::PathBuf) {
+        if let Runtime::Germline(g) = self {
+            g.trigger_log = Some(path);
+        }
+    }
+
     /// Runs one call.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
         match self {

@@ -81,6 +81,8 @@ fn within_call_mixing_is_split_away() {
         let policy =
             w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
+        let trigger_log = w.dir.path().join("triggers.jsonl");
+        rt.set_trigger_log(trigger_log.clone());
         let o = rt.call(&request("scan", json!({"document": invoice, "others": [payslip]}), &[&invoice, &payslip]));
         assert!(o.error.is_none(), "{kind:?}: {:?}", o.error);
         assert_eq!(o.copies, copies, "{kind:?}");
@@ -92,6 +94,11 @@ fn within_call_mixing_is_split_away() {
         assert_eq!(label_tags(&o).unwrap(), vec!["finance", "hr"], "{kind:?}");
         if kind == RuntimeKind::Germline {
             assert_eq!(o.triggers.len(), 1, "the agent's copy asked for a different OCR request: {:?}", o.triggers);
+            let logged = std::fs::read_to_string(&trigger_log).unwrap();
+            assert_eq!(logged.lines().count(), 1, "the trigger is in the trigger log: {logged}");
+            assert!(logged.contains("\"mismatch\"") && logged.contains("ocr.example"), "{logged}");
+        } else {
+            assert!(!trigger_log.exists(), "no trigger without splitting");
         }
     }
 }
