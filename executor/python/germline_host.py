@@ -342,6 +342,8 @@ def _run_copy(server):
     wfile = chan.makefile("wb")
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
     sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8", write_through=True)
+    if preamble.get("trace"):
+        print("copy: server loop starts after %.2f ms" % ((_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
     _run_server(server)
 
 
@@ -386,6 +388,15 @@ def main():
     mode, release_dir = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     if mode == "germline":
+        # The event loop, queues and thread pools keep real time: the twin clock is for
+        # what release code observes, not for scheduling (a frozen or counted monotonic
+        # clock would turn every timeout into a spin or a stall).
+        import asyncio.base_events
+        import concurrent.futures  # noqa: F401
+        import queue  # noqa: F401
+
+        _mono = time.monotonic
+        asyncio.base_events.BaseEventLoop.time = lambda self: _mono()
         _patch_time()
         _patch_random()
         germline_main(release_dir)
