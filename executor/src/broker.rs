@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use germline_model::{CallRecords, EgressDecision, HostName, OutputLabel};
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::germline::CopyKiller;
 use crate::http::{self, HttpRequest};
@@ -58,10 +58,11 @@ pub struct CopyJob<'a> {
     pub listeners: CopyListeners,
     /// Twin inputs and slot, sent before MCP starts.
     pub preamble: Value,
-    /// Tool to call.
-    pub tool: &'a str,
-    /// Arguments with out-of-view items blanked.
-    pub arguments: Value,
+    /// The MCP request to make after `initialize` (`tools/call` with arguments whose
+    /// out-of-view items are blanked, or `tools/list`).
+    pub method: &'a str,
+    /// Its params.
+    pub params: Value,
     /// Absolute deadline on the broker's clock.
     pub deadline: Instant,
     /// Budget as configured (for error messages).
@@ -82,7 +83,7 @@ struct CopyState {
 
 /// Serves one copy until it returns its tool result, fails, or runs out of time.
 pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResult {
-    let CopyJob { group_index, listeners, preamble, tool, arguments, deadline, budget, policy, label, killer } = job;
+    let CopyJob { group_index, listeners, preamble, method, params, deadline, budget, policy, label, killer } = job;
     let max = policy.limits.max_message_bytes;
     let stop = Arc::new(AtomicBool::new(false));
     let state = Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new() }));
@@ -111,7 +112,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         thread::spawn(move || slot_loop(listener, &stop, &writes, max))
     };
 
-    let result = talk(listeners.channel, &preamble, tool, arguments, deadline, max);
+    let result = talk(listeners.channel, &preamble, method, params, deadline, max);
     stop.store(true, Ordering::SeqCst);
     let _ = done_tx.send(());
     let _ = watchdog.join();
@@ -157,8 +158,8 @@ fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) ->
 fn talk(
     channel: TcpListener,
     preamble: &Value,
-    tool: &str,
-    arguments: Value,
+    method: &str,
+    params: Value,
     deadline: Instant,
     max: usize,
 ) -> Result<Value, ExecutorError> {
@@ -176,7 +177,7 @@ fn talk(
     let t0 = Instant::now();
     client.initialize()?;
     let t_init = t0.elapsed();
-    let reply = client.request("tools/call", json!({"name": tool, "arguments": arguments}))?;
+    let reply = client.request(method, params)?;
     tracing::debug!(?t_init, t_call = ?t0.elapsed(), "copy MCP timings");
     match reply {
         Ok(result) => Ok(result),

@@ -329,6 +329,47 @@ impl GermlineRuntime {
         Ok(outcome)
     }
 
+    /// `tools/list` from a data-free copy: no items, no slot, every egress denied.
+    pub fn list_tools(&mut self) -> Result<Value, ExecutorError> {
+        if let Some(why) = &self.refused {
+            return Err(ExecutorError::Call(format!("release refused: {why}")));
+        }
+        let input = PlanInput {
+            items: vec![],
+            hosts: vec![],
+            consumers: vec![(ConsumerName::new("agent")?, Clearance::empty())],
+        };
+        let plan = single_group_plan(&input);
+        let shared = Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())? }));
+        let twin = TwinInputs::fresh()?;
+        let budget = self.policy.limits.deadline;
+        let germline = self.germline_mut()?;
+        let copy = germline.fork_copy()?;
+        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &[])?;
+        let job = CopyJob {
+            group_index: 0,
+            listeners,
+            preamble: json!({"twin": twin, "slot": {}}),
+            method: "tools/list",
+            params: json!({}),
+            deadline: Instant::now() + budget,
+            budget,
+            policy: &self.policy,
+            label: OutputLabel::new(Label::empty(), Label::empty()),
+            killer: copy.killer()?,
+        };
+        let r = serve_copy(job, &shared);
+        copy.kill()?;
+        r.result.map_err(ExecutorError::Copy)
+    }
+
+    fn germline_mut(&mut self) -> Result<&mut Germline, ExecutorError> {
+        if self.germline.is_none() {
+            self.germline = Some(Germline::start(&self.spec)?);
+        }
+        self.germline.as_mut().ok_or_else(|| ExecutorError::internal("germline"))
+    }
+
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn run_copy(
         &mut self,
@@ -342,13 +383,7 @@ impl GermlineRuntime {
     ) -> Result<(Result<Value, String>, OutputLabel, Vec<(String, Option<Value>)>, Vec<EgressEvent>), ExecutorError>
     {
         let deadline = Instant::now() + budget;
-        let germline = match self.germline.as_mut() {
-            Some(g) => g,
-            None => {
-                self.germline = Some(Germline::start(&self.spec)?);
-                self.germline.as_mut().ok_or_else(|| ExecutorError::internal("germline"))?
-            }
-        };
+        let germline = self.germline_mut()?;
         let t0 = Instant::now();
         let copy = germline.fork_copy()?;
         let t_fork = t0.elapsed();
@@ -371,8 +406,8 @@ impl GermlineRuntime {
             group_index: gi,
             listeners,
             preamble,
-            tool: &prepared.tool,
-            arguments,
+            method: "tools/call",
+            params: json!({"name": prepared.tool, "arguments": arguments}),
             deadline,
             budget,
             policy: &self.policy,

@@ -66,6 +66,14 @@ impl Runtime {
         }
     }
 
+    /// The release's tools (`tools/list` result), from a data-free copy under germline.
+    pub fn list_tools(&mut self) -> Result<serde_json::Value, ExecutorError> {
+        match self {
+            Runtime::Germline(g) => g.list_tools(),
+            Runtime::SigPin(s) => s.list_tools(),
+        }
+    }
+
     /// Runs one call.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
         match self {

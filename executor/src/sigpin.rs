@@ -65,6 +65,13 @@ impl SigPinRuntime {
         Ok(SigPinRuntime { child, client, policy, stop, relay: Some(relay) })
     }
 
+    /// `tools/list` from the long-lived process.
+    pub fn list_tools(&mut self) -> Result<serde_json::Value, ExecutorError> {
+        self.client
+            .request("tools/list", json!({}))?
+            .map_err(|e| ExecutorError::Copy(format!("tools/list failed: {e}")))
+    }
+
     /// Runs one call in the long-lived process. Items are read where they lie; nothing
     /// is labelled beyond the call's own item labels.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {

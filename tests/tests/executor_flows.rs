@@ -306,3 +306,17 @@ def create_server():
     assert_eq!(outputs[0], outputs[1]);
     assert_eq!(outputs[1][4], "2");
 }
+
+#[test]
+fn tools_list_comes_from_a_data_free_copy_and_matches_sig_pin() {
+    let w = World::new();
+    let rel = w.release("stash", "[tools.scan]\nhosts = [\"ocr.example\"]\n", STASH);
+    let mut lists = Vec::new();
+    for kind in [RuntimeKind::SigPin, RuntimeKind::Germline] {
+        let mut rt = w.start(kind, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
+        lists.push(rt.list_tools().unwrap());
+    }
+    assert_eq!(lists[0], lists[1]);
+    let names: Vec<&str> = lists[1]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["summarize", "scan"]);
+}
