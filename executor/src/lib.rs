@@ -12,6 +12,7 @@ pub mod broker;
 pub mod call;
 pub mod cgroup;
 pub mod confine;
+pub mod evidence;
 mod error;
 pub mod germline;
 pub mod http;
