@@ -77,11 +77,25 @@ pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
     let policy = Policy::load(&target.policy)?;
     let python = PythonRuntime::discover(&home()).context("finding the Python tool host")?;
     let release = absolute(&target.release)?;
+    let id = release_id(&release)?;
     let mut rt = Runtime::start(target.runtime, &release, policy, python)?;
+    if let Runtime::Germline(g) = &mut rt {
+        g.release = id;
+    }
     let data_dir =
         std::env::var_os("GERMLINE_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("germline-data"));
     rt.set_trigger_log(target.trigger_log.clone().unwrap_or_else(|| data_dir.join("triggers.jsonl")));
     Ok(rt)
+}
+
+/// A release directory's identity: the SHA-256 of the canonical archive `germline
+/// release build` makes of it, the same bytes a publisher signs and a host admits.
+pub fn release_id(dir: &Path) -> anyhow::Result<germline_model::ReleaseHash> {
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("release.tar.gz");
+    let built = germline_admission::build_release_archive(dir, &out, &germline_admission::BuildOptions::default())
+        .with_context(|| format!("canonical archive of {}", dir.display()))?;
+    Ok(built.hash)
 }
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {

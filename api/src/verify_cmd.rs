@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use germline_executor::call::{release_dir_hash, CallOutcome, GermlineRuntime, Splitting};
+use germline_executor::call::{CallOutcome, GermlineRuntime, Splitting};
 use germline_executor::evidence::TriggerEvidence;
 use germline_executor::germline::PythonRuntime;
 use germline_executor::manifest::Manifest;
@@ -84,15 +84,24 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     let ev = &w.body.evidence;
     let tmp = tempfile::tempdir()?;
     let (release_dir, hash) = if args.release.is_dir() {
-        (args.release.canonicalize()?, release_dir_hash(&args.release)?)
+        (args.release.canonicalize()?, crate::exec_cmd::release_id(&args.release)?)
     } else {
         let hash = ReleaseHash::of_bytes(&std::fs::read(&args.release).context("reading the release archive")?);
+        if hash != ev.release {
+            bail!(germline_verifier::VerifierError::ReleaseMismatch {
+                expected: ev.release.to_hex(),
+                actual: hash.to_hex()
+            });
+        }
         let dir = tmp.path().join("release");
         germline_admission::extract_release(&args.release, &dir, &germline_admission::ArchiveLimits::default())?;
         (dir, hash)
     };
     if hash != ev.release {
-        bail!(germline_verifier::VerifierError::ReleaseMismatch { expected: ev.release.to_hex(), actual: hash.to_hex() });
+        bail!(germline_verifier::VerifierError::ReleaseMismatch {
+            expected: ev.release.to_hex(),
+            actual: hash.to_hex()
+        });
     }
     let contents = load_items(ev, &args.items)?;
     let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
@@ -131,10 +140,12 @@ pub fn witness_triggers(
         let decl = manifest.tool(&ev.tool);
         let declared = decl.deterministic.unwrap_or(manifest.deterministic);
         let report = verify_trigger(rt, ev, req_items, 3, declared)?;
-        let body = WitnessBody { version: WITNESS_VERSION, evidence: ev.clone(), declared_deterministic: declared, report };
+        let body =
+            WitnessBody { version: WITNESS_VERSION, evidence: ev.clone(), declared_deterministic: declared, report };
         let dir = data_dir.join("witnesses").join(ev.release.to_hex());
         std::fs::create_dir_all(&dir)?;
-        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let stamp =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let path = dir.join(format!("{stamp}-{n}.witness"));
         std::fs::write(&path, key.sign(&body)?)?;
         tracing::warn!(witness = %path.display(), verdict = ?body.report.verdict, "trigger verified");

@@ -116,7 +116,8 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     let CopyJob { group_index, listeners, preamble, method, params, deadline, budget, policy, label, killer } = job;
     let max = policy.limits.max_message_bytes;
     let stop = Arc::new(AtomicBool::new(false));
-    let state = Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
+    let state =
+        Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
 
     let (done_tx, done_rx) = mpsc::channel::<()>();

@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::broker::{serve_copy, CallShared, CopyJob, CopyResult, EgressEvent, ReplayState};
-use crate::evidence::{encode_replies, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::cgroup::CgroupLimits;
 use crate::confine::ResourceLimits;
+use crate::evidence::{encode_replies, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
 use crate::outside::{prepare_copy, CopyFile};
@@ -199,7 +199,24 @@ pub struct GermlineRuntime {
     pub splitting: Splitting,
     /// Where triggers are appended (JSON lines), if anywhere.
     pub trigger_log: Option<PathBuf>,
+    /// Evidence switches, on by default; tests turn them off to show what they do.
+    pub evidence_switches: EvidenceSwitches,
     refused: Option<String>,
+}
+
+/// Switches for the evidence mechanisms (prevention never depends on them).
+#[derive(Clone, Copy, Debug)]
+pub struct EvidenceSwitches {
+    /// Freeze clocks and seed RNGs in copies.
+    pub twin_inputs: bool,
+    /// Compare request sequences and record triggers (the tripwire).
+    pub sequence_comparison: bool,
+}
+
+impl Default for EvidenceSwitches {
+    fn default() -> Self {
+        EvidenceSwitches { twin_inputs: true, sequence_comparison: true }
+    }
 }
 
 impl GermlineRuntime {
@@ -250,6 +267,7 @@ impl GermlineRuntime {
             slots: SlotStore::default(),
             splitting,
             trigger_log: None,
+            evidence_switches: EvidenceSwitches::default(),
             refused: None,
         })
     }
@@ -278,7 +296,8 @@ impl GermlineRuntime {
             Splitting::None => single_group_plan(&prepared.plan_input),
         };
         let host_clearances: BTreeMap<HostName, Clearance> = prepared.plan_input.hosts.iter().cloned().collect();
-        let shared = Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &host_clearances)?, replay: None }));
+        let shared =
+            Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &host_clearances)?, replay: None }));
         let twin = TwinInputs::fresh()?;
         let mut outcome = CallOutcome { copies: plan.groups.len(), ..Default::default() };
         let mut per_consumer: BTreeMap<String, ConsumerResult> = BTreeMap::new();
@@ -319,7 +338,7 @@ impl GermlineRuntime {
                 per_consumer.insert(c.to_string(), cr.clone());
             }
         }
-        {
+        if self.evidence_switches.sequence_comparison {
             let sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             outcome.triggers = sh.records.triggers().to_vec();
             for t in &outcome.triggers {
@@ -376,7 +395,8 @@ impl GermlineRuntime {
             consumers: vec![(ConsumerName::new("agent")?, Clearance::empty())],
         };
         let plan = single_group_plan(&input);
-        let shared = Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())?, replay: None }));
+        let shared =
+            Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())?, replay: None }));
         let twin = TwinInputs::fresh()?;
         let budget = self.policy.limits.deadline;
         let germline = self.germline_mut()?;
@@ -426,11 +446,17 @@ impl GermlineRuntime {
                 files.push(CopyFile { path: PathBuf::from(item.name.as_str()), contents });
             }
         }
-        let input = PlanInput { items: vec![], hosts: vec![], consumers: vec![(ConsumerName::new("agent")?, Clearance::empty())] };
+        let input = PlanInput {
+            items: vec![],
+            hosts: vec![],
+            consumers: vec![(ConsumerName::new("agent")?, Clearance::empty())],
+        };
         let plan = single_group_plan(&input);
         let replay = ReplayState { replies: ev.decoded_replies()?, sent: BTreeMap::new() };
-        let shared =
-            Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())?, replay: Some(replay) }));
+        let shared = Arc::new(Mutex::new(CallShared {
+            records: CallRecords::new(&plan, &BTreeMap::new())?,
+            replay: Some(replay),
+        }));
         let budget = self.policy.limits.deadline;
         let roots = self.policy.data_roots();
         let germline = self.germline_mut()?;
@@ -493,6 +519,7 @@ impl GermlineRuntime {
         let arguments = prepared.arguments_for(&group.view);
         let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
+        let twin = if self.evidence_switches.twin_inputs { json!(twin) } else { Value::Null };
         let preamble = json!({"twin": twin, "slot": slot_values, "trace": trace});
         let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
         let job = CopyJob {
@@ -669,11 +696,19 @@ impl PreparedCall {
         let mut out: Vec<ItemRecord> = self
             .files
             .iter()
-            .map(|(name, _, bytes)| ItemRecord { name: name.clone(), label: label_of(name), sha256: hex::encode(Sha256::digest(bytes)) })
+            .map(|(name, _, bytes)| ItemRecord {
+                name: name.clone(),
+                label: label_of(name),
+                sha256: hex::encode(Sha256::digest(bytes)),
+            })
             .collect();
         for (arg, name) in &self.arg_items {
             let bytes = self.arguments.get(arg).map(|v| serde_json::to_vec(v).unwrap_or_default()).unwrap_or_default();
-            out.push(ItemRecord { name: name.clone(), label: label_of(name), sha256: hex::encode(Sha256::digest(&bytes)) });
+            out.push(ItemRecord {
+                name: name.clone(),
+                label: label_of(name),
+                sha256: hex::encode(Sha256::digest(&bytes)),
+            });
         }
         out
     }

@@ -93,7 +93,8 @@ impl TriggerEvidence {
                 .iter()
                 .find(|i| &i.name == name)
                 .ok_or_else(|| ExecutorError::Call(format!("view item {name} is not named in the evidence")))?;
-            let bytes = contents.get(name).ok_or_else(|| ExecutorError::Call(format!("item {name} was not supplied")))?;
+            let bytes =
+                contents.get(name).ok_or_else(|| ExecutorError::Call(format!("item {name} was not supplied")))?;
             let got = hex::encode(Sha256::digest(bytes));
             if got != rec.sha256 {
                 return Err(ExecutorError::Call(format!("item {name} does not match its recorded hash")));

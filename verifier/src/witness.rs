@@ -41,6 +41,15 @@ pub struct WitnessBody {
     pub report: ReplayReport,
 }
 
+/// What the signature covers: everything in the record but the signature itself.
+fn signed_bytes(json: &[u8], key_name: &str) -> Vec<u8> {
+    let mut out = format!("{MAGIC}\n").into_bytes();
+    out.extend_from_slice(json);
+    out.push(b'\n');
+    out.extend_from_slice(key_name.as_bytes());
+    out
+}
+
 /// A signed witness.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Witness {
@@ -70,20 +79,22 @@ impl WitnessKey {
                 std::fs::create_dir_all(dir).map_err(io)?;
                 let mut seed = [0u8; 32];
                 getrandom::fill(&mut seed).map_err(|e| VerifierError::Io(format!("getrandom: {e}")))?;
-                let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io)?;
+                let mut f =
+                    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io)?;
                 std::io::Write::write_all(&mut f, &seed).map_err(io)?;
                 f.sync_all().map_err(io)?;
                 seed.to_vec()
             }
             Err(e) => return Err(io(e)),
         };
-        let seed: [u8; 32] = bytes.try_into().map_err(|_| VerifierError::Io(format!("{} is not a 32-byte key", path.display())))?;
-        Ok(WitnessKey { name: name.to_owned(), key: SigningKey::from_bytes(&seed) })
+        let seed: [u8; 32] =
+            bytes.try_into().map_err(|_| VerifierError::Io(format!("{} is not a 32-byte key", path.display())))?;
+        Ok(WitnessKey { name: clean_name(name), key: SigningKey::from_bytes(&seed) })
     }
 
     /// A key from a seed (tests).
     pub fn from_seed(name: &str, seed: [u8; 32]) -> WitnessKey {
-        WitnessKey { name: name.to_owned(), key: SigningKey::from_bytes(&seed) }
+        WitnessKey { name: clean_name(name), key: SigningKey::from_bytes(&seed) }
     }
 
     /// The public key.
@@ -94,7 +105,7 @@ impl WitnessKey {
     /// Signs a body into the encoded witness file.
     pub fn sign(&self, body: &WitnessBody) -> Result<Vec<u8>, VerifierError> {
         let json = serde_json::to_vec(body).map_err(|e| VerifierError::Witness(e.to_string()))?;
-        let sig = self.key.sign(&json);
+        let sig = self.key.sign(&signed_bytes(&json, &self.name));
         let mut blob = self.public_key().to_vec();
         blob.extend_from_slice(&sig.to_bytes());
         let mut out = format!("{MAGIC}\n").into_bytes();
@@ -106,13 +117,26 @@ impl WitnessKey {
     }
 }
 
+/// Key names are one token of printable ASCII (they sit in a space-separated line).
+fn clean_name(name: &str) -> String {
+    let n: String = name.chars().map(|c| if c.is_ascii_graphic() { c } else { '_' }).collect();
+    if n.is_empty() {
+        "germline".into()
+    } else {
+        n
+    }
+}
+
 impl Witness {
     /// Parses and checks an encoded witness: exact canonical bytes and a valid signature.
     /// With `trusted`, the signing key must be that one.
     pub fn decode(bytes: &[u8], trusted: Option<&[u8; 32]>) -> Result<Witness, VerifierError> {
         let bad = |why: &str| VerifierError::Witness(why.to_owned());
         let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8"))?;
-        let rest = text.strip_prefix(MAGIC).and_then(|r| r.strip_prefix('\n')).ok_or_else(|| bad("not a germline witness v1"))?;
+        let rest = text
+            .strip_prefix(MAGIC)
+            .and_then(|r| r.strip_prefix('\n'))
+            .ok_or_else(|| bad("not a germline witness v1"))?;
         let (json, sig_line) = rest.split_once('\n').ok_or_else(|| bad("missing signature line"))?;
         let sig_line = sig_line.strip_suffix('\n').ok_or_else(|| bad("missing final newline"))?;
         if sig_line.contains('\n') {
@@ -141,7 +165,7 @@ impl Witness {
         }
         let vk = VerifyingKey::from_bytes(&pk).map_err(|_| bad("bad public key"))?;
         let sig = ed25519_dalek::Signature::from_slice(&blob[32..]).map_err(|_| bad("bad signature"))?;
-        vk.verify_strict(json.as_bytes(), &sig).map_err(|_| bad("signature does not verify"))?;
+        vk.verify_strict(&signed_bytes(json.as_bytes(), name), &sig).map_err(|_| bad("signature does not verify"))?;
         Ok(Witness { body, key_name: name.to_owned(), public_key: pk })
     }
 }
