@@ -173,12 +173,10 @@ fn every_single_byte_edit_of_a_witness_is_rejected() {
     assert!(!String::from_utf8_lossy(&bytes).contains("salary 99"));
     let mut accepted = Vec::new();
     for i in 0..bytes.len() {
-        for flip in [0x01u8] {
-            let mut edited = bytes.clone();
-            edited[i] ^= flip;
-            if Witness::decode(&edited, None).is_ok() {
-                accepted.push((i, flip));
-            }
+        let mut edited = bytes.clone();
+        edited[i] ^= 0x01;
+        if Witness::decode(&edited, None).is_ok() {
+            accepted.push(i);
         }
     }
     assert!(accepted.is_empty(), "edits accepted at {accepted:?}");
