@@ -35,6 +35,8 @@ pub struct BenchArgs {
 pub enum BenchWhat {
     /// Witness verification time (probe and control replays) and witness file checks.
     Verify(crate::bench_verify::BenchVerifyArgs),
+    /// Ledger append throughput with durable group commit, and proof latency.
+    Ledger(germline_ledger::cli::BenchLedgerArgs),
 }
 
 const NOOP: &str = r#"
@@ -67,8 +69,10 @@ fn ms(d: Duration) -> f64 {
 
 /// Runs the benchmark and prints the table.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    if let Some(BenchWhat::Verify(v)) = &args.what {
-        return crate::bench_verify::run(v);
+    match &args.what {
+        Some(BenchWhat::Verify(v)) => return crate::bench_verify::run(v),
+        Some(BenchWhat::Ledger(_)) => anyhow::bail!("dispatched by main"),
+        None => {}
     }
     let dir = tempfile::tempdir().context("temporary directory")?;
     let rel = dir.path().join("noop");

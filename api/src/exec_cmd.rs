@@ -73,6 +73,83 @@ pub fn home() -> PathBuf {
     }
 }
 
+/// A runtime with its dampening ledger (germline runtimes; the embedded RocksDB default
+/// under the data directory).
+pub struct Host {
+    /// The runtime.
+    pub rt: Runtime,
+    ledger: Option<germline_ledger::Ledger>,
+}
+
+impl Host {
+    /// Starts the runtime and opens the ledger.
+    pub fn start(target: &RunTarget) -> anyhow::Result<Host> {
+        let rt = start(target)?;
+        let ledger = match &rt {
+            Runtime::Germline(_) => Some(
+                germline_ledger::Ledger::open(data_dir().join("ledger"), germline_ledger::LedgerConfig::default())
+                    .context("opening the ledger")?,
+            ),
+            Runtime::SigPin(_) => None,
+        };
+        Ok(Host { rt, ledger })
+    }
+
+    /// One call under dampening: a suppressed release is refused (and the refusal still
+    /// counts as a call); otherwise the call runs, its triggers are verified into
+    /// witnesses after its result is out, and the call's event updates the penalty.
+    pub fn call(&mut self, req: &CallRequest) -> anyhow::Result<CallOutcome> {
+        let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, &self.ledger) else {
+            return Ok(self.rt.call(req));
+        };
+        let release = g.release;
+        let state = ledger.dampening_state(&release)?;
+        if state.suppressed {
+            let after = ledger.record_call(&release, germline_ledger::Event::None)?;
+            let witnesses: Vec<String> = ledger
+                .entries_for_release(&release)?
+                .into_iter()
+                .filter(|(_, e)| e.kind == germline_ledger::EntryKind::Witness)
+                .map(|(i, _)| format!("ledger entry {i}"))
+                .collect();
+            return Ok(CallOutcome::failed(format!(
+                "release {release} is suppressed: dampening penalty {:.0} (suppressed at 2000, usable again below 750); witnesses: {}",
+                after.penalty,
+                if witnesses.is_empty() { "none".to_string() } else { witnesses.join(", ") }
+            )));
+        }
+        Ok(g.call(req))
+    }
+
+    /// After the outcome is printed: verify triggers into witnesses, log them, and count
+    /// the call's event.
+    pub fn after_call(&mut self, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<()> {
+        let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, &self.ledger) else { return Ok(()) };
+        if outcome.error.as_deref().is_some_and(|e| e.contains("is suppressed")) {
+            return Ok(());
+        }
+        let release = g.release;
+        let witnessed = witness(g, req, outcome);
+        let mut event =
+            if outcome.triggers.is_empty() { germline_ledger::Event::None } else { germline_ledger::Event::Unverified };
+        for w in &witnessed {
+            ledger.append(germline_ledger::Entry::new(
+                germline_ledger::EntryKind::Witness,
+                release,
+                w.bytes.clone(),
+            ))?;
+            if w.verdict.weight(w.declared) >= 2000 {
+                event = germline_ledger::Event::Verified;
+            }
+        }
+        let state = ledger.record_call(&release, event)?;
+        if state.suppressed {
+            tracing::warn!(%release, penalty = state.penalty, "release suppressed by dampening");
+        }
+        Ok(())
+    }
+}
+
 pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
     let policy = Policy::load(&target.policy)?;
     let python = PythonRuntime::discover(&home()).context("finding the Python tool host")?;
@@ -106,30 +183,33 @@ pub fn call(args: CallArgs) -> anyhow::Result<i32> {
     let arguments: serde_json::Value = serde_json::from_str(&args.args).context("--args must be a JSON object")?;
     let serde_json::Value::Object(arguments) = arguments else { bail!("--args must be a JSON object") };
     let req = CallRequest { tool: args.tool, arguments, items: args.items, consumers: args.consumers };
-    let mut rt = match start(&args.target) {
-        Ok(rt) => rt,
+    let mut host = match Host::start(&args.target) {
+        Ok(h) => h,
         Err(e) => {
             let outcome = CallOutcome::failed(format!("{e:#}"));
             print_outcome(&outcome)?;
             return Ok(1);
         }
     };
-    let outcome = rt.call(&req);
+    let outcome = host.call(&req)?;
     print_outcome(&outcome)?;
-    witness(&mut rt, &req, &outcome);
+    host.after_call(&req, &outcome)?;
     Ok(if outcome.error.is_some() { 1 } else { 0 })
 }
 
-fn data_dir() -> PathBuf {
+pub fn data_dir() -> PathBuf {
     std::env::var_os("GERMLINE_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("germline-data"))
 }
 
 /// Off the call's critical path (its result is already out): verify each trigger and
 /// write signed witnesses. Failures are logged, never turned into a call failure.
-fn witness(rt: &mut Runtime, req: &CallRequest, outcome: &CallOutcome) {
-    let Runtime::Germline(g) = rt else { return };
+fn witness(
+    g: &mut germline_executor::call::GermlineRuntime,
+    req: &CallRequest,
+    outcome: &CallOutcome,
+) -> Vec<crate::verify_cmd::Witnessed> {
     if outcome.evidence.is_empty() {
-        return;
+        return Vec::new();
     }
     let mut items = std::collections::BTreeMap::new();
     for p in &req.items {
@@ -142,14 +222,18 @@ fn witness(rt: &mut Runtime, req: &CallRequest, outcome: &CallOutcome) {
             items.insert(name, bytes);
         }
     }
-    if let Err(e) = crate::verify_cmd::witness_triggers(g, outcome, &items, &data_dir()) {
-        tracing::error!("could not verify triggers: {e:#}");
+    match crate::verify_cmd::witness_triggers(g, outcome, &items, &data_dir()) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("could not verify triggers: {e:#}");
+            Vec::new()
+        }
     }
 }
 
 pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
     let file = std::fs::File::open(&args.calls).with_context(|| format!("opening {}", args.calls.display()))?;
-    let mut rt = start(&args.target)?;
+    let mut host = Host::start(&args.target)?;
     let mut failures = 0;
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("reading {}", args.calls.display()))?;
@@ -157,13 +241,13 @@ pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
             continue;
         }
         let (outcome, req) = match serde_json::from_str::<CallRequest>(&line) {
-            Ok(req) => (rt.call(&req), Some(req)),
+            Ok(req) => (host.call(&req)?, Some(req)),
             Err(e) => (CallOutcome::failed(format!("line {}: {e}", n + 1)), None),
         };
         failures += usize::from(outcome.error.is_some());
         print_outcome(&outcome)?;
         if let Some(req) = req {
-            witness(&mut rt, &req, &outcome);
+            host.after_call(&req, &outcome)?;
         }
     }
     Ok(if failures > 0 { 1 } else { 0 })

@@ -34,6 +34,10 @@ enum Command {
     Verify(verify_cmd::VerifyArgs),
     /// Measure per-call latency: germline with 1, 2 and 3 copies, sig-pin, fresh process.
     Bench(bench::BenchArgs),
+    // --- ledger commands ---
+    /// The append-only evidence log: append, read, prove, verify, checkpoints, dampening.
+    Ledger(germline_ledger::cli::LedgerArgs),
+    // --- end ledger commands ---
     // --- admission commands ---
     #[command(flatten)]
     Admission(admission_cli::AdmissionCommand),
@@ -54,10 +58,18 @@ fn main() -> anyhow::Result<()> {
         Command::Session(a) => exec_cmd::session(a)?,
         Command::Demo(a) => demo::run(&a)?,
         Command::Verify(a) => verify_cmd::run(&a)?,
-        Command::Bench(a) => {
-            bench::run(&a)?;
-            0
-        }
+        // --- ledger commands ---
+        Command::Ledger(a) => germline_ledger::cli::run_ledger_command(&a)?,
+        // --- end ledger commands ---
+        Command::Bench(a) => match a.what {
+            Some(bench::BenchWhat::Ledger(l)) => {
+                germline_ledger::cli::run_bench_command(&germline_ledger::cli::BenchCommand::Ledger(l))?
+            }
+            _ => {
+                bench::run(&a)?;
+                0
+            }
+        },
         // --- admission commands ---
         Command::Admission(cmd) => {
             admission_cli::run(cmd)?;

@@ -122,6 +122,18 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     Ok(if report.verdict == w.body.report.verdict { 0 } else { 1 })
 }
 
+/// One verified trigger.
+pub struct Witnessed {
+    /// Where the signed witness was written.
+    pub path: PathBuf,
+    /// The encoded witness.
+    pub bytes: Vec<u8>,
+    /// Its verdict.
+    pub verdict: germline_verifier::Verdict,
+    /// Whether the release declared determinism for the tool.
+    pub declared: bool,
+}
+
 /// After a call: verify each trigger by probe and control replay on the same runtime (the
 /// call's result has already been delivered) and write a signed witness per trigger.
 pub fn witness_triggers(
@@ -129,7 +141,7 @@ pub fn witness_triggers(
     outcome: &CallOutcome,
     req_items: &BTreeMap<ItemName, Vec<u8>>,
     data_dir: &Path,
-) -> anyhow::Result<Vec<PathBuf>> {
+) -> anyhow::Result<Vec<Witnessed>> {
     let mut written = Vec::new();
     if outcome.evidence.is_empty() {
         return Ok(written);
@@ -140,6 +152,7 @@ pub fn witness_triggers(
         let decl = manifest.tool(&ev.tool);
         let declared = decl.deterministic.unwrap_or(manifest.deterministic);
         let report = verify_trigger(rt, ev, req_items, 3, declared)?;
+        let verdict = report.verdict;
         let body =
             WitnessBody { version: WITNESS_VERSION, evidence: ev.clone(), declared_deterministic: declared, report };
         let dir = data_dir.join("witnesses").join(ev.release.to_hex());
@@ -147,9 +160,10 @@ pub fn witness_triggers(
         let stamp =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let path = dir.join(format!("{stamp}-{n}.witness"));
-        std::fs::write(&path, key.sign(&body)?)?;
-        tracing::warn!(witness = %path.display(), verdict = ?body.report.verdict, "trigger verified");
-        written.push(path);
+        let bytes = key.sign(&body)?;
+        std::fs::write(&path, &bytes)?;
+        tracing::warn!(witness = %path.display(), ?verdict, "trigger verified");
+        written.push(Witnessed { path, bytes, verdict, declared });
     }
     Ok(written)
 }

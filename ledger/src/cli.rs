@@ -1,0 +1,463 @@
+//! `germline ledger …` and `germline bench ledger`: argument types and entry points.
+//!
+//! Lives in the ledger crate so the `germline` binary only has to route to it; every
+//! function returns the process exit code or a [`LedgerError`], never prints panics.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use germline_model::ReleaseHash;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+use crate::dampening::{self, Event, Pattern, SimConfig};
+use crate::entry::{Entry, EntryKind};
+use crate::merkle;
+use crate::{Ledger, LedgerConfig, LedgerError};
+
+/// Environment variable naming the germline data root (the ledger uses `<root>/ledger`).
+pub const DATA_DIR_ENV: &str = "GERMLINE_DATA_DIR";
+/// Data root used when neither `--data-dir` nor the environment names one.
+pub const DEFAULT_DATA_ROOT: &str = "./germline-data";
+
+/// `germline ledger [--data-dir DIR] <command>`.
+#[derive(Debug, Args)]
+pub struct LedgerArgs {
+    /// Germline data root (the ledger lives in `<root>/ledger`); default
+    /// `$GERMLINE_DATA_DIR`, else `./germline-data`.
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: LedgerCommand,
+}
+
+/// Ledger operations for operators and scripts.
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Append one entry (durable when the command returns).
+    Append {
+        /// witness, dampening_event, admission or suppression.
+        #[arg(long)]
+        kind: EntryKind,
+        /// Release hash (64 hex digits, optional `sha256:` prefix).
+        #[arg(long)]
+        release: ReleaseHash,
+        /// JSON body, `@FILE` to read it from a file, or `-` for stdin.
+        #[arg(long)]
+        body: String,
+    },
+    /// Count one call attempt to a release for dampening and print its new state.
+    Call {
+        /// Release hash.
+        #[arg(long)]
+        release: ReleaseHash,
+        /// none, unverified or verified.
+        #[arg(long, default_value = "none")]
+        event: Event,
+    },
+    /// Print one entry as JSON.
+    Get {
+        /// Entry index.
+        index: u64,
+    },
+    /// List entries, of the whole log or of one release.
+    List {
+        /// Only entries about this release.
+        #[arg(long)]
+        release: Option<ReleaseHash>,
+        /// First index (whole-log listing only).
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Most entries to print.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Print a release's dampening state.
+    State {
+        /// Release hash.
+        release: ReleaseHash,
+    },
+    /// Sign and print a checkpoint of the current log (C2SP signed note).
+    Checkpoint {
+        /// Print the verifier key instead.
+        #[arg(long)]
+        vkey: bool,
+    },
+    /// Print (and self-check) an inclusion or consistency proof.
+    #[command(subcommand)]
+    Prove(ProveCommand),
+    /// Audit the whole log; exit status 1 if anything is wrong.
+    Verify,
+    /// Recompute the release index and dampening state from the entries.
+    RebuildIndex,
+    /// Monte-Carlo table: how often a noisy-but-honest release gets suppressed.
+    Simulate(SimulateArgs),
+}
+
+/// Which proof to print.
+#[derive(Debug, Subcommand)]
+pub enum ProveCommand {
+    /// Entry `index` is in the tree of size `size` (default: current size).
+    Inclusion {
+        /// Entry index.
+        index: u64,
+        /// Tree size.
+        #[arg(long)]
+        size: Option<u64>,
+    },
+    /// The tree of size `old` is a prefix of the tree of size `new` (default: current).
+    Consistency {
+        /// Old tree size.
+        old: u64,
+        /// New tree size.
+        new: Option<u64>,
+    },
+}
+
+/// Options of `germline ledger simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Simulated releases per row (more: tighter error bars, slower).
+    #[arg(long, default_value_t = 2_000)]
+    pub trials: u32,
+    /// RNG seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Length of each burst of divergences in the bursty pattern.
+    #[arg(long, default_value_t = 5)]
+    pub burst: u32,
+}
+
+/// `germline bench <what>`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Append throughput with durable group commit, and proof latency.
+    Ledger(BenchLedgerArgs),
+}
+
+/// Options of `germline bench ledger`.
+#[derive(Debug, Args)]
+pub struct BenchLedgerArgs {
+    /// Appending threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: u64,
+    /// Appends per thread.
+    #[arg(long, default_value_t = 2_500)]
+    pub per_thread: u64,
+    /// Proofs generated and verified per kind.
+    #[arg(long, default_value_t = 1_000)]
+    pub proofs: usize,
+    /// Directory for the throw-away benchmark log (default: a fresh temp directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// The ledger directory: `--data-dir`, else `$GERMLINE_DATA_DIR`, else
+/// `./germline-data`, with `ledger` appended.
+pub fn ledger_dir(data_dir: Option<&Path>) -> PathBuf {
+    let root = match data_dir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::var_os(DATA_DIR_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_ROOT)),
+    };
+    root.join("ledger")
+}
+
+fn read_body(spec: &str) -> Result<Vec<u8>, LedgerError> {
+    if spec == "-" {
+        let mut v = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut v)
+            .map_err(|source| LedgerError::Io { context: "reading body from stdin".into(), source })?;
+        Ok(v)
+    } else if let Some(path) = spec.strip_prefix('@') {
+        std::fs::read(path).map_err(|source| LedgerError::Io { context: format!("reading body from {path}"), source })
+    } else {
+        Ok(spec.as_bytes().to_vec())
+    }
+}
+
+fn entry_json(index: u64, entry: &Entry) -> serde_json::Value {
+    let body = serde_json::from_slice::<serde_json::Value>(&entry.body)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&entry.body).into()));
+    serde_json::json!({
+        "index": index,
+        "kind": entry.kind.as_str(),
+        "release": entry.release.to_hex(),
+        "time_ms": entry.time_ms,
+        "leaf_hash": hex::encode(merkle::leaf_hash(&entry.encode())),
+        "body": body,
+    })
+}
+
+fn hexes(hashes: &[merkle::Hash]) -> Vec<String> {
+    hashes.iter().map(hex::encode).collect()
+}
+
+/// Runs `germline ledger …`; returns the exit code.
+pub fn run_ledger_command(args: &LedgerArgs) -> Result<i32, LedgerError> {
+    if let LedgerCommand::Simulate(sim) = &args.command {
+        return Ok(run_simulate(sim));
+    }
+    let dir = ledger_dir(args.data_dir.as_deref());
+    let ledger = Ledger::open(&dir, LedgerConfig::default())?;
+    match &args.command {
+        LedgerCommand::Append { kind, release, body } => {
+            let r = ledger.append(Entry::new(*kind, *release, read_body(body)?))?;
+            println!("{} {}", r.index, hex::encode(r.leaf_hash));
+        }
+        LedgerCommand::Call { release, event } => {
+            let s = ledger.record_call(release, *event)?;
+            println!(
+                "{}",
+                serde_json::json!({"release": release.to_hex(), "penalty": s.penalty,
+                    "suppressed": s.suppressed, "calls": s.calls})
+            );
+        }
+        LedgerCommand::Get { index } => {
+            println!("{}", entry_json(*index, &ledger.get(*index)?));
+        }
+        LedgerCommand::List { release, from, limit } => {
+            let rows: Vec<(u64, Entry)> = match release {
+                Some(r) => ledger.entries_for_release(r)?.into_iter().take(*limit).collect(),
+                None => {
+                    let end = ledger.size().min(from.saturating_add(*limit as u64));
+                    (*from..end).map(|i| ledger.get(i).map(|e| (i, e))).collect::<Result<_, _>>()?
+                }
+            };
+            for (i, e) in rows {
+                println!("{i}\t{}\t{}\t{}", e.kind.as_str(), e.release, String::from_utf8_lossy(&e.body));
+            }
+        }
+        LedgerCommand::State { release } => {
+            let s = ledger.dampening_state(release)?;
+            println!(
+                "{}",
+                serde_json::json!({"release": release.to_hex(), "penalty": s.penalty,
+                    "suppressed": s.suppressed, "calls": s.calls})
+            );
+        }
+        LedgerCommand::Checkpoint { vkey } => {
+            if *vkey {
+                println!("{}", ledger.verifier().to_vkey());
+            } else {
+                print!("{}", ledger.checkpoint()?.note);
+            }
+        }
+        LedgerCommand::Prove(ProveCommand::Inclusion { index, size }) => {
+            let size = size.unwrap_or(ledger.size());
+            let root = ledger.root_at(size)?;
+            let leaf = merkle::leaf_hash(&ledger.get_raw(*index)?);
+            let proof = ledger.inclusion_proof(*index, size)?;
+            let ok = merkle::verify_inclusion(*index, size, &leaf, &proof, &root);
+            println!(
+                "{}",
+                serde_json::json!({"index": index, "size": size, "root": hex::encode(root),
+                    "leaf_hash": hex::encode(leaf), "proof": hexes(&proof), "verified": ok})
+            );
+            return Ok(if ok { 0 } else { 1 });
+        }
+        LedgerCommand::Prove(ProveCommand::Consistency { old, new }) => {
+            let new = new.unwrap_or(ledger.size());
+            let (old_root, new_root) = (ledger.root_at(*old)?, ledger.root_at(new)?);
+            let proof = ledger.consistency_proof(*old, new)?;
+            let ok = merkle::verify_consistency(*old, new, &old_root, &new_root, &proof);
+            println!(
+                "{}",
+                serde_json::json!({"old": old, "new": new, "old_root": hex::encode(old_root),
+                    "new_root": hex::encode(new_root), "proof": hexes(&proof), "verified": ok})
+            );
+            return Ok(if ok { 0 } else { 1 });
+        }
+        LedgerCommand::Verify => {
+            let report = ledger.verify()?;
+            println!(
+                "entries {} hashes {} checkpoints {} releases {} root {}",
+                report.entries,
+                report.hashes,
+                report.checkpoints,
+                report.releases,
+                report.root.map(hex::encode).unwrap_or_default()
+            );
+            for p in &report.problems {
+                println!("PROBLEM: {p}");
+            }
+            println!("{}", if report.is_ok() { "OK" } else { "FAILED" });
+            return Ok(if report.is_ok() { 0 } else { 1 });
+        }
+        LedgerCommand::RebuildIndex => {
+            ledger.rebuild_index()?;
+            println!("rebuilt index and dampening state of {} entries", ledger.size());
+        }
+        LedgerCommand::Simulate(_) => {}
+    }
+    Ok(0)
+}
+
+fn run_simulate(args: &SimulateArgs) -> i32 {
+    let config = SimConfig {
+        trials: args.trials,
+        seed: args.seed,
+        patterns: vec![Pattern::Random, Pattern::Bursty { burst: args.burst }],
+        ..SimConfig::default()
+    };
+    let p = config.params;
+    println!(
+        "dampening: h = {} calls, S = {}, R = {}, w = {} (unverified) / {} (verified)",
+        p.half_life_calls, p.suppress_at, p.reuse_below, p.unverified_weight, p.verified_weight
+    );
+    println!("stationary threshold rate p*: {:.1}%", p.stationary_threshold_rate() * 100.0);
+    print!("{}", dampening::format_table(&dampening::simulate(&config), args.trials));
+    0
+}
+
+/// Runs `germline bench …`; returns the exit code.
+pub fn run_bench_command(cmd: &BenchCommand) -> Result<i32, LedgerError> {
+    match cmd {
+        BenchCommand::Ledger(args) => bench_ledger(args),
+    }
+}
+
+fn median_us(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn bench_ledger(args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("germline-ledger-bench-{}", std::process::id())),
+    };
+    if dir.exists() {
+        return Err(LedgerError::Config(format!("{} exists; the benchmark needs a fresh directory", dir.display())));
+    }
+    let result = bench_in(&dir, args);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn bench_in(dir: &Path, args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
+    let ledger =
+        Ledger::open(dir, LedgerConfig { origin: Some("bench.germline/ledger".into()), ..Default::default() })?;
+    let release = ReleaseHash::of_bytes(b"bench");
+    let total = args.threads * args.per_thread;
+    let started = Instant::now();
+    std::thread::scope(|s| -> Result<(), LedgerError> {
+        let handles: Vec<_> = (0..args.threads)
+            .map(|t| {
+                let ledger = &ledger;
+                s.spawn(move || -> Result<(), LedgerError> {
+                    for j in 0..args.per_thread {
+                        let body = format!(r#"{{"thread":{t},"seq":{j},"pad":"{}"}}"#, "x".repeat(200));
+                        ledger.append(Entry::new(EntryKind::Witness, release, body.into_bytes()))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| LedgerError::Write("benchmark thread panicked".into()))??;
+        }
+        Ok(())
+    })?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "append: {total} entries ({} threads x {}), durable group commit (WAL + fsync): {:.0} entries/s ({:.2} s)",
+        args.threads,
+        args.per_thread,
+        total as f64 / secs,
+        secs
+    );
+
+    let size = ledger.size();
+    let mut rng = ChaCha20Rng::seed_from_u64(1);
+    let mut incl = Vec::with_capacity(args.proofs);
+    let mut cons = Vec::with_capacity(args.proofs);
+    for _ in 0..args.proofs {
+        let n = rng.gen_range(1..=size);
+        let i = rng.gen_range(0..n);
+        let t = Instant::now();
+        let root = ledger.root_at(n)?;
+        let leaf = merkle::leaf_hash(&ledger.get_raw(i)?);
+        let proof = ledger.inclusion_proof(i, n)?;
+        let ok = merkle::verify_inclusion(i, n, &leaf, &proof, &root);
+        incl.push(t.elapsed().as_secs_f64() * 1e6);
+        if !ok {
+            return Err(LedgerError::Corrupt(format!("inclusion proof {i}/{n} failed")));
+        }
+        let old = rng.gen_range(1..=n);
+        let t = Instant::now();
+        let (r0, r1) = (ledger.root_at(old)?, ledger.root_at(n)?);
+        let proof = ledger.consistency_proof(old, n)?;
+        let ok = merkle::verify_consistency(old, n, &r0, &r1, &proof);
+        cons.push(t.elapsed().as_secs_f64() * 1e6);
+        if !ok {
+            return Err(LedgerError::Corrupt(format!("consistency proof {old}->{n} failed")));
+        }
+    }
+    println!(
+        "proofs over a {size}-entry log (generate from store + verify, incl. root reads): inclusion median {:.1} us, consistency median {:.1} us ({} each)",
+        median_us(incl),
+        median_us(cons),
+        args.proofs
+    );
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        args: LedgerArgs,
+    }
+
+    fn run(dir: &Path, argv: &[&str]) -> i32 {
+        let mut full = vec!["germline", "--data-dir", dir.to_str().expect("utf-8 path")];
+        full.extend_from_slice(argv);
+        let cli = TestCli::try_parse_from(full).expect("parses");
+        run_ledger_command(&cli.args).expect("runs")
+    }
+
+    #[test]
+    fn commands_parse_and_run_against_a_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let release = ReleaseHash::of_bytes(b"r").to_hex();
+        assert_eq!(run(dir.path(), &["append", "--kind", "witness", "--release", &release, "--body", r#"{"a":1}"#]), 0);
+        assert_eq!(run(dir.path(), &["call", "--release", &release, "--event", "verified"]), 0);
+        assert_eq!(run(dir.path(), &["get", "0"]), 0);
+        assert_eq!(run(dir.path(), &["list", "--release", &release]), 0);
+        assert_eq!(run(dir.path(), &["checkpoint"]), 0);
+        assert_eq!(run(dir.path(), &["prove", "inclusion", "1"]), 0);
+        assert_eq!(run(dir.path(), &["prove", "consistency", "1"]), 0);
+        assert_eq!(run(dir.path(), &["verify"]), 0);
+        let ledger = Ledger::open(dir.path().join("ledger"), LedgerConfig::default()).expect("open");
+        // append + call (event) + suppression entry
+        assert_eq!(ledger.size(), 3);
+        assert!(ledger.dampening_state(&release.parse().expect("hash")).expect("state").suppressed);
+    }
+
+    #[test]
+    fn bad_arguments_are_rejected_by_the_parser() {
+        for argv in [
+            vec!["germline", "append", "--kind", "nope", "--release", "00", "--body", "{}"],
+            vec!["germline", "call", "--release", "xyz"],
+            vec!["germline", "get", "-1"],
+        ] {
+            assert!(TestCli::try_parse_from(argv).is_err());
+        }
+    }
+
+    #[test]
+    fn data_dir_flag_wins_over_the_default() {
+        assert_eq!(ledger_dir(Some(Path::new("/srv/g"))), PathBuf::from("/srv/g/ledger"));
+    }
+}
