@@ -328,8 +328,11 @@ impl Drop for TestNet {
 /// Everything that arrives in the test namespace on a TCP port, a UDP port or as raw IP
 /// protocol 253, collected by one thread that entered the namespace; plus a unix socket
 /// listener in the world. Bounded: stops on request or after 120 s.
+/// (channel, bytes) pairs as they arrived.
+type Caught = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 struct Catchers {
-    got: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    got: Caught,
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -340,7 +343,7 @@ const RAW_PROTO: i32 = 253;
 
 impl Catchers {
     fn start(ns: &str, unix_path: &std::path::Path) -> Catchers {
-        let got = Arc::new(Mutex::new(Vec::new()));
+        let got: Caught = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let unix = std::os::unix::net::UnixListener::bind(unix_path).expect("unix listener");
