@@ -212,7 +212,15 @@ pub fn keeps_alive(reply: &[u8]) -> bool {
 /// broker itself, and only public addresses are used: a name resolving to a loopback,
 /// private, link-local or otherwise special address is refused, as are reserved names
 /// (`.example`, `.test`, `.invalid`, `.local`) that have no public address by definition.
-pub fn resolve_destination(policy: &Policy, host: &HostName, port: u16) -> Result<SocketAddr, String> {
+///
+/// The lookup runs on its own thread and is abandoned at `deadline`, so a slow resolver
+/// cannot hold a copy's broker past its budget.
+pub fn resolve_destination(
+    policy: &Policy,
+    host: &HostName,
+    port: u16,
+    deadline: Instant,
+) -> Result<SocketAddr, String> {
     if let Some(addr) = policy.host_address(host) {
         return Ok(addr);
     }
@@ -223,7 +231,18 @@ pub fn resolve_destination(policy: &Policy, host: &HostName, port: u16) -> Resul
     }
     let candidates: Vec<SocketAddr> = match name.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => (name, port).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.collect(),
+        Err(_) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let owned = name.to_owned();
+            std::thread::spawn(move || {
+                let _ = tx.send((owned.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
+            });
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(r) => r.map_err(|e| format!("resolving {name}: {e}"))?,
+                Err(_) => return Err(format!("resolving {name}: no answer before the deadline")),
+            }
+        }
     };
     candidates
         .iter()
@@ -506,13 +525,14 @@ mod tests {
     fn unmapped_names_resolve_only_to_public_addresses() {
         let p = Policy::parse("tags=['a']\n[hosts]\n'api.example'='127.0.0.1:9'").unwrap();
         let h = |s: &str| HostName::new(s).unwrap();
-        assert_eq!(resolve_destination(&p, &h("api.example"), 443).unwrap().port(), 9, "the host map wins");
+        let soon = Instant::now() + Duration::from_secs(5);
+        assert_eq!(resolve_destination(&p, &h("api.example"), 443, soon).unwrap().port(), 9, "the host map wins");
         // `localhost` resolves through /etc/hosts (no DNS query) to a loopback address.
-        assert!(resolve_destination(&p, &h("localhost"), 443).unwrap_err().contains("no public address"));
-        assert!(resolve_destination(&p, &h("evil.example"), 443).unwrap_err().contains("reserved"));
+        assert!(resolve_destination(&p, &h("localhost"), 443, soon).unwrap_err().contains("no public address"));
+        assert!(resolve_destination(&p, &h("evil.example"), 443, soon).unwrap_err().contains("reserved"));
         for ip in ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "169.254.1.1", "0.0.0.0", "100.64.0.1"] {
             assert!(!is_public(ip.parse().unwrap()), "{ip}");
-            assert!(resolve_destination(&p, &h(ip), 80).is_err(), "{ip}");
+            assert!(resolve_destination(&p, &h(ip), 80, soon).is_err(), "{ip}");
         }
         for ip in ["::1", "fe80::1", "fd00::1", "::ffff:10.0.0.1"] {
             assert!(!is_public(ip.parse().unwrap()), "{ip}");

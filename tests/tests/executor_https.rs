@@ -482,3 +482,45 @@ fn a_copy_that_ignores_the_proxy_gets_nothing_out() {
         }
     }
 }
+
+const PEEK: &str = r#"
+def create_server():
+    m = FastMCP("peek")
+    @m.tool()
+    def peek(key_path: str) -> str:
+        out = []
+        ca = os.environ.get("SSL_CERT_FILE", "")
+        same = all(os.environ.get(v) == ca for v in
+                   ["REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"])
+        out.append("trust-vars:%s" % ("same" if ca and same else "missing"))
+        for name, path in [("cert", ca), ("key", key_path)]:
+            try:
+                out.append("%s:%s" % (name, open(path).read()))
+            except Exception as e:
+                out.append("%s:%s" % (name, e.__class__.__name__))
+        try:
+            out.append("dir:%s" % sorted(os.listdir(os.path.dirname(key_path))))
+        except Exception as e:
+            out.append("dir:%s" % e.__class__.__name__)
+        return "\n".join(out)
+    return m
+"#;
+
+#[test]
+fn the_ca_key_never_reaches_a_copy() {
+    for (kind, expect_key) in [(RuntimeKind::SigPin, true), (RuntimeKind::Germline, false)] {
+        let w = World::new();
+        let rel = w.release("peek", "[tools.peek]\nhosts = []\n", PEEK);
+        let mut rt = w.start(kind, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
+        let key_path = w.dir.path().join("home").join("ca").join("germline-ca-key.pem");
+        let key = std::fs::read_to_string(&key_path).expect("the runtime made its CA key");
+        let o = rt.call(&request("peek", json!({"key_path": key_path}), &[]));
+        assert!(o.error.is_none(), "{kind:?}: {:?}", o.error);
+        let text = result_text(&o);
+        assert!(text.contains("trust-vars:same"), "{kind:?}: every trust variable names the CA: {text}");
+        assert!(text.contains("cert:-----BEGIN CERTIFICATE-----"), "{kind:?}: the CA certificate is readable: {text}");
+        let key_body = key.lines().nth(1).expect("PEM body");
+        assert_eq!(text.contains(key_body), expect_key, "{kind:?}: {text}");
+        assert_eq!(text.contains("germline-ca-key.pem"), expect_key, "{kind:?}: {text}");
+    }
+}
