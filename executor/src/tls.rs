@@ -176,3 +176,63 @@ impl DeploymentTls {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A client trusting only the deployment CA opens a tunnel as `api.example`, sends two
+    /// requests on one connection (one chunked), and gets both answers; the broker's
+    /// closure saw both in plaintext with the tunnel's host and scheme `https`.
+    #[test]
+    fn tunnel_terminates_tls_as_the_host_and_keeps_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = DeploymentTls::open(&dir.path().join("ca"), &[]).unwrap();
+        let ca_pem = std::fs::read(tls.ca_cert_path()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut roots = RootCertStore::empty();
+            for c in pem_certificates(&ca_pem).unwrap() {
+                roots.add(c).unwrap();
+            }
+            let cfg = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let mut tcp = TcpStream::connect(addr).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut confirm = [0u8; 39];
+            tcp.read_exact(&mut confirm).unwrap();
+            assert!(confirm.starts_with(b"HTTP/1.1 200"));
+            let name = ServerName::try_from("api.example").unwrap();
+            let mut s = StreamOwned::new(ClientConnection::new(Arc::new(cfg), name).unwrap(), tcp);
+            s.write_all(b"GET /one HTTP/1.1\r\nHost: api.example\r\n\r\n").unwrap();
+            let mut first = [0u8; 42];
+            s.read_exact(&mut first).unwrap();
+            s.write_all(b"POST /two HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n").unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+            (first.to_vec(), rest)
+        });
+        let (conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut seen = Vec::new();
+        tls.serve_tunnel(conn, "api.example", 443, 1 << 20, |req| {
+            seen.push((req.scheme.clone(), req.host.clone(), req.target.clone(), req.body.clone()));
+            if seen.len() == 1 {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\none!".to_vec()
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\ntwo!".to_vec()
+            }
+        })
+        .unwrap();
+        let (first, rest) = client.join().unwrap();
+        assert!(first.ends_with(b"one!"), "{}", String::from_utf8_lossy(&first));
+        assert!(rest.ends_with(b"two!"), "{}", String::from_utf8_lossy(&rest));
+        let https = |t: &str, b: &[u8]| ("https".to_owned(), "api.example".to_owned(), t.to_owned(), b.to_vec());
+        assert_eq!(seen, vec![https("/one", b""), https("/two", b"hi")]);
+    }
+}

@@ -296,6 +296,9 @@ impl TestNet {
         let id = std::process::id() % 100_000;
         let net = TestNet { ns: format!("gl-https-{id}"), host_if: format!("glh{id}") };
         let peer = format!("gln{id}");
+        // Left over from a run that died: remove first (failures mean there was none).
+        ip(&["link", "del", &net.host_if]);
+        ip(&["netns", "del", &net.ns]);
         let ok = ip(&["netns", "add", &net.ns])
             && ip(&["link", "add", &net.host_if, "type", "veth", "peer", "name", &peer])
             && ip(&["link", "set", &peer, "netns", &net.ns])
