@@ -527,3 +527,34 @@ fn the_ca_key_never_reaches_a_copy() {
         assert_eq!(text.contains("germline-ca-key.pem"), expect_key, "{kind:?}: {text}");
     }
 }
+
+#[test]
+fn an_unmapped_name_that_resolves_to_loopback_is_refused() {
+    let w = World::new();
+    let ca = TestCa::new("test CA");
+    let plain = germline_tests::Sink::start(SinkBehaviour::default());
+    let secure = HttpsSink::start(SinkBehaviour::default(), ca.server_config(&["localhost"]));
+    let body = r#"
+def create_server():
+    m = FastMCP("x")
+    @m.tool()
+    def fetch(http_port: int, https_port: int) -> str:
+        a = get("http://localhost:%d/x" % http_port)
+        b = get("https://localhost:%d/x" % https_port)
+        return "%d %s | %d %s" % (a[0], a[1].strip(), b[0], b[1].strip())
+    return m
+"#;
+    let rel = w.release("loopback", "[tools.fetch]\nhosts = [\"localhost\"]\n", body);
+    // `localhost` is declared but not in the host map: the broker resolves it itself
+    // (through /etc/hosts, no DNS query) and refuses the loopback answer.
+    let policy = w.policy(&[("localhost", &[], None)], &[("agent", &[])], &trust(&w, &ca));
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+    let args = json!({"http_port": plain.addr().port(), "https_port": secure.tls_addr().port()});
+    let o = rt.call(&request("fetch", args, &[]));
+    assert!(o.error.is_none(), "{:?}", o.error);
+    let text = result_text(&o);
+    assert!(text.starts_with("502") && text.contains("| 502"), "{text}");
+    assert!(text.contains("no public address"), "{text}");
+    assert_eq!(plain.connections().len(), 0, "nothing reached the loopback HTTP listener");
+    assert_eq!(secure.handshakes() + secure.connections().len(), 0, "nothing reached the loopback HTTPS listener");
+}
