@@ -77,11 +77,25 @@ pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
     let policy = Policy::load(&target.policy)?;
     let python = PythonRuntime::discover(&home()).context("finding the Python tool host")?;
     let release = absolute(&target.release)?;
+    let id = release_id(&release)?;
     let mut rt = Runtime::start(target.runtime, &release, policy, python)?;
+    if let Runtime::Germline(g) = &mut rt {
+        g.release = id;
+    }
     let data_dir =
         std::env::var_os("GERMLINE_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("germline-data"));
     rt.set_trigger_log(target.trigger_log.clone().unwrap_or_else(|| data_dir.join("triggers.jsonl")));
     Ok(rt)
+}
+
+/// A release directory's identity: the SHA-256 of the canonical archive `germline
+/// release build` makes of it, the same bytes a publisher signs and a host admits.
+pub fn release_id(dir: &Path) -> anyhow::Result<germline_model::ReleaseHash> {
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("release.tar.gz");
+    let built = germline_admission::build_release_archive(dir, &out, &germline_admission::BuildOptions::default())
+        .with_context(|| format!("canonical archive of {}", dir.display()))?;
+    Ok(built.hash)
 }
 
 fn absolute(p: &Path) -> anyhow::Result<PathBuf> {
@@ -92,12 +106,45 @@ pub fn call(args: CallArgs) -> anyhow::Result<i32> {
     let arguments: serde_json::Value = serde_json::from_str(&args.args).context("--args must be a JSON object")?;
     let serde_json::Value::Object(arguments) = arguments else { bail!("--args must be a JSON object") };
     let req = CallRequest { tool: args.tool, arguments, items: args.items, consumers: args.consumers };
-    let outcome = match start(&args.target) {
-        Ok(mut rt) => rt.call(&req),
-        Err(e) => CallOutcome::failed(format!("{e:#}")),
+    let mut rt = match start(&args.target) {
+        Ok(rt) => rt,
+        Err(e) => {
+            let outcome = CallOutcome::failed(format!("{e:#}"));
+            print_outcome(&outcome)?;
+            return Ok(1);
+        }
     };
+    let outcome = rt.call(&req);
     print_outcome(&outcome)?;
+    witness(&mut rt, &req, &outcome);
     Ok(if outcome.error.is_some() { 1 } else { 0 })
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var_os("GERMLINE_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("germline-data"))
+}
+
+/// Off the call's critical path (its result is already out): verify each trigger and
+/// write signed witnesses. Failures are logged, never turned into a call failure.
+fn witness(rt: &mut Runtime, req: &CallRequest, outcome: &CallOutcome) {
+    let Runtime::Germline(g) = rt else { return };
+    if outcome.evidence.is_empty() {
+        return;
+    }
+    let mut items = std::collections::BTreeMap::new();
+    for p in &req.items {
+        if let (Ok(name), Ok(bytes)) = (germline_model::ItemName::new(&p.to_string_lossy()), std::fs::read(p)) {
+            items.insert(name, bytes);
+        }
+    }
+    for (k, v) in &req.arguments {
+        if let (Ok(name), Ok(bytes)) = (germline_model::ItemName::new(&format!("arg:{k}")), serde_json::to_vec(v)) {
+            items.insert(name, bytes);
+        }
+    }
+    if let Err(e) = crate::verify_cmd::witness_triggers(g, outcome, &items, &data_dir()) {
+        tracing::error!("could not verify triggers: {e:#}");
+    }
 }
 
 pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
@@ -109,12 +156,15 @@ pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
         if line.trim().is_empty() {
             continue;
         }
-        let outcome = match serde_json::from_str::<CallRequest>(&line) {
-            Ok(req) => rt.call(&req),
-            Err(e) => CallOutcome::failed(format!("line {}: {e}", n + 1)),
+        let (outcome, req) = match serde_json::from_str::<CallRequest>(&line) {
+            Ok(req) => (rt.call(&req), Some(req)),
+            Err(e) => (CallOutcome::failed(format!("line {}: {e}", n + 1)), None),
         };
         failures += usize::from(outcome.error.is_some());
         print_outcome(&outcome)?;
+        if let Some(req) = req {
+            witness(&mut rt, &req, &outcome);
+        }
     }
     Ok(if failures > 0 { 1 } else { 0 })
 }

@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod exec_cmd;
+mod verify_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,9 @@ enum Command {
     /// The main job on embedded defaults: one leaky release under sig-pin, nosplit and
     /// germline, against a loopback OCR service; reports what leaked.
     Demo(demo::DemoArgs),
+    /// Re-check a witness offline: probe and control replay with the release and items;
+    /// exit 0 only when the recorded verdict is reproduced.
+    Verify(verify_cmd::VerifyArgs),
     /// Measure per-call latency: germline with 1, 2 and 3 copies, sig-pin, fresh process.
     Bench(bench::BenchArgs),
     // --- admission commands ---
@@ -48,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Call(a) => exec_cmd::call(a)?,
         Command::Session(a) => exec_cmd::session(a)?,
         Command::Demo(a) => demo::run(&a)?,
+        Command::Verify(a) => verify_cmd::run(&a)?,
         Command::Bench(a) => {
             bench::run(&a)?;
             0

@@ -330,9 +330,13 @@ def _run_copy(server):
     chan = _connect_channel(CHANNEL_PORT)
     t1 = _real["perf_counter"]()
     preamble = json.loads(_read_line(chan))
+    if preamble.get("twin") is None:
+        # Twin inputs switched off (a test of what they do): real clock and entropy.
+        _twin.active = False
     if preamble.get("trace"):
         print("copy: connected after %.2f ms, preamble after %.2f ms" % ((t1 - t0) * 1e3, (_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
-    _activate_twin(preamble["twin"])
+    if preamble.get("twin") is not None:
+        _activate_twin(preamble["twin"])
     import germline_slot
 
     germline_slot._attach(preamble.get("slot", {}), lambda: _connect_channel(SLOT_PORT))

@@ -25,6 +25,32 @@ use crate::ExecutorError;
 pub struct CallShared {
     /// The positional-rule state of the call.
     pub records: CallRecords,
+    /// Set for probe/control replay: every host is answered from a transcript, nothing
+    /// is delivered, and the copy's requests are recorded.
+    pub replay: Option<ReplayState>,
+}
+
+/// A replayed copy's egress: the k-th request to a host gets the transcript's k-th reply
+/// (or the placeholder past its end), whatever it asks; the request itself is recorded.
+#[derive(Debug, Default)]
+pub struct ReplayState {
+    /// Recorded replies per declared host, in order.
+    pub replies: BTreeMap<HostName, Vec<Vec<u8>>>,
+    /// What the replayed copy sent, per host, in order.
+    pub sent: BTreeMap<HostName, Vec<germline_model::RequestDigest>>,
+}
+
+impl ReplayState {
+    fn reply(&mut self, host: &HostName, digest: germline_model::RequestDigest) -> EgressDecision {
+        let Some(replies) = self.replies.get(host) else { return EgressDecision::Deny };
+        let sent = self.sent.entry(host.clone()).or_default();
+        let k = sent.len();
+        sent.push(digest);
+        match replies.get(k) {
+            Some(r) => EgressDecision::Recorded(r.clone()),
+            None => EgressDecision::Placeholder,
+        }
+    }
 }
 
 /// One egress attempt, for logs and tests.
@@ -48,6 +74,9 @@ pub struct CopyResult {
     pub slot_writes: Vec<(String, Option<Value>)>,
     /// Egress attempts.
     pub egress: Vec<EgressEvent>,
+    /// Every reply the copy received from (or in the name of) each declared host, in
+    /// order: what a replay of this copy must give it back.
+    pub received: BTreeMap<HostName, Vec<Vec<u8>>>,
 }
 
 /// Everything the broker needs to serve one copy.
@@ -79,6 +108,7 @@ struct CopyState {
     label: OutputLabel,
     egress: Vec<EgressEvent>,
     sent: BTreeMap<HostName, usize>,
+    received: BTreeMap<HostName, Vec<Vec<u8>>>,
 }
 
 /// Serves one copy until it returns its tool result, fails, or runs out of time.
@@ -86,7 +116,8 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     let CopyJob { group_index, listeners, preamble, method, params, deadline, budget, policy, label, killer } = job;
     let max = policy.limits.max_message_bytes;
     let stop = Arc::new(AtomicBool::new(false));
-    let state = Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new() }));
+    let state =
+        Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -125,15 +156,15 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         result.map_err(|e| e.to_string())
     };
     let st = Arc::try_unwrap(state).map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()));
-    let (label, egress) = match st {
-        Ok(s) => (s.label, s.egress),
+    let (label, egress, received) = match st {
+        Ok(s) => (s.label, s.egress, s.received),
         Err(arc) => {
             let s = arc.lock().unwrap_or_else(|p| p.into_inner());
-            (s.label.clone(), s.egress.clone())
+            (s.label.clone(), s.egress.clone(), s.received.clone())
         }
     };
     let writes = std::mem::take(&mut *slot_writes.lock().unwrap_or_else(|p| p.into_inner()));
-    CopyResult { result, label, slot_writes: writes, egress }
+    CopyResult { result, label, slot_writes: writes, egress, received }
 }
 
 fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) -> Option<TcpStream> {
@@ -266,7 +297,10 @@ fn egress(
     let digest = req.digest();
     let decision = {
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
-        sh.records.positional_reply(group, &host, k, digest, &mut st.label)
+        match sh.replay.as_mut() {
+            Some(replay) => replay.reply(&host, digest),
+            None => sh.records.positional_reply(group, &host, k, digest, &mut st.label),
+        }
     };
     let (name, reply) = match decision {
         EgressDecision::Deliver => {
@@ -285,6 +319,9 @@ fn egress(
         EgressDecision::Deny => ("denied", http::denied_response("destination not declared for this tool")),
     };
     st.egress.push(EgressEvent { group, host: host.to_string(), decision: name });
+    if name != "denied" {
+        st.received.entry(host.clone()).or_default().push(reply.clone());
+    }
     reply
 }
 

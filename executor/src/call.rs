@@ -13,9 +13,10 @@ use germline_model::{
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::broker::{serve_copy, CallShared, CopyJob, EgressEvent};
+use crate::broker::{serve_copy, CallShared, CopyJob, CopyResult, EgressEvent, ReplayState};
 use crate::cgroup::CgroupLimits;
 use crate::confine::ResourceLimits;
+use crate::evidence::{encode_replies, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
 use crate::outside::{prepare_copy, CopyFile};
@@ -63,6 +64,9 @@ pub struct CallOutcome {
     /// Every egress attempt and the broker's decision.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<EgressEventOut>,
+    /// What a verifier needs to replay each trigger (also in the trigger log).
+    #[serde(skip)]
+    pub evidence: Vec<TriggerEvidence>,
 }
 
 /// The part of a call one consumer receives.
@@ -128,7 +132,7 @@ impl SlotStore {
 }
 
 /// Twin inputs: fixed per call without looking at item contents.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TwinInputs {
     /// Frozen wall clock (seconds since the epoch).
     pub clock: f64,
@@ -195,7 +199,24 @@ pub struct GermlineRuntime {
     pub splitting: Splitting,
     /// Where triggers are appended (JSON lines), if anywhere.
     pub trigger_log: Option<PathBuf>,
+    /// Evidence switches, on by default; tests turn them off to show what they do.
+    pub evidence_switches: EvidenceSwitches,
     refused: Option<String>,
+}
+
+/// Switches for the evidence mechanisms (prevention never depends on them).
+#[derive(Clone, Copy, Debug)]
+pub struct EvidenceSwitches {
+    /// Freeze clocks and seed RNGs in copies.
+    pub twin_inputs: bool,
+    /// Compare request sequences and record triggers (the tripwire).
+    pub sequence_comparison: bool,
+}
+
+impl Default for EvidenceSwitches {
+    fn default() -> Self {
+        EvidenceSwitches { twin_inputs: true, sequence_comparison: true }
+    }
 }
 
 impl GermlineRuntime {
@@ -249,6 +270,7 @@ impl GermlineRuntime {
             slots: SlotStore::default(),
             splitting,
             trigger_log: None,
+            evidence_switches: EvidenceSwitches::default(),
             refused: None,
         })
     }
@@ -277,17 +299,26 @@ impl GermlineRuntime {
             Splitting::None => single_group_plan(&prepared.plan_input),
         };
         let host_clearances: BTreeMap<HostName, Clearance> = prepared.plan_input.hosts.iter().cloned().collect();
-        let shared = Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &host_clearances)? }));
+        let shared =
+            Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &host_clearances)?, replay: None }));
         let twin = TwinInputs::fresh()?;
         let mut outcome = CallOutcome { copies: plan.groups.len(), ..Default::default() };
         let mut per_consumer: BTreeMap<String, ConsumerResult> = BTreeMap::new();
         let budget = self.policy.limits.deadline;
+        let mut runs: Vec<GroupRun> = Vec::new();
 
         for (gi, group) in plan.groups.iter().enumerate() {
             let key = SlotKey::new(self.release, &self.policy.user, group.horizon.clone())?;
             let slot = self.slots.get(&key);
-            let (result, label, writes, egress) = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
-            outcome.egress.extend(egress.into_iter().map(EgressEventOut::from));
+            let run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
+            let (result, label, writes) = (run.result, run.label, run.slot_writes);
+            outcome.egress.extend(run.egress.into_iter().map(EgressEventOut::from));
+            runs.push(GroupRun {
+                view: group.view.items().cloned().collect(),
+                slot: slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect(),
+                slot_label: slot.label(),
+                received: run.received,
+            });
             let final_label = label.label();
             if result.is_ok() && !writes.is_empty() {
                 let mut slot = slot;
@@ -310,9 +341,33 @@ impl GermlineRuntime {
                 per_consumer.insert(c.to_string(), cr.clone());
             }
         }
-        let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
-        outcome.triggers = sh.records.triggers().to_vec();
-        let _ = &mut sh;
+        if self.evidence_switches.sequence_comparison {
+            let sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+            outcome.triggers = sh.records.triggers().to_vec();
+            for t in &outcome.triggers {
+                let (Some(serving), Some(trig)) = (runs.get(t.serving_group_index), runs.get(t.group_index)) else {
+                    continue;
+                };
+                outcome.evidence.push(TriggerEvidence {
+                    version: EVIDENCE_VERSION,
+                    release: self.release,
+                    tool: prepared.tool.clone(),
+                    arguments: prepared.public_arguments(),
+                    host: t.host.clone(),
+                    kind: t.kind,
+                    position: t.position,
+                    serving_view: serving.view.clone(),
+                    trigger_view: trig.view.clone(),
+                    items: prepared.item_records(),
+                    twin: twin.clone(),
+                    slot: serving.slot.clone(),
+                    slot_label: serving.slot_label.clone(),
+                    replies: encode_replies(&serving.received),
+                    serving_requests: sh.records.copy_requests(t.serving_group_index, &t.host).to_vec(),
+                    trigger_requests: sh.records.copy_requests(t.group_index, &t.host).to_vec(),
+                });
+            }
+        }
         if let Some(first) = prepared.consumers.first() {
             if let Some(cr) = per_consumer.get(first.as_str()) {
                 outcome.result = cr.result.clone();
@@ -326,8 +381,8 @@ impl GermlineRuntime {
         for t in &outcome.triggers {
             tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
         }
-        if let (Some(path), false) = (&self.trigger_log, outcome.triggers.is_empty()) {
-            append_triggers(path, &self.release, &prepared.tool, &outcome.triggers)?;
+        if let (Some(path), false) = (&self.trigger_log, outcome.evidence.is_empty()) {
+            append_evidence(path, &outcome.evidence)?;
         }
         Ok(outcome)
     }
@@ -343,7 +398,8 @@ impl GermlineRuntime {
             consumers: vec![(ConsumerName::new("agent")?, Clearance::empty())],
         };
         let plan = single_group_plan(&input);
-        let shared = Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())? }));
+        let shared =
+            Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())?, replay: None }));
         let twin = TwinInputs::fresh()?;
         let budget = self.policy.limits.deadline;
         let germline = self.germline_mut()?;
@@ -366,6 +422,70 @@ impl GermlineRuntime {
         r.result.map_err(ExecutorError::Copy)
     }
 
+    /// Replays the serving copy of `ev` with the items of `view` (contents supplied,
+    /// checked against the evidence's hashes) and everything else as recorded: same
+    /// metadata, twin inputs, slot, and replies in order. Returns what the replayed copy
+    /// sent to the evidence's host. Nothing is delivered anywhere.
+    pub fn replay(
+        &mut self,
+        ev: &TriggerEvidence,
+        view: &[ItemName],
+        contents: &BTreeMap<ItemName, Vec<u8>>,
+    ) -> Result<Vec<germline_model::RequestDigest>, ExecutorError> {
+        ev.check_items(view, contents)?;
+        let mut arguments = ev.arguments.clone();
+        let mut files = Vec::new();
+        for item in &ev.items {
+            let visible = view.contains(&item.name);
+            if let Some(arg) = item.name.as_str().strip_prefix("arg:") {
+                if visible {
+                    let bytes = contents.get(&item.name).map(Vec::as_slice).unwrap_or_default();
+                    let v: Value = serde_json::from_slice(bytes)
+                        .map_err(|e| ExecutorError::Call(format!("argument item {arg} is not JSON: {e}")))?;
+                    arguments.insert(arg.to_owned(), v);
+                }
+            } else {
+                let contents = if visible { contents.get(&item.name).cloned().unwrap_or_default() } else { Vec::new() };
+                files.push(CopyFile { path: PathBuf::from(item.name.as_str()), contents });
+            }
+        }
+        let input = PlanInput {
+            items: vec![],
+            hosts: vec![],
+            consumers: vec![(ConsumerName::new("agent")?, Clearance::empty())],
+        };
+        let plan = single_group_plan(&input);
+        let replay = ReplayState { replies: ev.decoded_replies()?, sent: BTreeMap::new() };
+        let shared = Arc::new(Mutex::new(CallShared {
+            records: CallRecords::new(&plan, &BTreeMap::new())?,
+            replay: Some(replay),
+        }));
+        let budget = self.policy.limits.deadline;
+        let roots = self.policy.data_roots();
+        let germline = self.germline_mut()?;
+        let copy = germline.fork_copy()?;
+        let listeners = prepare_copy(copy.pid, &roots, &files)?;
+        let job = CopyJob {
+            group_index: 0,
+            listeners,
+            preamble: json!({"twin": ev.twin, "slot": ev.slot}),
+            method: "tools/call",
+            params: json!({"name": ev.tool, "arguments": arguments}),
+            deadline: Instant::now() + budget,
+            budget,
+            policy: &self.policy,
+            label: OutputLabel::new(Label::empty(), Label::empty()),
+            killer: copy.killer()?,
+        };
+        let r = serve_copy(job, &shared);
+        copy.kill()?;
+        if let Err(e) = &r.result {
+            tracing::debug!("replayed copy ended without a result: {e}");
+        }
+        let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(sh.replay.as_mut().and_then(|r| r.sent.remove(&ev.host)).unwrap_or_default())
+    }
+
     fn germline_mut(&mut self) -> Result<&mut Germline, ExecutorError> {
         if self.germline.is_none() {
             self.germline = Some(Germline::start(&self.spec)?);
@@ -383,8 +503,7 @@ impl GermlineRuntime {
         twin: &TwinInputs,
         shared: &Arc<Mutex<CallShared>>,
         budget: Duration,
-    ) -> Result<(Result<Value, String>, OutputLabel, Vec<(String, Option<Value>)>, Vec<EgressEvent>), ExecutorError>
-    {
+    ) -> Result<CopyResult, ExecutorError> {
         let deadline = Instant::now() + budget;
         let germline = self.germline_mut()?;
         let t0 = Instant::now();
@@ -403,6 +522,7 @@ impl GermlineRuntime {
         let arguments = prepared.arguments_for(&group.view);
         let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
+        let twin = if self.evidence_switches.twin_inputs { json!(twin) } else { Value::Null };
         let preamble = json!({"twin": twin, "slot": slot_values, "trace": trace});
         let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
         let job = CopyJob {
@@ -426,12 +546,13 @@ impl GermlineRuntime {
             let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             sh.records.finish_copy(gi);
         }
-        Ok((r.result, r.label, r.slot_writes, r.egress))
+        Ok(r)
     }
 }
 
-/// Appends one JSON line per trigger and syncs, so a trigger once reported is not lost.
-fn append_triggers(path: &Path, release: &ReleaseHash, tool: &str, triggers: &[Trigger]) -> Result<(), ExecutorError> {
+/// Appends one JSON line of evidence per trigger and syncs, so a trigger once reported
+/// is not lost.
+fn append_evidence(path: &Path, evidence: &[TriggerEvidence]) -> Result<(), ExecutorError> {
     use std::io::Write;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
@@ -441,15 +562,21 @@ fn append_triggers(path: &Path, release: &ReleaseHash, tool: &str, triggers: &[T
         .append(true)
         .open(path)
         .map_err(ExecutorError::io(format!("opening trigger log {}", path.display())))?;
-    let time = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let mut buf = Vec::new();
-    for t in triggers {
-        serde_json::to_writer(&mut buf, &json!({"time": time, "release": release, "tool": tool, "trigger": t}))
-            .map_err(|e| ExecutorError::Call(e.to_string()))?;
+    for e in evidence {
+        serde_json::to_writer(&mut buf, e).map_err(|e| ExecutorError::Call(e.to_string()))?;
         buf.push(b'\n');
     }
     f.write_all(&buf).map_err(ExecutorError::io("writing the trigger log"))?;
     f.sync_data().map_err(ExecutorError::io("syncing the trigger log"))
+}
+
+/// What the broker keeps of each group's copy for evidence.
+struct GroupRun {
+    view: Vec<ItemName>,
+    slot: Map<String, Value>,
+    slot_label: Label,
+    received: BTreeMap<HostName, Vec<Vec<u8>>>,
 }
 
 fn attach_label(v: &mut Value, label: &Label) {
@@ -553,6 +680,40 @@ impl PreparedCall {
             consumers,
             plan_input: PlanInput { items, hosts, consumers: plan_consumers },
         })
+    }
+
+    /// The call's public metadata: arguments with every labelled argument blanked.
+    fn public_arguments(&self) -> Map<String, Value> {
+        match self.arguments_for(&View::new(Default::default())) {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    /// Name, label and SHA-256 of every item (argument items hash their JSON value).
+    fn item_records(&self) -> Vec<ItemRecord> {
+        use sha2::{Digest, Sha256};
+        let label_of = |n: &ItemName| {
+            self.plan_input.items.iter().find(|i| &i.name == n).map(|i| i.label.clone()).unwrap_or_default()
+        };
+        let mut out: Vec<ItemRecord> = self
+            .files
+            .iter()
+            .map(|(name, _, bytes)| ItemRecord {
+                name: name.clone(),
+                label: label_of(name),
+                sha256: hex::encode(Sha256::digest(bytes)),
+            })
+            .collect();
+        for (arg, name) in &self.arg_items {
+            let bytes = self.arguments.get(arg).map(|v| serde_json::to_vec(v).unwrap_or_default()).unwrap_or_default();
+            out.push(ItemRecord {
+                name: name.clone(),
+                label: label_of(name),
+                sha256: hex::encode(Sha256::digest(&bytes)),
+            });
+        }
+        out
     }
 
     /// The arguments a copy with `view` receives: out-of-view item arguments blanked

@@ -14,6 +14,7 @@ pub mod call;
 pub mod cgroup;
 pub mod confine;
 mod error;
+pub mod evidence;
 pub mod germline;
 pub mod http;
 pub mod inspect;
