@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -70,6 +71,19 @@ impl DeploymentCa {
         std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(ExecutorError::io(format!("restricting {}", dir.display())))?;
+        // One creator at a time, across threads and processes sharing this home, so the key
+        // and certificate on disk always belong together. Released when `lock` closes.
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(dir.join(".lock"))
+            .map_err(ExecutorError::io("opening the CA lock"))?;
+        // SAFETY: flock on a descriptor we own for the rest of this function.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(ExecutorError::io("locking the CA")(std::io::Error::last_os_error()));
+        }
         let key_path = dir.join(CA_KEY_FILE);
         let cert_path = dir.join(CA_CERT_FILE);
         let params = ca_params();
@@ -148,6 +162,18 @@ pub fn pem_certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, Exec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_first_opens_agree_on_one_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("ca");
+        let opened: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> =
+                (0..4).map(|_| s.spawn(|| DeploymentCa::open(&ca_dir).unwrap().cert_der.as_ref().to_vec())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(opened.windows(2).all(|w| w[0] == w[1]), "every opener uses the one CA on disk");
+    }
 
     #[test]
     fn key_is_private_and_reused() {
