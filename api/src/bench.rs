@@ -25,6 +25,16 @@ pub struct BenchArgs {
     /// Write the figures as JSON here too.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Benchmark something else than per-call latency.
+    #[command(subcommand)]
+    pub what: Option<BenchWhat>,
+}
+
+/// `germline bench <what>`.
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchWhat {
+    /// Witness verification time (probe and control replays) and witness file checks.
+    Verify(crate::bench_verify::BenchVerifyArgs),
 }
 
 const NOOP: &str = r#"
@@ -57,6 +67,9 @@ fn ms(d: Duration) -> f64 {
 
 /// Runs the benchmark and prints the table.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if let Some(BenchWhat::Verify(v)) = &args.what {
+        return crate::bench_verify::run(v);
+    }
     let dir = tempfile::tempdir().context("temporary directory")?;
     let rel = dir.path().join("noop");
     let data = dir.path().join("data");

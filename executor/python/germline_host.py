@@ -250,7 +250,7 @@ def _clone(libc, ctid):
 
 def _connect_channel(port, budget=10.0):
     deadline = _real["monotonic"]() + budget
-    delay = 0.0001
+    delay = 0.00005
     while True:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -261,7 +261,7 @@ def _connect_channel(port, budget=10.0):
             if _real["monotonic"]() > deadline:
                 raise
             _real_sleep(delay)
-            delay = min(delay * 2, 0.005)
+            delay = min(delay * 2, 0.001)
 
 
 _real_sleep = time.sleep

@@ -168,6 +168,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
 }
 
 fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) -> Option<TcpStream> {
+    use std::os::fd::AsRawFd;
     listener.set_nonblocking(true).ok()?;
     loop {
         match listener.accept() {
@@ -176,10 +177,15 @@ fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) ->
                 return Some(s);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if stop.load(Ordering::SeqCst) || Instant::now() > deadline {
+                let now = Instant::now();
+                if stop.load(Ordering::SeqCst) || now > deadline {
                     return None;
                 }
-                thread::sleep(Duration::from_micros(200));
+                // Wake as soon as a connection arrives; look at `stop` every 10 ms.
+                let wait = deadline.saturating_duration_since(now).min(Duration::from_millis(10));
+                let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: poll on one descriptor we own, with a bounded timeout.
+                unsafe { libc::poll(&mut pfd, 1, wait.as_millis().max(1) as i32) };
             }
             Err(_) => return None,
         }
