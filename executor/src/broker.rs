@@ -241,12 +241,47 @@ fn proxy_loop(
         let _ = conn.set_read_timeout(Some(remaining));
         let _ = conn.set_write_timeout(Some(remaining));
         let reply = match http::read_request(&mut conn, max) {
+            Ok(Some(req)) if req.method == "CONNECT" => {
+                tunnel(conn, &req, group, state, shared, policy, deadline);
+                continue;
+            }
             Ok(Some(req)) => egress(&req, group, state, shared, policy, deadline),
             Ok(None) => continue,
             Err(e) => http::denied_response(&format!("bad request: {e}")),
         };
         let _ = conn.write_all(&reply);
         let _ = conn.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// A `CONNECT`: the broker terminates TLS as the named host and treats every request
+/// inside exactly like a plain HTTP one (scheme `https`), under the same positional rule.
+fn tunnel(
+    mut conn: TcpStream,
+    req: &HttpRequest,
+    group: usize,
+    state: &Mutex<CopyState>,
+    shared: &Mutex<CallShared>,
+    policy: &Policy,
+    deadline: Instant,
+) {
+    let refuse = |conn: &mut TcpStream, why: &str| {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.egress.push(EgressEvent { group, host: req.host.clone(), decision: "denied" });
+        let _ = conn.write_all(&http::denied_response(why));
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+    };
+    if HostName::new(&req.host).is_err() {
+        return refuse(&mut conn, "not a host name");
+    }
+    let Some(tls) = policy.tls() else {
+        return refuse(&mut conn, "HTTPS is not configured for this runtime");
+    };
+    let max = policy.limits.max_message_bytes;
+    let served =
+        tls.serve_tunnel(conn, &req.host, req.port, max, |inner| egress(inner, group, state, shared, policy, deadline));
+    if let Err(e) = served {
+        tracing::debug!(host = %req.host, "tunnel ended: {e}");
     }
 }
 
@@ -263,10 +298,6 @@ fn egress(
         st.egress.push(EgressEvent { group, host: req.host.clone(), decision: "denied" });
         return http::denied_response("not a host name");
     };
-    if req.method == "CONNECT" {
-        st.egress.push(EgressEvent { group, host: host.to_string(), decision: "denied" });
-        return http::denied_response("HTTPS tunnels are not relayed by this broker");
-    }
     let k = *st.sent.get(&host).unwrap_or(&0);
     st.sent.insert(host.clone(), k + 1);
     let digest = req.digest();
@@ -279,10 +310,9 @@ fn egress(
     };
     let (name, reply) = match decision {
         EgressDecision::Deliver => {
-            let reply = match policy.host_address(&host) {
-                Some(addr) => http::forward(req, addr, deadline, policy.limits.max_message_bytes)
-                    .unwrap_or_else(|e| gateway_error(&e.to_string())),
-                None => gateway_error("no address for this host"),
+            let reply = match http::resolve_destination(policy, &host, req.port, deadline) {
+                Ok(addr) => deliver(req, addr, policy, deadline),
+                Err(why) => gateway_error(&why),
             };
             let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             if let Err(e) = sh.records.record_exchange(&host, digest, reply.clone()) {
@@ -299,6 +329,17 @@ fn egress(
         st.received.entry(host.clone()).or_default().push(reply.clone());
     }
     reply
+}
+
+/// Issues the real request: plain HTTP, or TLS verifying the host's own certificate.
+fn deliver(req: &HttpRequest, addr: std::net::SocketAddr, policy: &Policy, deadline: Instant) -> Vec<u8> {
+    let max = policy.limits.max_message_bytes;
+    let sent = match (req.scheme.as_str(), policy.tls()) {
+        ("https", Some(tls)) => tls.forward(req, addr, deadline, max),
+        ("https", None) => return gateway_error("HTTPS is not configured for this runtime"),
+        _ => http::forward(req, addr, deadline, max),
+    };
+    sent.unwrap_or_else(|e| gateway_error(&e.to_string()))
 }
 
 fn gateway_error(why: &str) -> Vec<u8> {

@@ -224,12 +224,15 @@ impl GermlineRuntime {
     /// if the germline does not start or fails G1–G3.
     pub fn start(
         release_dir: &Path,
-        policy: Policy,
+        mut policy: Policy,
         runtime: PythonRuntime,
         splitting: Splitting,
     ) -> Result<GermlineRuntime, ExecutorError> {
         let manifest = Manifest::load(release_dir)?;
         let release = release_dir_hash(release_dir)?;
+        // The CA key stays in `home/ca`, outside the germline's allowlist; only the
+        // certificate is readable by the germline (and trusted through its environment).
+        let tls = policy.open_tls(&runtime.shim_dir.with_file_name("ca"))?;
         let spec = GermlineSpec {
             runtime,
             release_dir: release_dir.to_path_buf(),
@@ -241,7 +244,7 @@ impl GermlineRuntime {
                 ..ResourceLimits::default()
             },
             start_timeout: Duration::from_secs(60),
-            extra_read: Vec::new(),
+            extra_read: vec![tls.ca_cert_path().to_path_buf()],
             cgroup_limits: Some(CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 processes: policy.limits.processes,

@@ -197,6 +197,12 @@ impl Germline {
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);
         }
+        // Copies trust the deployment CA (its certificate only) for HTTPS through the broker.
+        if let Some(ca) = spec.extra_read.iter().find(|p| p.file_name().is_some_and(|n| n == crate::ca::CA_CERT_FILE)) {
+            for var in crate::tls::CA_TRUST_VARS {
+                cmd.env(var, ca);
+            }
+        }
         sandbox.install(&mut cmd);
         let child =
             cmd.spawn().map_err(|e| ExecutorError::refused("start", format!("could not start the germline: {e}")))?;

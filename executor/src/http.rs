@@ -4,10 +4,12 @@
 //! (never following redirects), and the broker's own fixed replies.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use germline_model::RequestDigest;
+use germline_model::{HostName, RequestDigest};
+
+use crate::policy::Policy;
 
 /// Largest header block accepted from a copy or a host.
 const MAX_HEAD: usize = 64 << 10;
@@ -63,6 +65,27 @@ const HOP_HEADERS: [&str; 11] = [
 
 /// Reads one request from a copy. `Ok(None)` on a clean end of stream.
 pub fn read_request(stream: &mut impl Read, max: usize) -> Result<Option<HttpRequest>, HttpError> {
+    read_message(stream, max, None)
+}
+
+/// Reads one request sent inside a `CONNECT host:port` tunnel: origin form (or an
+/// absolute `https://` target naming the same host), scheme `https`. The destination is
+/// the tunnel's host, whatever `Host` header the copy writes. Same canonical form and
+/// bounds as [`read_request`].
+pub fn read_tunnel_request(
+    stream: &mut impl Read,
+    host: &str,
+    port: u16,
+    max: usize,
+) -> Result<Option<HttpRequest>, HttpError> {
+    read_message(stream, max, Some((host, port)))
+}
+
+fn read_message(
+    stream: &mut impl Read,
+    max: usize,
+    tunnel: Option<(&str, u16)>,
+) -> Result<Option<HttpRequest>, HttpError> {
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         if let Some(pos) = find(&buf, b"\r\n\r\n") {
@@ -87,11 +110,14 @@ pub fn read_request(stream: &mut impl Read, max: usize) -> Result<Option<HttpReq
     let method = req.method.unwrap_or("").to_ascii_uppercase();
     let raw_target = req.path.unwrap_or("").to_owned();
     let hdrs: Vec<(String, Vec<u8>)> = req.headers.iter().map(|h| (h.name.to_owned(), h.value.to_vec())).collect();
-    let (scheme, host, port, target) = if method == "CONNECT" {
-        let (h, p) = split_host_port(&raw_target, 443)?;
-        ("https".to_owned(), h, p, String::new())
-    } else {
-        parse_absolute(&raw_target)?
+    let (scheme, host, port, target) = match tunnel {
+        Some(_) if method == "CONNECT" => return Err(HttpError::Malformed("CONNECT inside a tunnel".into())),
+        Some((h, p)) => ("https".to_owned(), h.to_owned(), p, parse_tunnel_target(&raw_target, h, p)?),
+        None if method == "CONNECT" => {
+            let (h, p) = split_host_port(&raw_target, 443)?;
+            ("https".to_owned(), h, p, String::new())
+        }
+        None => parse_absolute(&raw_target)?,
     };
     let rest = buf[head_end..].to_vec();
     let header = |name: &str| hdrs.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
@@ -141,6 +167,122 @@ fn parse_absolute(target: &str) -> Result<(String, String, u16, String), HttpErr
     }
     let (host, port) = split_host_port(authority, 80)?;
     Ok(("http".into(), host, port, path.to_owned()))
+}
+
+fn parse_tunnel_target(target: &str, host: &str, port: u16) -> Result<String, HttpError> {
+    if target.starts_with('/') {
+        return Ok(target.to_owned());
+    }
+    let rest = target
+        .strip_prefix("https://")
+        .ok_or_else(|| HttpError::Malformed(format!("requests in a tunnel use origin form, got {target:?}")))?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.contains('@') {
+        return Err(HttpError::Malformed("credentials in URL".into()));
+    }
+    let (h, p) = split_host_port(authority, 443)?;
+    if h != host || p != port {
+        return Err(HttpError::Malformed(format!("a tunnel to {host}:{port} cannot carry a request for {h}:{p}")));
+    }
+    Ok(path.to_owned())
+}
+
+/// Whether a reply leaves the connection usable for another request: it must be framed
+/// by `Content-Length` and not ask to close.
+pub fn keeps_alive(reply: &[u8]) -> bool {
+    let Some(end) = find(reply, b"\r\n\r\n") else { return false };
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut resp = httparse::Response::new(&mut headers);
+    if !matches!(resp.parse(&reply[..end + 4]), Ok(httparse::Status::Complete(_))) {
+        return false;
+    }
+    let value = |name: &str| {
+        resp.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| String::from_utf8_lossy(h.value))
+    };
+    let close = value("connection").is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+    let framed = value("content-length").and_then(|v| v.trim().parse::<usize>().ok()) == Some(reply.len() - end - 4);
+    framed && !close
+}
+
+/// Where the broker sends a request for `host:port`. Names in the policy's host map go
+/// where the map says (tests point them at loopback). Any other name is resolved by the
+/// broker itself, and only public addresses are used: a name resolving to a loopback,
+/// private, link-local or otherwise special address is refused, as are reserved names
+/// (`.example`, `.test`, `.invalid`, `.local`) that have no public address by definition.
+///
+/// The lookup runs on its own thread and is abandoned at `deadline`, so a slow resolver
+/// cannot hold a copy's broker past its budget.
+pub fn resolve_destination(
+    policy: &Policy,
+    host: &HostName,
+    port: u16,
+    deadline: Instant,
+) -> Result<SocketAddr, String> {
+    if let Some(addr) = policy.host_address(host) {
+        return Ok(addr);
+    }
+    let name = host.as_str();
+    let reserved = ["example", "test", "invalid", "local"];
+    if reserved.iter().any(|t| name == *t || name.ends_with(&format!(".{t}"))) {
+        return Err(format!("{name} is a reserved name with no public address"));
+    }
+    let candidates: Vec<SocketAddr> = match name.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let owned = name.to_owned();
+            std::thread::spawn(move || {
+                let _ = tx.send((owned.as_str(), port).to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
+            });
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok(r) => r.map_err(|e| format!("resolving {name}: {e}"))?,
+                Err(_) => return Err(format!("resolving {name}: no answer before the deadline")),
+            }
+        }
+    };
+    candidates
+        .iter()
+        .find(|a| is_public(a.ip()))
+        .copied()
+        .ok_or_else(|| format!("{name} resolves to no public address ({candidates:?}); refused"))
+}
+
+/// Whether `ip` is a globally routable unicast address.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xc0) == 64)
+                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
+                || o[0] >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] == 0x2001 && s[1] == 0xdb8)
+                || (s[0] == 0x64 && s[1] == 0xff9b))
+        }
+    }
 }
 
 fn read_exact_with(stream: &mut impl Read, mut have: Vec<u8>, len: usize) -> Result<Vec<u8>, HttpError> {
@@ -348,6 +490,54 @@ mod tests {
         assert!(read_request(&mut &b"POST http://a.example/ HTTP/1.1\r\nContent-Length: 999\r\n\r\n"[..], 100).is_err());
         assert!(read_request(&mut &b"GET http://user:pw@a.example/ HTTP/1.1\r\n\r\n"[..], 100).is_err());
         assert!(read_request(&mut &b""[..], 100).unwrap().is_none());
+    }
+
+    #[test]
+    fn tunnel_requests_digest_like_proxy_requests_and_keep_their_host() {
+        let raw = b"POST /scan HTTP/1.1\r\nHost: evil.example\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n";
+        let a = read_tunnel_request(&mut &raw[..], "ocr.example", 443, 1 << 20).unwrap().unwrap();
+        assert_eq!((a.scheme.as_str(), a.host.as_str(), a.target.as_str()), ("https", "ocr.example", "/scan"));
+        let b = read_tunnel_request(
+            &mut &b"POST https://ocr.example/scan HTTP/1.1\r\nx-a:  1\r\nContent-Length: 5\r\n\r\nhello"[..],
+            "ocr.example",
+            443,
+            1 << 20,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.digest(), b.digest());
+        let plain = parse(b"POST http://ocr.example/scan HTTP/1.1\r\nX-A: 1\r\nContent-Length: 5\r\n\r\nhello");
+        assert_ne!(a.digest(), plain.digest(), "the scheme is part of what is compared");
+        assert!(read_tunnel_request(&mut &b"GET https://evil.example/ HTTP/1.1\r\n\r\n"[..], "ocr.example", 443, 99)
+            .is_err());
+        assert!(read_tunnel_request(&mut &b"CONNECT a.example:443 HTTP/1.1\r\n\r\n"[..], "a.example", 443, 99).is_err());
+    }
+
+    #[test]
+    fn only_framed_replies_keep_a_tunnel_open() {
+        assert!(keeps_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"));
+        assert!(!keeps_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"));
+        assert!(!keeps_alive(b"HTTP/1.1 200 OK\r\n\r\nok"));
+        assert!(!keeps_alive(&placeholder_response()));
+    }
+
+    #[test]
+    fn unmapped_names_resolve_only_to_public_addresses() {
+        let p = Policy::parse("tags=['a']\n[hosts]\n'api.example'='127.0.0.1:9'").unwrap();
+        let h = |s: &str| HostName::new(s).unwrap();
+        let soon = Instant::now() + Duration::from_secs(5);
+        assert_eq!(resolve_destination(&p, &h("api.example"), 443, soon).unwrap().port(), 9, "the host map wins");
+        // `localhost` resolves through /etc/hosts (no DNS query) to a loopback address.
+        assert!(resolve_destination(&p, &h("localhost"), 443, soon).unwrap_err().contains("no public address"));
+        assert!(resolve_destination(&p, &h("evil.example"), 443, soon).unwrap_err().contains("reserved"));
+        for ip in ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "169.254.1.1", "0.0.0.0", "100.64.0.1"] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip}");
+            assert!(resolve_destination(&p, &h(ip), 80, soon).is_err(), "{ip}");
+        }
+        for ip in ["::1", "fe80::1", "fd00::1", "::ffff:10.0.0.1"] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip}");
+        }
+        assert!(is_public("93.184.215.14".parse().unwrap()) && is_public("2606:4700::1".parse().unwrap()));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! sockets around them.
 
 pub mod broker;
+pub mod ca;
 pub mod call;
 pub mod cgroup;
 pub mod confine;
@@ -24,6 +25,7 @@ pub mod policy;
 pub mod runtime;
 pub mod seccomp;
 pub mod sigpin;
+pub mod tls;
 
 pub use error::ExecutorError;
 

@@ -4,12 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use germline_model::{Clearance, ConsumerName, HostName, Label, Tag};
 use globset::{Glob, GlobMatcher};
 use serde::Deserialize;
 
+use crate::tls::DeploymentTls;
 use crate::ExecutorError;
 
 /// A parsed, validated policy.
@@ -24,6 +26,8 @@ pub struct Policy {
     host_map: BTreeMap<HostName, SocketAddr>,
     /// Per-copy budgets.
     pub limits: Limits,
+    tls_extra_roots: Vec<PathBuf>,
+    tls: Option<Arc<DeploymentTls>>,
 }
 
 #[derive(Clone, Debug)]
@@ -84,6 +88,16 @@ struct RawPolicy {
     hosts: BTreeMap<String, String>,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    tls: RawTls,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    /// PEM files of extra roots the broker trusts for destinations (test CAs).
+    #[serde(default)]
+    extra_roots: Vec<PathBuf>,
 }
 
 fn default_user() -> String {
@@ -199,7 +213,35 @@ impl Policy {
         if limits.deadline.is_zero() || limits.max_message_bytes < 1024 {
             return Err(perr("limits: deadline must be positive and max_message_bytes at least 1024"));
         }
-        Ok(Policy { user: raw.user, path_rules, arg_rules, destinations, consumers, host_map, limits })
+        for r in &raw.tls.extra_roots {
+            if !r.is_absolute() {
+                return Err(perr(format!("tls.extra_roots: {} must be an absolute path", r.display())));
+            }
+        }
+        Ok(Policy {
+            user: raw.user,
+            path_rules,
+            arg_rules,
+            destinations,
+            consumers,
+            host_map,
+            limits,
+            tls_extra_roots: raw.tls.extra_roots,
+            tls: None,
+        })
+    }
+
+    /// Opens the deployment CA in `ca_dir` with this policy's extra roots and attaches it,
+    /// so the broker can relay HTTPS. Without it, every `CONNECT` is denied.
+    pub fn open_tls(&mut self, ca_dir: &Path) -> Result<Arc<DeploymentTls>, ExecutorError> {
+        let tls = Arc::new(DeploymentTls::open(ca_dir, &self.tls_extra_roots)?);
+        self.tls = Some(tls.clone());
+        Ok(tls)
+    }
+
+    /// The broker's TLS side, if [`Policy::open_tls`] attached one.
+    pub fn tls(&self) -> Option<&Arc<DeploymentTls>> {
+        self.tls.as_ref()
     }
 
     /// The label of a file item, or an error if no rule (or conflicting rules) cover it.
@@ -324,5 +366,7 @@ mod tests {
         assert!(bad("tags=['a']\n[hosts]\n'x.example'='nowhere'").contains("IP:port"));
         assert!(bad("tags=['a']\n[destinations.'Bad Host']\nclearance=[]").contains("host"));
         assert!(bad("tags=['a']\n[[items]]\npath='**/x'\nlabel=['a']").contains("absolute"));
+        assert!(bad("tags=['a']\n[tls]\nextra_roots=['ca.pem']").contains("absolute"));
+        assert!(Policy::parse("tags=['a']\n[tls]\nextra_roots=['/etc/test-ca.pem']").is_ok());
     }
 }

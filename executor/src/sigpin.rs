@@ -33,7 +33,12 @@ pub struct SigPinRuntime {
 
 impl SigPinRuntime {
     /// Starts the server and its relay.
-    pub fn start(release_dir: &Path, policy: Policy, runtime: &PythonRuntime) -> Result<SigPinRuntime, ExecutorError> {
+    pub fn start(
+        release_dir: &Path,
+        mut policy: Policy,
+        runtime: &PythonRuntime,
+    ) -> Result<SigPinRuntime, ExecutorError> {
+        let tls = policy.open_tls(&runtime.shim_dir.with_file_name("ca"))?;
         let listener = TcpListener::bind("127.0.0.1:0").map_err(ExecutorError::io("binding the relay"))?;
         let port = listener.local_addr().map_err(ExecutorError::io("relay address"))?.port();
         let stop = Arc::new(AtomicBool::new(false));
@@ -56,6 +61,9 @@ impl SigPinRuntime {
             cmd.env(var, &proxy);
         }
         cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+        for var in crate::tls::CA_TRUST_VARS {
+            cmd.env(var, tls.ca_cert_path());
+        }
         let mut child = cmd.spawn().map_err(ExecutorError::io("starting the sig-pin server"))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(ExecutorError::internal("sig-pin pipes"));
@@ -136,17 +144,39 @@ fn relay_loop(listener: TcpListener, stop: &AtomicBool, policy: &Policy) {
         let _ = conn.set_nonblocking(false);
         let deadline = Instant::now() + policy.limits.deadline;
         let _ = conn.set_read_timeout(Some(policy.limits.deadline));
-        let reply = match http::read_request(&mut conn, policy.limits.max_message_bytes) {
-            Ok(Some(req)) => match HostName::new(&req.host).ok().and_then(|h| policy.host_address(&h)) {
-                Some(addr) if req.method != "CONNECT" => {
-                    http::forward(&req, addr, deadline, policy.limits.max_message_bytes)
-                        .unwrap_or_else(|e| http::denied_response(&e.to_string()))
+        let max = policy.limits.max_message_bytes;
+        let reply = match http::read_request(&mut conn, max) {
+            Ok(Some(req)) if req.method == "CONNECT" => {
+                match policy.tls() {
+                    Some(tls) => {
+                        let host = req.host.clone();
+                        let _ = tls.serve_tunnel(conn, &host, req.port, max, |inner| relay(inner, policy, deadline));
+                    }
+                    None => {
+                        let _ = conn.write_all(&http::denied_response("HTTPS is not configured"));
+                    }
                 }
-                _ => http::denied_response("no test address for this host (sig-pin reaches only mapped hosts)"),
-            },
+                continue;
+            }
+            Ok(Some(req)) => relay(&req, policy, deadline),
             Ok(None) => continue,
             Err(e) => http::denied_response(&e.to_string()),
         };
         let _ = conn.write_all(&reply);
     }
+}
+
+/// Forwards one request as asked, with no rule at all, to the policy's test address for
+/// its host (plain HTTP, or TLS that still verifies the host's certificate).
+fn relay(req: &http::HttpRequest, policy: &Policy, deadline: Instant) -> Vec<u8> {
+    let max = policy.limits.max_message_bytes;
+    let Some(addr) = HostName::new(&req.host).ok().and_then(|h| policy.host_address(&h)) else {
+        return http::denied_response("no test address for this host (sig-pin reaches only mapped hosts)");
+    };
+    let sent = match (req.scheme.as_str(), policy.tls()) {
+        ("https", Some(tls)) => tls.forward(req, addr, deadline, max),
+        ("https", None) => return http::denied_response("HTTPS is not configured"),
+        _ => http::forward(req, addr, deadline, max),
+    };
+    sent.unwrap_or_else(|e| http::denied_response(&e.to_string()))
 }

@@ -29,4 +29,4 @@ pub mod sink;
 pub mod world;
 
 pub use oracle::{discloses, Canary, Disclosure, Encoding, Layer, Oracle};
-pub use sink::{RecordedRequest, Sink, SinkBehaviour};
+pub use sink::{HttpsSink, RecordedRequest, Sink, SinkBehaviour, TestCa};

@@ -673,6 +673,236 @@ fn serve_connection(shared: &Shared, stream: TcpStream, id: usize) {
     let _ = conn.stream.shutdown(Shutdown::Both);
 }
 
+/// A certificate authority a test makes for its HTTPS sinks, so the broker's "verify the
+/// destination" path is exercised without any real CA. Keys live only in memory; only
+/// the certificate is written out (for the policy's `[tls] extra_roots`).
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    cert: rustls_pki_types::CertificateDer<'static>,
+    pem: String,
+}
+
+impl TestCa {
+    /// A fresh CA named `name`.
+    ///
+    /// # Panics
+    ///
+    /// When key generation fails: the test cannot run.
+    pub fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        let key = rcgen::KeyPair::generate().expect("test CA key");
+        let cert = params.self_signed(&key).expect("test CA certificate");
+        TestCa { pem: cert.pem(), cert: cert.der().clone(), issuer: rcgen::Issuer::new(params, key) }
+    }
+
+    /// The CA certificate in PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// Writes the CA certificate to `path` and returns the path.
+    pub fn write_cert(&self, path: &std::path::Path) -> std::path::PathBuf {
+        std::fs::write(path, &self.pem).expect("write test CA certificate");
+        path.to_path_buf()
+    }
+
+    /// A server configuration presenting a leaf for `hosts` signed by this CA.
+    pub fn server_config(&self, hosts: &[&str]) -> Arc<rustls::ServerConfig> {
+        let mut params =
+            rcgen::CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).expect("leaf names");
+        params.use_authority_key_identifier_extension = true;
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let key = rcgen::KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &self.issuer).expect("leaf certificate");
+        let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone(), self.cert.clone()], key)
+            .expect("TLS server config");
+        Arc::new(cfg)
+    }
+}
+
+/// A loopback HTTPS destination: TLS in front of a plain [`Sink`] (reached through
+/// `Deref`), which records the decrypted bytes exactly as for HTTP. A peer that fails
+/// the handshake gets nothing through, so the inner sink sees no connection at all.
+pub struct HttpsSink {
+    sink: Sink,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    handshakes: Arc<AtomicUsize>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl std::ops::Deref for HttpsSink {
+    type Target = Sink;
+    fn deref(&self) -> &Sink {
+        &self.sink
+    }
+}
+
+impl HttpsSink {
+    /// Starts an HTTPS sink on `127.0.0.1` presenting `config` (see [`TestCa::server_config`]).
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound: the test cannot run.
+    pub fn start(behaviour: SinkBehaviour, config: Arc<rustls::ServerConfig>) -> HttpsSink {
+        let sink = Sink::start(behaviour);
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind HTTPS sink");
+        let addr = listener.local_addr().expect("HTTPS sink address");
+        listener.set_nonblocking(true).expect("nonblocking listener");
+        let stop = Arc::new(AtomicBool::new(false));
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let acceptor = {
+            let (stop, handshakes, inner) = (stop.clone(), handshakes.clone(), sink.addr());
+            thread::spawn(move || {
+                let mut workers: Vec<JoinHandle<()>> = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((tcp, _)) if workers.len() < 1024 => {
+                            let (stop, handshakes, cfg) = (stop.clone(), handshakes.clone(), config.clone());
+                            workers.push(thread::spawn(move || tls_front(tcp, cfg, inner, &stop, &handshakes)));
+                        }
+                        _ => thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+                for w in workers {
+                    let _ = w.join();
+                }
+            })
+        };
+        HttpsSink { sink, addr, stop, handshakes, acceptor: Some(acceptor) }
+    }
+
+    /// The TLS address to point a policy host override at.
+    pub fn tls_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many TLS handshakes completed.
+    pub fn handshakes(&self) -> usize {
+        self.handshakes.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for HttpsSink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// Decrypts one TLS connection into a plain connection to the inner sink and encrypts
+/// what comes back, until either side closes, the sink stops, or the peer idles out.
+fn tls_front(
+    tcp: TcpStream,
+    cfg: Arc<rustls::ServerConfig>,
+    inner_addr: SocketAddr,
+    stop: &AtomicBool,
+    handshakes: &AtomicUsize,
+) {
+    let Ok(conn) = rustls::ServerConnection::new(cfg) else { return };
+    let conn = Arc::new(Mutex::new(conn));
+    let (Ok(()), Ok(mut out)) = (tcp.set_read_timeout(Some(TICK)), tcp.try_clone()) else { return };
+    let mut tcp = tcp;
+    let mut inner: Option<(TcpStream, JoinHandle<()>)> = None;
+    let mut counted = false;
+    let mut last = Instant::now();
+    let mut buf = vec![0u8; 16 << 10];
+    let flush = |c: &mut rustls::ServerConnection, out: &mut TcpStream| -> bool {
+        while c.wants_write() {
+            if c.write_tls(out).is_err() {
+                return false;
+            }
+        }
+        true
+    };
+    'outer: while !stop.load(Ordering::SeqCst) && last.elapsed() < IDLE_TIMEOUT {
+        let n = match tcp.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
+            Err(_) => break,
+        };
+        last = Instant::now();
+        let mut plaintext = Vec::new();
+        let mut closed = false;
+        {
+            let mut c = lock(&conn);
+            let mut rd: &[u8] = &buf[..n];
+            while !rd.is_empty() {
+                if c.read_tls(&mut rd).is_err() || c.process_new_packets().is_err() {
+                    let _ = flush(&mut c, &mut out);
+                    break 'outer;
+                }
+                loop {
+                    let mut pt = [0u8; 8192];
+                    match c.reader().read(&mut pt) {
+                        Ok(0) => {
+                            closed = true;
+                            break;
+                        }
+                        Ok(k) => plaintext.extend_from_slice(&pt[..k]),
+                        Err(_) => break,
+                    }
+                }
+            }
+            if !c.is_handshaking() && !counted {
+                counted = true;
+                handshakes.fetch_add(1, Ordering::SeqCst);
+            }
+            if !flush(&mut c, &mut out) {
+                break;
+            }
+        }
+        if !plaintext.is_empty() {
+            if inner.is_none() {
+                let Ok(s) = TcpStream::connect(inner_addr) else { break };
+                let (Ok(mut back), Ok(mut out2)) = (s.try_clone(), out.try_clone()) else { break };
+                let conn2 = conn.clone();
+                let pump = thread::spawn(move || {
+                    let mut b = vec![0u8; 16 << 10];
+                    while let Ok(k) = back.read(&mut b) {
+                        if k == 0 {
+                            break;
+                        }
+                        let mut c = lock(&conn2);
+                        if c.writer().write_all(&b[..k]).is_err() || !flush(&mut c, &mut out2) {
+                            break;
+                        }
+                    }
+                    let mut c = lock(&conn2);
+                    c.send_close_notify();
+                    let _ = flush(&mut c, &mut out2);
+                    let _ = out2.shutdown(Shutdown::Write);
+                });
+                inner = Some((s, pump));
+            }
+            if let Some((s, _)) = inner.as_mut() {
+                if s.write_all(&plaintext).is_err() {
+                    break;
+                }
+            }
+        }
+        if closed {
+            break;
+        }
+    }
+    if let Some((s, pump)) = inner {
+        let _ = s.shutdown(Shutdown::Write);
+        let _ = pump.join();
+    }
+    let _ = tcp.shutdown(Shutdown::Both);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
