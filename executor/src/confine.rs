@@ -328,24 +328,31 @@ fn make_tree_read_only() -> io::Result<()> {
     const MOUNT_ATTR_NOATIME: u64 = 0x10;
     const MOUNT_ATTR__ATIME: u64 = 0x70;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
-    let setattr = |set: u64, clr: u64| -> libc::c_long {
+    let setattr = |path: &std::ffi::CStr, flags: libc::c_uint, set: u64, clr: u64| -> libc::c_long {
         let attr = MountAttr { attr_set: set, attr_clr: clr, propagation: 0, userns_fd: 0 };
-        // SAFETY: mount_setattr on "/" with a correctly sized attribute struct.
+        // SAFETY: mount_setattr on a NUL-terminated path with a correctly sized attribute struct.
         unsafe {
             libc::syscall(
                 libc::SYS_mount_setattr,
                 libc::AT_FDCWD,
-                c"/".as_ptr(),
-                AT_RECURSIVE,
+                path.as_ptr(),
+                flags,
                 &attr as *const MountAttr,
                 std::mem::size_of::<MountAttr>(),
             )
         }
     };
-    if setattr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0) < 0 {
+    if setattr(c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0) < 0 {
         return Err(io::Error::last_os_error());
     }
-    let _ = setattr(MOUNT_ATTR_NOATIME, MOUNT_ATTR__ATIME);
+    let _ = setattr(c"/", AT_RECURSIVE, MOUNT_ATTR_NOATIME, MOUNT_ATTR__ATIME);
+    // The four device binds stay usable (git and others open /dev/null themselves); every
+    // other mount keeps nodev.
+    for dev in [c"/dev/null", c"/dev/zero", c"/dev/urandom", c"/dev/random"] {
+        if setattr(dev, 0, 0, MOUNT_ATTR_NODEV) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
     Ok(())
 }
 

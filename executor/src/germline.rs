@@ -340,9 +340,16 @@ impl Germline {
         if inspect::parent(copy_pid).map_err(fail)? != self.pid {
             return Err(fail(ExecutorError::refused("children", "the copy is not the germline's child")));
         }
+        // Holding each namespace open keeps its identity from being reused while this copy
+        // is tracked as live (namespace inode numbers are recycled as soon as one dies).
         let mut ns = Vec::new();
+        let mut ns_files = Vec::new();
         for (i, kind) in COPY_NAMESPACES.iter().enumerate() {
-            let id = inspect::namespace(copy_pid, kind).map_err(fail)?;
+            let f = std::fs::File::open(format!("/proc/{copy_pid}/ns/{kind}"))
+                .map_err(|e| fail(ExecutorError::io(format!("opening namespace {kind} of the copy"))(e)))?;
+            let m = f.metadata().map_err(|e| fail(ExecutorError::io("namespace identity")(e)))?;
+            let id = (m.dev(), m.ino());
+            ns_files.push(f);
             if id == self.namespaces[i] {
                 return Err(fail(ExecutorError::refused(
                     "namespaces",
@@ -406,6 +413,7 @@ pub struct CopyProcess {
     pub pid: i32,
     pidfd: OwnedFd,
     namespaces: Vec<NsId>,
+    _namespace_handles: Vec<std::fs::File>,
     _cgroup: Option<CopyCgroup>,
 }
 
