@@ -133,11 +133,18 @@ impl Host {
         let mut event =
             if outcome.triggers.is_empty() { germline_ledger::Event::None } else { germline_ledger::Event::Unverified };
         for w in &witnessed {
-            ledger.append(germline_ledger::Entry::new(
-                germline_ledger::EntryKind::Witness,
-                release,
-                w.bytes.clone(),
-            ))?;
+            // Ledger entries are bounded (C2SP bundles use 16-bit lengths): a large witness
+            // is logged by hash and path; the file itself is kept beside the ledger.
+            let body = if w.bytes.len() <= 60_000 {
+                w.bytes.clone()
+            } else {
+                use sha2::Digest;
+                serde_json::to_vec(&serde_json::json!({
+                    "witness_sha256": hex::encode(sha2::Sha256::digest(&w.bytes)),
+                    "path": w.path,
+                }))?
+            };
+            ledger.append(germline_ledger::Entry::new(germline_ledger::EntryKind::Witness, release, body))?;
             if w.verdict.weight(w.declared) >= 2000 {
                 event = germline_ledger::Event::Verified;
             }

@@ -365,7 +365,7 @@ impl Germline {
             }
             live.extend(ns.iter().copied());
         }
-        Ok(CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _cgroup: cgroup })
+        Ok(CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup })
     }
 }
 
