@@ -525,8 +525,8 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_rejected_by_the_parser() {
-        for argv in [
-            vec![
+        let cases: [&[&str]; 3] = [
+            &[
                 "germline",
                 "append",
                 "--kind",
@@ -536,9 +536,10 @@ mod tests {
                 "--body",
                 "{}",
             ],
-            vec!["germline", "call", "--release", "xyz"],
-            vec!["germline", "get", "-1"],
-        ] {
+            &["germline", "call", "--release", "xyz"],
+            &["germline", "get", "-1"],
+        ];
+        for argv in cases {
             assert!(TestCli::try_parse_from(argv).is_err());
         }
     }
