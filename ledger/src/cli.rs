@@ -447,11 +447,12 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_rejected_by_the_parser() {
-        for argv in [
-            vec!["germline", "append", "--kind", "nope", "--release", "00", "--body", "{}"],
-            vec!["germline", "call", "--release", "xyz"],
-            vec!["germline", "get", "-1"],
-        ] {
+        let cases: [&[&str]; 3] = [
+            &["germline", "append", "--kind", "nope", "--release", "00", "--body", "{}"],
+            &["germline", "call", "--release", "xyz"],
+            &["germline", "get", "-1"],
+        ];
+        for argv in cases {
             assert!(TestCli::try_parse_from(argv).is_err());
         }
     }

@@ -117,7 +117,7 @@ pub fn stored_hash_count(n: u64) -> u64 {
     }
     // All hashes of records 0..n−1, i.e. up to and including those of record n−1.
     let last = n - 1;
-    stored_hash_index(0, last) + 1 + u64::from((last).trailing_ones() as u8)
+    stored_hash_index(0, last) + 1 + u64::from(last.trailing_ones())
 }
 
 /// The hashes to store when appending record `n` with leaf hash `leaf`, in stored-hash

@@ -37,7 +37,7 @@ fn acknowledged_appends_survive_sigkill_and_heads_stay_consistent() {
     let mut heads: Vec<(u64, Hash)> = Vec::new();
     let mut kills = 0;
     let started = Instant::now();
-    for round in 0..8u64 {
+    for round in 0..10u64 {
         let size_before = {
             let ledger = open(dir.path());
             ledger.size()
@@ -69,9 +69,9 @@ fn acknowledged_appends_survive_sigkill_and_heads_stay_consistent() {
                 }
             }
         });
-        // Four rounds die at a random point; then one runs to completion.
+        // Six rounds die at a random point (during open or mid-append); then one completes.
         let kill_after =
-            if kills < 4 { Duration::from_millis(rng.gen_range(150..1_500)) } else { Duration::from_secs(90) };
+            if kills < 6 { Duration::from_millis(rng.gen_range(20..600)) } else { Duration::from_secs(90) };
         let deadline = Instant::now() + kill_after;
         let mut exited = false;
         while Instant::now() < deadline {
