@@ -3,6 +3,9 @@
 mod bench;
 mod demo;
 mod exec_cmd;
+// --- front commands ---
+mod front;
+// --- end front commands ---
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +32,13 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure per-call latency: germline with 1, 2 and 3 copies, sig-pin, fresh process.
     Bench(bench::BenchArgs),
+    // --- front commands ---
+    /// Serve a release as an MCP server (stdio, or Streamable HTTP with --listen) that an
+    /// agent host launches instead of the real server; every call runs under germline.
+    Wrap(front::WrapArgs),
+    /// Serve a release as an MCP server over Streamable HTTP (`/mcp`).
+    Serve(front::ServeArgs),
+    // --- end front commands ---
     // --- admission commands ---
     #[command(flatten)]
     Admission(admission_cli::AdmissionCommand),
@@ -52,6 +62,16 @@ fn main() -> anyhow::Result<()> {
             bench::run(&a)?;
             0
         }
+        // --- front commands ---
+        Command::Wrap(a) => {
+            front::wrap(a)?;
+            0
+        }
+        Command::Serve(a) => {
+            front::serve(a)?;
+            0
+        }
+        // --- end front commands ---
         // --- admission commands ---
         Command::Admission(cmd) => {
             admission_cli::run(cmd)?;
