@@ -280,7 +280,8 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
     for r in &rows {
         let (p50, p99) = (percentile(&r.samples, 0.5), percentile(&r.samples, 0.99));
         println!("{:<44} {:>6} {:>10.2} {:>10.2}", r.name, r.samples.len(), ms(p50), ms(p99));
-        json_rows.push(json!({"configuration": r.name, "calls": r.samples.len(), "p50_ms": ms(p50), "p99_ms": ms(p99)}));
+        json_rows
+            .push(json!({"configuration": r.name, "calls": r.samples.len(), "p50_ms": ms(p50), "p99_ms": ms(p99)}));
     }
     let ratio = |p: f64| ms(percentile(&rows[1].samples, p)) / ms(percentile(&rows[0].samples, p)).max(1e-9);
     println!("germline/unprotected: P50 {:.2}x, P99 {:.2}x", ratio(0.5), ratio(0.99));

@@ -101,7 +101,11 @@ impl Front {
     /// (notifications, responses).
     pub fn handle_bytes(&mut self, raw: &[u8]) -> Option<Value> {
         if raw.len() > self.max_message_bytes {
-            return Some(error(Value::Null, INVALID_REQUEST, &format!("message over {} bytes", self.max_message_bytes)));
+            return Some(error(
+                Value::Null,
+                INVALID_REQUEST,
+                &format!("message over {} bytes", self.max_message_bytes),
+            ));
         }
         match serde_json::from_slice::<Value>(raw) {
             Ok(msg) => self.handle(msg),

@@ -133,7 +133,8 @@ fn malformed_and_oversized_messages_get_json_rpc_errors() {
     let mut front = Killed(child);
     let mut input = front.0.stdin.take().expect("stdin");
     let mut output = BufReader::new(front.0.stdout.take().expect("stdout"));
-    let big = format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ping\",\"params\":{{\"x\":\"{}\"}}}}", "a".repeat(8000));
+    let big =
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ping\",\"params\":{{\"x\":\"{}\"}}}}", "a".repeat(8000));
     let lines = [
         "not json".to_owned(),
         "[1,2]".to_owned(),

@@ -526,7 +526,10 @@ impl PreparedCall {
             }
         }
         named.extend(
-            decl.read_paths.iter().filter(|p| p.starts_with('/') && !p.contains(['*', '?', '[', '{'])).map(PathBuf::from),
+            decl.read_paths
+                .iter()
+                .filter(|p| p.starts_with('/') && !p.contains(['*', '?', '[', '{']))
+                .map(PathBuf::from),
         );
         let mut seen: std::collections::BTreeSet<PathBuf> = files.iter().map(|(_, p, _)| p.clone()).collect();
         for p in named_files(&named, policy)? {

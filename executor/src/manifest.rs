@@ -222,8 +222,9 @@ mod tests {
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nfactory='m:f'\nfactory_args='{}'")
             .contains("JSON array"));
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmain='m'").contains("module:callable"));
-        let m = Manifest::parse("[release]\nname='x'\nversion='1'\nruntime='python'\nmain='m:main'\nmain_args='[\"/d\"]'")
-            .unwrap();
+        let m =
+            Manifest::parse("[release]\nname='x'\nversion='1'\nruntime='python'\nmain='m:main'\nmain_args='[\"/d\"]'")
+                .unwrap();
         assert_eq!(m.entry, Entry::Main { callable: "m:main".into(), args: vec![serde_json::json!("/d")] });
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\nsurprise=1").contains("surprise"));
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\npython_path=['../x']")

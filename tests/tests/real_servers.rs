@@ -37,8 +37,9 @@ fn lay_out(dir: &Path, name: &str, db: &str) -> PathBuf {
         let ok = Command::new("cp").arg("-r").arg(&vendor).arg(&rel).status().is_ok_and(|s| s.success());
         assert!(ok, "copying {}", vendor.display());
     }
-    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("real_servers/{name}.toml")))
-        .expect("fixture manifest");
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("real_servers/{name}.toml")))
+            .expect("fixture manifest");
     std::fs::write(rel.join("germline.toml"), manifest.replace("{DB}", db)).expect("manifest");
     rel
 }
@@ -230,4 +231,71 @@ fn mcp_server_git_matches_unprotected_with_the_repository_as_an_item() {
         calls.push(("git_diff_unstaged".to_owned(), json!({"repo_path": r, "context_lines": i % 4})));
     }
     compare(&rel, policy(&data, extra), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+}
+
+/// A loopback web site: `/robots.txt` allows everything, `/page/N` is a small HTML page.
+fn start_site() -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("site");
+    let addr = listener.local_addr().expect("site address");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(&conn);
+                let mut first = String::new();
+                if reader.read_line(&mut first).is_err() {
+                    return;
+                }
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
+                    line.clear();
+                }
+                let path = first.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let (ctype, body) = if path.ends_with("/robots.txt") {
+                    ("text/plain", "User-agent: *\nAllow: /\n".to_owned())
+                } else {
+                    (
+                        "text/html",
+                        format!(
+                            "<html><head><title>Page {path}</title></head><body><h1>Heading {path}</h1>\
+                             <p>Some text for {path}, with <a href=\"/x\">a link</a>.</p><ul><li>one</li><li>two</li></ul></body></html>"
+                        ),
+                    )
+                };
+                let mut w = &conn;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+/// Plain HTTP through the broker; HTTPS with real TLS waits for the broker's HTTPS relay.
+#[test]
+fn mcp_server_fetch_matches_unprotected_over_plain_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let site = start_site();
+    let rel = lay_out(dir.path(), "fetch", "");
+    let extra = format!("[destinations.\"site.example\"]\nclearance = []\n[hosts]\n\"site.example\" = \"{site}\"\n");
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let mut args = json!({"url": format!("http://site.example/page/{i}")});
+        // Simplifying HTML (readabilipy, which runs node when it finds it) costs about a
+        // second a call on both sides; most calls fetch raw to keep the run short.
+        if i % 20 != 1 {
+            args["raw"] = json!(true);
+        }
+        if i % 5 == 0 {
+            args["max_length"] = json!(40);
+        }
+        calls.push(("fetch".to_owned(), args));
+    }
+    compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
 }
