@@ -195,7 +195,7 @@ fn mcp_server_sqlite_matches_unprotected_with_the_database_as_an_item() {
 }
 
 #[test]
-#[ignore = "git cannot open /dev/null in the germline (the root is remounted nodev); see the front branch report"]
+#[ignore = "git needs /dev/null openable in the germline: confine.rs remounts the root nodev (fix: clear nodev on the device binds)"]
 fn mcp_server_git_matches_unprotected_with_the_repository_as_an_item() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
