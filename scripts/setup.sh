@@ -32,3 +32,20 @@ if [ "$(id -u)" = 0 ] && [ -x /usr/bin/python3 ]; then
   "$uvenv/bin/python" -m pip install -q --disable-pip-version-check -r "$here/scripts/requirements.txt"
   chmod -R a+rX "$uvenv"
 fi
+
+# Unmodified official MCP servers from PyPI, vendored into release directories for the
+# compatibility tests and `germline bench --server` (pinned; downloads cached).
+real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"
+mkdir -p "$real" /var/cache/germline/pip-cache
+for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" \
+  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0"; do
+  read -r name reqs <<<"$spec"
+  if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then
+    rm -rf "$real/$name"
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
+      --target "$real/$name/vendor" $reqs
+    echo "$reqs" >"$real/$name/.complete"
+  fi
+done
+chmod -R a+rX "$real"

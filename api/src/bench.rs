@@ -28,6 +28,10 @@ pub struct BenchArgs {
     /// Benchmark something else than per-call latency.
     #[command(subcommand)]
     pub what: Option<BenchWhat>,
+    /// Instead of the noop release, an unmodified official server (vendored by
+    /// `scripts/setup.sh`): unprotected vs germline, interleaved call by call.
+    #[arg(long, value_parser = ["time", "sqlite", "git"])]
+    pub server: Option<String>,
 }
 
 /// `germline bench <what>`.
@@ -73,6 +77,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         Some(BenchWhat::Verify(v)) => return crate::bench_verify::run(v),
         Some(BenchWhat::Ledger(_)) => anyhow::bail!("dispatched by main"),
         None => {}
+    }
+    if let Some(server) = &args.server {
+        return run_server(server, args);
     }
     let dir = tempfile::tempdir().context("temporary directory")?;
     let rel = dir.path().join("noop");
@@ -184,6 +191,118 @@ fn print_rows(rows: &mut [Row], args: &BenchArgs) -> anyhow::Result<()> {
         );
         json_rows.push(json!({"configuration": r.name, "copies": r.copies, "calls": r.samples.len(), "p50_ms": ms(a), "p99_ms": ms(b)}));
     }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&json_rows)?)?;
+    }
+    Ok(())
+}
+
+/// Where `scripts/setup.sh` vendors the official servers.
+fn real_servers() -> std::path::PathBuf {
+    std::env::var_os("GERMLINE_REAL_SERVERS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("/var/cache/germline/real-servers"))
+}
+
+fn manifest_of(server: &str) -> &'static str {
+    match server {
+        "time" => include_str!("../../tests/real_servers/time.toml"),
+        "sqlite" => include_str!("../../tests/real_servers/sqlite.toml"),
+        _ => include_str!("../../tests/real_servers/git.toml"),
+    }
+}
+
+fn sh(cmd: &mut std::process::Command) -> anyhow::Result<()> {
+    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    anyhow::ensure!(st.success(), "{cmd:?} failed");
+    Ok(())
+}
+
+/// `--server`: one official server under the unprotected long-lived process and under
+/// germline (its data a labelled item), calls interleaved so noise hits both alike.
+fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
+    let vendored = real_servers().join(server);
+    anyhow::ensure!(vendored.join(".complete").is_file(), "{} is missing: run scripts/setup.sh", vendored.display());
+    let dir = tempfile::tempdir().context("temporary directory")?;
+    let rel = dir.path().join(server);
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&rel)?;
+    std::fs::create_dir_all(&data)?;
+    let vendor = vendored.join("vendor");
+    if sh(std::process::Command::new("cp").arg("-rl").arg(&vendor).arg(&rel)).is_err() {
+        let _ = std::fs::remove_dir_all(rel.join("vendor"));
+        sh(std::process::Command::new("cp").arg("-r").arg(&vendor).arg(&rel))?;
+    }
+    let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    let db = data.join("bench.db");
+    let repo = data.join("repo");
+    let (tool, arguments, extra_policy) = match server {
+        "time" => (
+            "convert_time",
+            json!({"source_timezone": "Europe/London", "time": "12:30", "target_timezone": "Asia/Tokyo"}),
+            "",
+        ),
+        "sqlite" => {
+            sh(std::process::Command::new(&python.python).arg("-c").arg(
+                "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nc.execute('create table t(id integer primary key, v text)')\n\
+                 c.executemany('insert into t(v) values (?)', [('v%d' % i,) for i in range(100)])\nc.commit()",
+            ).arg(&db))?;
+            ("read_query", json!({"query": "SELECT * FROM t WHERE id < 20"}), "")
+        }
+        _ => {
+            std::fs::create_dir_all(&repo)?;
+            let git = |a: &[&str]| sh(std::process::Command::new("git").args(a).current_dir(&repo));
+            git(&["init", "-q"])?;
+            git(&["config", "user.email", "bench@example.org"])?;
+            git(&["config", "user.name", "bench"])?;
+            for i in 0..10 {
+                std::fs::write(repo.join("f.txt"), format!("{i}\n"))?;
+                git(&["add", "."])?;
+                git(&["commit", "-q", "-m", &format!("c{i}")])?;
+            }
+            (
+                "git_log",
+                json!({"repo_path": repo, "max_count": 5}),
+                "[[items]]\nargument = \"repo_path\"\nnames_path = true\n",
+            )
+        }
+    };
+    std::fs::write(rel.join("germline.toml"), manifest_of(server).replace("{DB}", &db.to_string_lossy()))?;
+    let policy = Policy::parse(&format!(
+        "tags = [\"x\"]\n[[items]]\npath = \"{}/**\"\nlabel = [\"x\"]\n{extra_policy}[consumers.agent]\nclearance = [\"x\"]\n",
+        data.display()
+    ))?;
+    let serde_json::Value::Object(arguments) = arguments else { anyhow::bail!("arguments") };
+    let req = CallRequest { tool: tool.into(), arguments, ..Default::default() };
+    let mut pin = Runtime::start(RuntimeKind::SigPin, &rel, policy.clone(), python.clone())?;
+    let mut gl = Runtime::start(RuntimeKind::Germline, &rel, policy, python)?;
+    for rt in [&mut pin, &mut gl] {
+        let o = rt.call(&req);
+        anyhow::ensure!(o.error.is_none(), "warm-up: {:?}", o.error);
+    }
+    let (mut a, mut b) = (Vec::with_capacity(args.calls), Vec::with_capacity(args.calls));
+    for _ in 0..args.calls {
+        a.extend(time_calls(&mut pin, &req, 1)?);
+        b.extend(time_calls(&mut gl, &req, 1)?);
+    }
+    let mut rows = vec![
+        Row { name: format!("sig-pin (unprotected) {server} {tool}"), copies: 1, samples: a },
+        Row { name: format!("germline {server} {tool}"), copies: 1, samples: b },
+    ];
+    for r in rows.iter_mut() {
+        r.samples.sort();
+    }
+    println!("{:<44} {:>6} {:>10} {:>10}", "configuration", "calls", "P50 ms", "P99 ms");
+    let mut json_rows = Vec::new();
+    for r in &rows {
+        let (p50, p99) = (percentile(&r.samples, 0.5), percentile(&r.samples, 0.99));
+        println!("{:<44} {:>6} {:>10.2} {:>10.2}", r.name, r.samples.len(), ms(p50), ms(p99));
+        json_rows
+            .push(json!({"configuration": r.name, "calls": r.samples.len(), "p50_ms": ms(p50), "p99_ms": ms(p99)}));
+    }
+    let ratio = |p: f64| ms(percentile(&rows[1].samples, p)) / ms(percentile(&rows[0].samples, p)).max(1e-9);
+    println!("germline/unprotected: P50 {:.2}x, P99 {:.2}x", ratio(0.5), ratio(0.99));
+    json_rows.push(json!({"ratio_p50": ratio(0.5), "ratio_p99": ratio(0.99)}));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&json_rows)?)?;
     }

@@ -5,6 +5,9 @@ mod bench_verify;
 mod demo;
 mod exec_cmd;
 mod verify_cmd;
+// --- front commands ---
+mod front;
+// --- end front commands ---
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +41,13 @@ enum Command {
     /// The append-only evidence log: append, read, prove, verify, checkpoints, dampening.
     Ledger(germline_ledger::cli::LedgerArgs),
     // --- end ledger commands ---
+    // --- front commands ---
+    /// Serve a release as an MCP server (stdio, or Streamable HTTP with --listen) that an
+    /// agent host launches instead of the real server; every call runs under germline.
+    Wrap(front::WrapArgs),
+    /// Serve a release as an MCP server over Streamable HTTP (`/mcp`).
+    Serve(front::ServeArgs),
+    // --- end front commands ---
     // --- admission commands ---
     #[command(flatten)]
     Admission(admission_cli::AdmissionCommand),
@@ -70,6 +80,16 @@ fn main() -> anyhow::Result<()> {
                 0
             }
         },
+        // --- front commands ---
+        Command::Wrap(a) => {
+            front::wrap(a)?;
+            0
+        }
+        Command::Serve(a) => {
+            front::serve(a)?;
+            0
+        }
+        // --- end front commands ---
         // --- admission commands ---
         Command::Admission(cmd) => {
             admission_cli::run(cmd)?;

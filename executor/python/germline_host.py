@@ -174,15 +174,29 @@ def _build_server(release_dir):
         sys.path.insert(0, os.path.normpath(os.path.join(release_dir, p)))
     if "factory" in rel:
         mod, _, attr = rel["factory"].partition(":")
-        return getattr(importlib.import_module(mod), attr)()
+        args = json.loads(rel.get("factory_args", "[]"))
+        return getattr(importlib.import_module(mod), attr)(*args)
+    if "main" in rel:
+        # Servers that build themselves inside an async main(): import in the germline
+        # (the expensive part), run main in each copy on the copy's stdio.
+        mod, _, attr = rel["main"].partition(":")
+        return _Main(getattr(importlib.import_module(mod), attr), json.loads(rel.get("main_args", "[]")))
     mod = importlib.import_module(rel["module"])
     return getattr(mod, rel.get("attribute", "server"))
 
 
-async def _serve_stdio(server):
-    from mcp.server.fastmcp import FastMCP
+class _Main:
+    def __init__(self, fn, args):
+        self.fn = fn
+        self.args = args
 
-    if isinstance(server, FastMCP):
+
+async def _serve_stdio(server):
+    if isinstance(server, _Main):
+        await server.fn(*server.args)
+        return
+    if hasattr(server, "run_stdio_async"):
+        # FastMCP (mcp 1.x) and MCPServer (mcp 2.x) run their own stdio loop.
         await server.run_stdio_async()
         return
     from mcp.server.stdio import stdio_server
@@ -203,7 +217,10 @@ def _preload():
     import anyio._backends._asyncio  # noqa: F401
     import asyncio  # noqa: F401
     import mcp.server.stdio  # noqa: F401
-    import mcp.server.fastmcp  # noqa: F401
+    try:
+        import mcp.server.fastmcp  # noqa: F401
+    except ImportError:
+        pass
     import urllib.request  # noqa: F401
     import germline_slot  # noqa: F401
 

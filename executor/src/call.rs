@@ -644,6 +644,38 @@ impl PreparedCall {
             items.push(Item { name: name.clone(), label });
             files.push((name, p.clone(), bytes));
         }
+        // Paths named by arguments (per the policy) and fixed paths the tool declares it
+        // reads: every labelled regular file there is an item, whether or not the agent
+        // host listed it (public metadata decides, never contents).
+        let mut named: Vec<PathBuf> = Vec::new();
+        for (arg, v) in &req.arguments {
+            if policy.is_path_argument(&req.tool, arg) {
+                if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
+                    named.push(PathBuf::from(s));
+                }
+            }
+        }
+        named.extend(
+            decl.read_paths
+                .iter()
+                .filter(|p| p.starts_with('/') && !p.contains(['*', '?', '[', '{']))
+                .map(PathBuf::from),
+        );
+        let mut seen: std::collections::BTreeSet<PathBuf> = files.iter().map(|(_, p, _)| p.clone()).collect();
+        for p in named_files(&named, policy)? {
+            if !seen.insert(p.clone()) {
+                continue;
+            }
+            let label = policy.label_path(&p)?;
+            let meta = std::fs::metadata(&p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            if meta.len() > MAX_ITEM_BYTES {
+                return Err(ExecutorError::Call(format!("item {} is over {MAX_ITEM_BYTES} bytes", p.display())));
+            }
+            let bytes = std::fs::read(&p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            let name = ItemName::new(&p.to_string_lossy())?;
+            items.push(Item { name: name.clone(), label });
+            files.push((name, p, bytes));
+        }
         let mut arg_items = BTreeMap::new();
         for arg in req.arguments.keys() {
             if let Some(label) = policy.label_argument(&req.tool, arg) {
@@ -736,6 +768,32 @@ impl PreparedCall {
         }
         Value::Object(args)
     }
+}
+
+/// Most files one named path (a repository) may contribute to a call.
+const MAX_NAMED_FILES: usize = 20_000;
+
+/// The labelled regular files at or under `paths` (absolute; symlinks not followed).
+/// Unlabelled files stay out: they are not user data by the policy's word.
+fn named_files(paths: &[PathBuf], policy: &Policy) -> Result<Vec<PathBuf>, ExecutorError> {
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = paths.iter().filter(|p| p.is_absolute()).cloned().collect();
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+        if meta.is_dir() {
+            let rd = std::fs::read_dir(&p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            for e in rd.flatten() {
+                stack.push(e.path());
+            }
+        } else if meta.is_file() && policy.labels_path(&p) {
+            out.push(p);
+            if out.len() > MAX_NAMED_FILES {
+                return Err(ExecutorError::Call(format!("more than {MAX_NAMED_FILES} item files named")));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// The host named by a URL or bare host argument.

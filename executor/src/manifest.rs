@@ -33,8 +33,23 @@ pub struct Manifest {
 /// How the server object is made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
-    /// `module:callable` returning the server (built once, in the germline).
-    Factory(String),
+    /// `module:callable` returning the server (built once, in the germline), called with
+    /// `args` (a JSON array: official servers' factories take their start-up options).
+    Factory {
+        /// `module:callable`.
+        callable: String,
+        /// Positional arguments.
+        args: Vec<serde_json::Value>,
+    },
+    /// `module:callable`, an async function that builds and serves the server itself
+    /// (`main(db_path)` of mcp-server-sqlite): the module is imported in the germline, the
+    /// function runs in each copy on the copy's stdio, paying its set-up per copy.
+    Main {
+        /// `module:callable`.
+        callable: String,
+        /// Positional arguments.
+        args: Vec<serde_json::Value>,
+    },
     /// A module with a server attribute.
     Module {
         /// Module name.
@@ -72,6 +87,9 @@ struct RawRelease {
     version: String,
     runtime: String,
     factory: Option<String>,
+    factory_args: Option<String>,
+    main: Option<String>,
+    main_args: Option<String>,
     module: Option<String>,
     attribute: Option<String>,
     #[serde(default)]
@@ -115,13 +133,20 @@ impl Manifest {
         if r.runtime != "python" {
             return Err(ExecutorError::Manifest(format!("runtime {:?} is not supported (only \"python\")", r.runtime)));
         }
-        let entry = match (r.factory, r.module) {
-            (Some(f), None) if f.contains(':') => Entry::Factory(f),
-            (Some(f), None) => return Err(ExecutorError::Manifest(format!("factory {f:?} must be module:callable"))),
-            (None, Some(m)) => Entry::Module { module: m, attribute: r.attribute.unwrap_or_else(|| "server".into()) },
-            (Some(_), Some(_)) => return Err(ExecutorError::Manifest("give factory or module, not both".into())),
-            (None, None) => return Err(ExecutorError::Manifest("give factory or module".into())),
+        let entry = match (r.factory, r.main, r.module) {
+            (Some(f), None, None) => Entry::Factory { args: json_args("factory_args", r.factory_args)?, callable: f },
+            (None, Some(f), None) => Entry::Main { args: json_args("main_args", r.main_args)?, callable: f },
+            (None, None, Some(m)) => {
+                Entry::Module { module: m, attribute: r.attribute.unwrap_or_else(|| "server".into()) }
+            }
+            (None, None, None) => return Err(ExecutorError::Manifest("give factory, main or module".into())),
+            _ => return Err(ExecutorError::Manifest("give only one of factory, main or module".into())),
         };
+        if let Entry::Factory { callable, .. } | Entry::Main { callable, .. } = &entry {
+            if !callable.contains(':') {
+                return Err(ExecutorError::Manifest(format!("{callable:?} must be module:callable")));
+            }
+        }
         let mut python_path = Vec::new();
         for p in r.python_path {
             let pb = PathBuf::from(&p);
@@ -157,6 +182,18 @@ impl Manifest {
     }
 }
 
+/// Start-up arguments are a JSON array in a string (TOML has no null, and factories such
+/// as mcp-server-git's take `None` for "no restriction").
+fn json_args(what: &str, text: Option<String>) -> Result<Vec<serde_json::Value>, ExecutorError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(t) => match serde_json::from_str(&t) {
+            Ok(serde_json::Value::Array(a)) => Ok(a),
+            _ => Err(ExecutorError::Manifest(format!("{what} must be a JSON array, got {t:?}"))),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +219,13 @@ mod tests {
         assert_eq!(m.tool("other").hosts.len(), 0);
         let bad = |s: &str| Manifest::parse(s).unwrap_err().to_string();
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='node'\nmodule='m'").contains("runtime"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nfactory='m:f'\nfactory_args='{}'")
+            .contains("JSON array"));
+        assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmain='m'").contains("module:callable"));
+        let m =
+            Manifest::parse("[release]\nname='x'\nversion='1'\nruntime='python'\nmain='m:main'\nmain_args='[\"/d\"]'")
+                .unwrap();
+        assert_eq!(m.entry, Entry::Main { callable: "m:main".into(), args: vec![serde_json::json!("/d")] });
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\nsurprise=1").contains("surprise"));
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\npython_path=['../x']")
             .contains("inside"));

@@ -43,6 +43,7 @@ struct ArgRule {
     argument: String,
     tool: Option<String>,
     label: Label,
+    names_path: bool,
 }
 
 /// Budgets for each copy.
@@ -110,7 +111,12 @@ struct RawItem {
     path: Option<String>,
     argument: Option<String>,
     tool: Option<String>,
+    #[serde(default)]
     label: Vec<String>,
+    /// The argument's value is a path: the labelled files at or under it (labels from the
+    /// path rules) become file items of the call.
+    #[serde(default)]
+    names_path: bool,
 }
 
 #[derive(Deserialize)]
@@ -164,12 +170,22 @@ impl Policy {
             let label = Label::from_tags(tags(&item.label, &format!("items[{i}]"))?);
             match (&item.path, &item.argument) {
                 (Some(glob), None) => {
-                    if item.tool.is_some() {
+                    if item.tool.is_some() || item.names_path {
                         return Err(perr(format!("items[{i}]: `tool` goes with `argument`")));
                     }
                     path_rules.push(path_rule(glob, label)?);
                 }
-                (None, Some(arg)) => arg_rules.push(ArgRule { argument: arg.clone(), tool: item.tool.clone(), label }),
+                (None, Some(arg)) => {
+                    if item.names_path && !item.label.is_empty() {
+                        return Err(perr(format!("items[{i}]: a path argument takes its label from the path rules")));
+                    }
+                    arg_rules.push(ArgRule {
+                        argument: arg.clone(),
+                        tool: item.tool.clone(),
+                        label,
+                        names_path: item.names_path,
+                    })
+                }
                 _ => return Err(perr(format!("items[{i}]: give exactly one of `path` or `argument`"))),
             }
         }
@@ -262,9 +278,20 @@ impl Policy {
     pub fn label_argument(&self, tool: &str, arg: &str) -> Option<Label> {
         self.arg_rules
             .iter()
-            .filter(|r| r.argument == arg && r.tool.as_deref().is_none_or(|t| t == tool))
+            .filter(|r| !r.names_path && r.argument == arg && r.tool.as_deref().is_none_or(|t| t == tool))
             .map(|r| r.label.clone())
             .reduce(|a, b| a.join(&b))
+    }
+
+    /// Whether argument `arg` of `tool` names a path whose labelled files are items of
+    /// the call (a repository, a database file).
+    pub fn is_path_argument(&self, tool: &str, arg: &str) -> bool {
+        self.arg_rules.iter().any(|r| r.names_path && r.argument == arg && r.tool.as_deref().is_none_or(|t| t == tool))
+    }
+
+    /// Whether some path rule labels `path`.
+    pub fn labels_path(&self, path: &Path) -> bool {
+        self.path_rules.iter().any(|r| r.matcher.is_match(path))
     }
 
     /// A destination's clearance; an unknown destination may see nothing labelled.
@@ -350,6 +377,9 @@ mod tests {
         assert!(p.label_path(Path::new("/srv/other")).is_err());
         assert_eq!(p.label_argument("any", "note"), Some(Label::parse(["hr"]).unwrap()));
         assert!(p.label_argument("any", "other").is_none());
+        let q = Policy::parse("tags=['a']\n[[items]]\nargument='repo_path'\ntool='git_log'\nnames_path=true").unwrap();
+        assert!(q.is_path_argument("git_log", "repo_path") && !q.is_path_argument("git_show", "repo_path"));
+        assert!(q.label_argument("git_log", "repo_path").is_none());
         let ocr = HostName::new("ocr.example").unwrap();
         assert_eq!(p.destination_clearance(&ocr), Clearance::parse(["finance"]).unwrap());
         assert!(p.destination_clearance(&HostName::new("blog.example").unwrap()).is_empty());

@@ -1,0 +1,326 @@
+//! The MCP front: `germline wrap` and `germline serve`, an MCP server that an agent host
+//! launches (stdio) or reaches (Streamable HTTP) instead of the real one. `tools/list` comes
+//! from a data-free copy, every `tools/call` is a germline call whose result carries its
+//! output label in `_meta`, and the rest of what clients expect (initialize, ping,
+//! logging, notifications, JSON-RPC errors) is answered here without touching the release.
+//!
+//! [`Front`] is sans-I/O: one JSON-RPC message in, at most one out. The stdio loop and the
+//! HTTP handlers in [`http`] are thin shells around it.
+
+pub mod http;
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use germline_executor::call::CallRequest;
+use germline_executor::germline::PythonRuntime;
+use germline_executor::manifest::{Manifest, MANIFEST_FILE};
+use germline_executor::policy::Policy;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use serde_json::{json, Map, Value};
+
+/// Protocol versions the front speaks; a client asking for another gets the newest.
+const PROTOCOL_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// Without `--policy`, nothing is labelled and the agent is the only consumer: calls still
+/// run in fresh copies (no cross-call carry-over), egress to undeclared hosts is denied.
+const DEFAULT_POLICY: &str = "tags = []\n[consumers.agent]\nclearance = []\n";
+
+/// JSON-RPC error codes.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
+
+/// `germline wrap`.
+#[derive(Args, Debug)]
+pub struct WrapArgs {
+    /// The deployer's policy (labels, clearances); default: nothing labelled.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// `germline` (default), `nosplit` or `sig-pin`.
+    #[arg(long, default_value = "germline")]
+    pub runtime: RuntimeKind,
+    /// Serve Streamable HTTP on this address (path `/mcp`) instead of stdio.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The consumer the results go to.
+    #[arg(long, default_value = "agent")]
+    pub consumer: String,
+    /// A release directory (with `germline.toml`). Commands are not wrapped yet: an
+    /// unsigned command has no manifest to declare its destinations.
+    #[arg(last = true, required = true)]
+    pub target: Vec<String>,
+}
+
+/// `germline serve`: `germline wrap --listen`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8765")]
+    pub listen: String,
+    /// The deployer's policy.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// `germline` (default), `nosplit` or `sig-pin`.
+    #[arg(long, default_value = "germline")]
+    pub runtime: RuntimeKind,
+    /// The release directory.
+    #[arg(long)]
+    pub release: PathBuf,
+}
+
+/// One wrapped release and the MCP session state around it.
+pub struct Front {
+    runtime: Runtime,
+    manifest: Manifest,
+    consumer: String,
+    tools: Option<Value>,
+    max_message_bytes: usize,
+}
+
+impl Front {
+    /// Starts the release under `kind`.
+    pub fn start(release: &Path, policy: Policy, kind: RuntimeKind, consumer: String) -> anyhow::Result<Front> {
+        let manifest = Manifest::load(release)?;
+        let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
+        let max_message_bytes = policy.limits.max_message_bytes;
+        let runtime = Runtime::start(kind, release, policy, python)?;
+        Ok(Front { runtime, manifest, consumer, tools: None, max_message_bytes })
+    }
+
+    /// Largest client message accepted.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    /// Handles one raw client message; `None` when nothing is to be sent back
+    /// (notifications, responses).
+    pub fn handle_bytes(&mut self, raw: &[u8]) -> Option<Value> {
+        if raw.len() > self.max_message_bytes {
+            return Some(error(
+                Value::Null,
+                INVALID_REQUEST,
+                &format!("message over {} bytes", self.max_message_bytes),
+            ));
+        }
+        match serde_json::from_slice::<Value>(raw) {
+            Ok(msg) => self.handle(msg),
+            Err(e) => Some(error(Value::Null, PARSE_ERROR, &format!("parse error: {e}"))),
+        }
+    }
+
+    /// Handles one parsed client message.
+    pub fn handle(&mut self, msg: Value) -> Option<Value> {
+        let Value::Object(msg) = msg else {
+            return Some(error(Value::Null, INVALID_REQUEST, "expected one JSON-RPC object (no batches)"));
+        };
+        let id = msg.get("id").cloned();
+        let Some(method) = msg.get("method").and_then(Value::as_str) else {
+            // A response to a server request (we send none) or garbage.
+            return id.map(|id| error(id, INVALID_REQUEST, "expected a request"));
+        };
+        let Some(id) = id else {
+            // Notifications: initialized, cancelled, roots changed... nothing to answer.
+            return None;
+        };
+        if !(id.is_string() || id.is_number()) {
+            return Some(error(Value::Null, INVALID_REQUEST, "id must be a string or a number"));
+        }
+        let params = msg.get("params").cloned().unwrap_or_else(|| json!({}));
+        Some(match self.request(method, &params) {
+            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Err((code, message)) => error(id, code, &message),
+        })
+    }
+
+    fn request(&mut self, method: &str, params: &Value) -> Result<Value, (i64, String)> {
+        match method {
+            "initialize" => {
+                let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("");
+                let version = PROTOCOL_VERSIONS.iter().find(|v| **v == asked).unwrap_or(&PROTOCOL_VERSIONS[0]);
+                Ok(json!({
+                    "protocolVersion": version,
+                    "capabilities": {"tools": {"listChanged": false}, "logging": {}},
+                    "serverInfo": {"name": self.manifest.name, "version": self.manifest.version},
+                    "instructions": "Tool calls run under germline: each result carries its output label in _meta[\"dev.germline/label\"]."
+                }))
+            }
+            "ping" | "logging/setLevel" => Ok(json!({})),
+            "tools/list" => self.tools_list(),
+            "tools/call" => self.tools_call(params),
+            "resources/list" => Ok(json!({"resources": []})),
+            "resources/templates/list" => Ok(json!({"resourceTemplates": []})),
+            "prompts/list" => Ok(json!({"prompts": []})),
+            _ => Err((METHOD_NOT_FOUND, format!("Method not found: {method}"))),
+        }
+    }
+
+    fn tools_list(&mut self) -> Result<Value, (i64, String)> {
+        if self.tools.is_none() {
+            let tools = self.runtime.list_tools().map_err(|e| (INTERNAL_ERROR, format!("tools/list: {e}")))?;
+            self.tools = Some(tools);
+        }
+        Ok(self.tools.clone().unwrap_or_else(|| json!({"tools": []})))
+    }
+
+    fn tools_call(&mut self, params: &Value) -> Result<Value, (i64, String)> {
+        let Some(name) = params.get("name").and_then(Value::as_str) else {
+            return Err((INVALID_PARAMS, "tools/call needs a tool name".into()));
+        };
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(_) => return Err((INVALID_PARAMS, "arguments must be an object".into())),
+        };
+        let req =
+            CallRequest { tool: name.to_owned(), arguments, items: Vec::new(), consumers: vec![self.consumer.clone()] };
+        let outcome = self.runtime.call(&req);
+        match (outcome.result, outcome.error) {
+            (Some(result), _) => Ok(result),
+            (None, Some(e)) => Err(tool_error(&e)),
+            (None, None) => Err((INTERNAL_ERROR, "the call produced no result".into())),
+        }
+    }
+}
+
+/// Recovers the server's own JSON-RPC error (code and message) from a failed call, so a
+/// client sees what the bare server would have said; anything else is an internal error.
+fn tool_error(e: &str) -> (i64, String) {
+    if let Some((_, rest)) = e.split_once("tool error: ") {
+        if let Ok(v) = serde_json::from_str::<Value>(rest) {
+            if let (Some(code), Some(message)) = (v.get("code").and_then(Value::as_i64), v.get("message")) {
+                return (code, message.as_str().map(str::to_owned).unwrap_or_else(|| message.to_string()));
+            }
+        }
+    }
+    (INTERNAL_ERROR, e.to_owned())
+}
+
+fn error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+fn load_policy(path: Option<&Path>) -> anyhow::Result<Policy> {
+    Ok(match path {
+        Some(p) => Policy::load(p)?,
+        None => Policy::parse(DEFAULT_POLICY)?,
+    })
+}
+
+fn release_dir(target: &[String]) -> anyhow::Result<PathBuf> {
+    let [first, rest @ ..] = target else { bail!("name a release directory after --") };
+    let p = PathBuf::from(first);
+    if rest.is_empty() && p.join(MANIFEST_FILE).is_file() {
+        return p.canonicalize().with_context(|| format!("release directory {}", p.display()));
+    }
+    bail!(
+        "{first:?} is not a release directory (no {MANIFEST_FILE}); wrapping a bare command needs a signed \
+         manifest declaring its destinations: build one with `germline release build`"
+    )
+}
+
+/// `germline wrap`.
+pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
+    let release = release_dir(&args.target)?;
+    let policy = load_policy(args.policy.as_deref())?;
+    let front = Front::start(&release, policy, args.runtime, args.consumer)?;
+    match args.listen {
+        Some(addr) => http::serve(front, &addr),
+        None => serve_stdio(front),
+    }
+}
+
+/// `germline serve`.
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let release = release_dir(&[args.release.to_string_lossy().into_owned()])?;
+    let policy = load_policy(args.policy.as_deref())?;
+    let front = Front::start(&release, policy, args.runtime, "agent".into())?;
+    http::serve(front, &args.listen)
+}
+
+/// Newline-delimited JSON-RPC on stdin/stdout, one message at a time, until stdin closes.
+fn serve_stdio(mut front: Front) -> anyhow::Result<()> {
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut out = std::io::stdout().lock();
+    let limit = front.max_message_bytes();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let (n, over) = read_line_bounded(&mut input, &mut line, limit)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let reply = if over {
+            Some(error(Value::Null, INVALID_REQUEST, &format!("message over {limit} bytes")))
+        } else {
+            let trimmed = line.trim_ascii();
+            if trimmed.is_empty() {
+                continue;
+            }
+            front.handle_bytes(trimmed)
+        };
+        if let Some(reply) = reply {
+            serde_json::to_writer(&mut out, &reply)?;
+            out.write_all(b"\n")?;
+            out.flush()?;
+        }
+    }
+}
+
+/// Reads one line, keeping at most `limit` bytes; returns (bytes consumed, over limit).
+fn read_line_bounded(input: &mut impl BufRead, line: &mut Vec<u8>, limit: usize) -> std::io::Result<(usize, bool)> {
+    let mut consumed = 0;
+    let mut over = false;
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok((consumed, over));
+        }
+        let (chunk, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (&buf[..=i], true),
+            None => (buf, false),
+        };
+        let n = chunk.len();
+        if line.len() + n > limit + 1 {
+            over = true;
+        } else {
+            line.extend_from_slice(chunk);
+        }
+        input.consume(n);
+        consumed += n;
+        if done {
+            return Ok((consumed, over));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_errors_keep_the_servers_code() {
+        assert_eq!(
+            tool_error(r#"copy: tool error: {"code":-32602,"message":"Unknown tool: x"}"#),
+            (-32602, "Unknown tool: x".to_owned())
+        );
+        assert_eq!(tool_error("deadline").0, INTERNAL_ERROR);
+    }
+
+    #[test]
+    fn bounded_lines() {
+        let mut input = std::io::Cursor::new(b"short\nlooooooong\nok\n".to_vec());
+        let mut line = Vec::new();
+        assert_eq!(read_line_bounded(&mut input, &mut line, 8).unwrap(), (6, false));
+        line.clear();
+        assert!(read_line_bounded(&mut input, &mut line, 8).unwrap().1);
+        line.clear();
+        assert_eq!(read_line_bounded(&mut input, &mut line, 8).unwrap(), (3, false));
+        assert_eq!(line, b"ok\n");
+    }
+}

@@ -1,0 +1,169 @@
+//! Issue 4 part 4: the Python MCP SDK's stdio and Streamable HTTP clients see the same
+//! thing from `germline wrap` as from the bare mcp-server-time (tools, results, tool
+//! errors, protocol errors, ping), apart from the label germline adds; malformed and
+//! oversized messages get JSON-RPC errors and the front keeps serving.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+fn python() -> PathBuf {
+    std::env::var_os("GERMLINE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
+}
+
+fn time_release(dir: &Path) -> PathBuf {
+    let real = std::env::var_os("GERMLINE_REAL_SERVERS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/germline/real-servers"));
+    let vendor = real.join("time/vendor");
+    assert!(real.join("time/.complete").is_file(), "{} is missing: run scripts/setup.sh", vendor.display());
+    let rel = dir.join("time");
+    std::fs::create_dir_all(&rel).expect("release dir");
+    let ok = Command::new("cp").arg("-rl").arg(&vendor).arg(&rel).status().is_ok_and(|s| s.success())
+        || Command::new("cp").arg("-r").arg(&vendor).arg(&rel).status().is_ok_and(|s| s.success());
+    assert!(ok, "copying {}", vendor.display());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/real_servers/time.toml");
+    std::fs::copy(manifest, rel.join("germline.toml")).expect("manifest");
+    rel
+}
+
+fn check_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/front/mcp_client_check.py")
+}
+
+fn client(args: &[&str], home: &Path) -> Value {
+    let out = Command::new(python())
+        .arg(check_script())
+        .args(args)
+        .env("GERMLINE_HOME", home)
+        .env("GERMLINE_PYTHON", python())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running the SDK client");
+    assert!(out.status.success(), "client {args:?} failed");
+    serde_json::from_slice(&out.stdout).expect("client summary")
+}
+
+/// Kills the front when the test ends, pass or fail.
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn sdk_clients_see_wrap_as_the_bare_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    let rel = time_release(dir.path());
+    let vendor = rel.join("vendor");
+    let bare_code = format!("import sys; sys.path.insert(0, {:?}); from mcp_server_time import main; main()", vendor);
+    let py = python();
+    let py = py.to_string_lossy();
+    let mut bare = client(&["stdio", &py, "-c", &bare_code, "--local-timezone", "UTC"], &home);
+    let germline = env!("CARGO_BIN_EXE_germline");
+    let rel_s = rel.to_string_lossy();
+    let mut stdio = client(&["stdio", germline, "wrap", "--", &rel_s], &home);
+
+    let child = Command::new(germline)
+        .args(["wrap", "--listen", "127.0.0.1:0", "--", &rel_s])
+        .env("GERMLINE_HOME", &home)
+        .env("GERMLINE_PYTHON", python())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("germline wrap --listen");
+    let mut front = Killed(child);
+    let mut err = BufReader::new(front.0.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).expect("front stderr") > 0, "the HTTP front exited");
+        if let Some(u) = line.trim().strip_prefix("germline: MCP front on ") {
+            break u.to_owned();
+        }
+    };
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = err.read_to_string(&mut sink);
+    });
+    let mut http = client(&["http", &url], &home);
+
+    for (name, seen) in [("stdio", &mut stdio), ("http", &mut http)] {
+        let labels = seen.as_object_mut().and_then(|o| o.remove("labels")).expect("labels");
+        assert!(
+            labels.as_array().is_some_and(|a| a.iter().all(|l| l == &Value::Array(vec![]))),
+            "{name}: every result labelled (empty label: no items): {labels}"
+        );
+    }
+    bare.as_object_mut().map(|o| o.remove("labels"));
+    assert_eq!(bare["current_time_ok"], Value::Bool(true));
+    assert_eq!(bare, stdio, "stdio front differs from the bare server");
+    assert_eq!(bare, http, "HTTP front differs from the bare server");
+}
+
+#[test]
+fn malformed_and_oversized_messages_get_json_rpc_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    let rel = time_release(dir.path());
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "tags = []\n[consumers.agent]\nclearance = []\n[limits]\nmax_message_bytes = 4096\n")
+        .expect("policy");
+    let child = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .arg("wrap")
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--")
+        .arg(&rel)
+        .env("GERMLINE_HOME", &home)
+        .env("GERMLINE_PYTHON", python())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("germline wrap");
+    let mut front = Killed(child);
+    let mut input = front.0.stdin.take().expect("stdin");
+    let mut output = BufReader::new(front.0.stdout.take().expect("stdout"));
+    let big =
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ping\",\"params\":{{\"x\":\"{}\"}}}}", "a".repeat(8000));
+    let lines = [
+        "not json".to_owned(),
+        "[1,2]".to_owned(),
+        big,
+        r#"{"jsonrpc":"2.0","id":1,"method":"no/such"}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"missing_tool"}}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"arguments":{}}}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#.to_owned(),
+    ];
+    for l in &lines {
+        writeln!(input, "{l}").expect("write");
+    }
+    let mut read = || -> Value {
+        let mut s = String::new();
+        output.read_line(&mut s).expect("read");
+        serde_json::from_str(&s).unwrap_or_else(|e| panic!("reply {s:?}: {e}"))
+    };
+    let codes: Vec<Value> = (0..7).map(|_| read()).map(|v| v["error"]["code"].clone()).collect();
+    assert_eq!(
+        codes,
+        vec![
+            Value::from(-32700),
+            Value::from(-32600),
+            Value::from(-32600),
+            Value::from(-32601),
+            Value::from(-32602),
+            Value::from(-32602),
+            Value::Null
+        ]
+    );
+}

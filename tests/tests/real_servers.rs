@@ -1,0 +1,300 @@
+//! Issue 4 compatibility run: unmodified official MCP servers from PyPI (vendored by
+//! `scripts/setup.sh` into `/var/cache/germline/real-servers`) return the same output
+//! under germline as under the unprotected long-lived server, apart from clock values.
+//! The sqlite database and the git repository are labelled items of every call.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use germline_executor::call::CallOutcome;
+use germline_executor::policy::Policy;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::world::{python, request};
+use serde_json::{json, Value};
+
+/// Where `scripts/setup.sh` vendors the servers.
+fn real_servers() -> PathBuf {
+    std::env::var_os("GERMLINE_REAL_SERVERS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/germline/real-servers"))
+}
+
+/// A release directory for server `name`: its vendored packages (hard-linked where the
+/// file system allows) and the manifest from `tests/real_servers/NAME.toml` with
+/// `{DB}` replaced.
+fn lay_out(dir: &Path, name: &str, db: &str) -> PathBuf {
+    let vendor = real_servers().join(name).join("vendor");
+    assert!(
+        real_servers().join(name).join(".complete").is_file(),
+        "{} is missing: run scripts/setup.sh",
+        vendor.display()
+    );
+    let rel = dir.join(format!("release-{name}"));
+    std::fs::create_dir_all(&rel).expect("release dir");
+    let linked = Command::new("cp").arg("-rl").arg(&vendor).arg(&rel).status().is_ok_and(|s| s.success());
+    if !linked {
+        let _ = std::fs::remove_dir_all(rel.join("vendor"));
+        let ok = Command::new("cp").arg("-r").arg(&vendor).arg(&rel).status().is_ok_and(|s| s.success());
+        assert!(ok, "copying {}", vendor.display());
+    }
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("real_servers/{name}.toml")))
+            .expect("fixture manifest");
+    std::fs::write(rel.join("germline.toml"), manifest.replace("{DB}", db)).expect("manifest");
+    rel
+}
+
+/// One compatibility run at a time: germline refuses a release for good when a copy's
+/// namespace id matches a live copy's, and ids freed by a copy of a concurrent test's
+/// germline can be reused before that copy is dropped (reported; `germline.rs`).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn policy(data: &Path, extra: &str) -> Policy {
+    Policy::parse(&format!(
+        "tags = [\"projx\"]\n[[items]]\npath = \"{}/**\"\nlabel = [\"projx\"]\n{extra}\n[consumers.agent]\nclearance = [\"projx\"]\n",
+        data.display()
+    ))
+    .expect("policy")
+}
+
+/// The result as the client sees it, without germline's `_meta` label.
+fn bare(o: &CallOutcome) -> Value {
+    let mut v = o.result.clone().unwrap_or_else(|| json!({"error": o.error}));
+    if let Some(obj) = v.as_object_mut() {
+        if let Some(Value::Object(meta)) = obj.get_mut("_meta") {
+            meta.remove("dev.germline/label");
+            if meta.is_empty() {
+                obj.remove("_meta");
+            }
+        }
+    }
+    v
+}
+
+/// Runs `calls` under sig-pin and germline and compares each result after `normalise`.
+fn compare(
+    rel: &Path,
+    policy: Policy,
+    home: &Path,
+    calls: &[(String, Value)],
+    expect_label: Option<&str>,
+    normalise: impl Fn(&str, Value) -> Value,
+) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let py = python(home);
+    let mut pin = Runtime::start(RuntimeKind::SigPin, rel, policy.clone(), py.clone()).expect("sig-pin start");
+    let mut gl = Runtime::start(RuntimeKind::Germline, rel, policy, py).expect("germline start");
+    let t0 = std::time::Instant::now();
+    for (i, (tool, args)) in calls.iter().enumerate() {
+        let req = request(tool, args.clone(), &[]);
+        let a = pin.call(&req);
+        let b = gl.call(&req);
+        assert!(b.error.is_none() || a.error.is_some(), "call {i} {tool} {args}: germline failed: {:?}", b.error);
+        assert_eq!(
+            normalise(tool, bare(&a)),
+            normalise(tool, bare(&b)),
+            "call {i}: {tool} {args} differs (left: unprotected, right: germline)"
+        );
+        if let (Some(want), Some(label)) = (expect_label, &b.label) {
+            assert!(label.tags().any(|t| t.as_str() == want), "call {i}: label {label} lacks {want}");
+        }
+    }
+    eprintln!("{} calls compared in {:?}", calls.len(), t0.elapsed());
+}
+
+fn strip_clock(tool: &str, mut v: Value) -> Value {
+    // get_current_time reads the clock: the unprotected server's and the copy's frozen
+    // twin clock differ by the call's latency. Check the value is sane, then drop it.
+    if tool != "get_current_time" {
+        return v;
+    }
+    let drop_dt = |s: &str| -> String {
+        match serde_json::from_str::<Value>(s) {
+            Ok(Value::Object(mut m)) => {
+                let dt = m.remove("datetime");
+                assert!(dt.as_ref().and_then(Value::as_str).is_some_and(|d| d.len() >= 19), "datetime {dt:?}");
+                m.remove("day_of_week");
+                m.remove("is_dst");
+                Value::Object(m).to_string()
+            }
+            _ => s.to_owned(),
+        }
+    };
+    if let Some(parts) = v.get_mut("content").and_then(Value::as_array_mut) {
+        for p in parts {
+            if let Some(t) = p.get("text").and_then(Value::as_str).map(drop_dt) {
+                p["text"] = json!(t);
+            }
+        }
+    }
+    if let Some(Value::Object(s)) = v.get_mut("structuredContent") {
+        s.remove("datetime");
+        s.remove("day_of_week");
+        s.remove("is_dst");
+    }
+    v
+}
+
+#[test]
+fn mcp_server_time_matches_unprotected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let rel = lay_out(dir.path(), "time", "");
+    let zones = ["Europe/London", "Asia/Tokyo", "America/New_York", "Australia/Sydney", "UTC", "Nowhere/Invalid"];
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let tz = zones[i % zones.len()];
+        calls.push(("get_current_time".to_owned(), json!({"timezone": tz})));
+    }
+    for i in 0..200 {
+        let (s, t) = (zones[i % zones.len()], zones[(i / zones.len()) % zones.len()]);
+        let time = format!("{:02}:{:02}", i % 24, (i * 7) % 60);
+        let time = if i % 50 == 49 { "25:99".to_owned() } else { time };
+        calls.push(("convert_time".to_owned(), json!({"source_timezone": s, "time": time, "target_timezone": t})));
+    }
+    compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, None, strip_clock);
+}
+
+#[test]
+fn mcp_server_sqlite_matches_unprotected_with_the_database_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let db = data.join("shop.db");
+    let py = python(&dir.path().join("home")).python;
+    let made = Command::new(&py)
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\n\
+             c.execute('create table customers(id integer primary key, name text, city text)')\n\
+             c.execute('create table orders(id integer primary key, customer integer, total real)')\n\
+             c.executemany('insert into customers(name, city) values (?,?)', [('c%d' % i, 'city%d' % (i % 7)) for i in range(50)])\n\
+             c.executemany('insert into orders(customer, total) values (?,?)', [(i % 50, i * 1.5) for i in range(200)])\n\
+             c.commit()",
+        )
+        .arg(&db)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(made, "creating the database");
+    let rel = lay_out(dir.path(), "sqlite", &db.to_string_lossy());
+    let mut calls = Vec::new();
+    for i in 0..30 {
+        calls.push(("list_tables".to_owned(), json!({})));
+        let table = ["customers", "orders", "missing"][i % 3];
+        calls.push(("describe_table".to_owned(), json!({"table_name": table})));
+        let q = match i % 4 {
+            0 => format!("SELECT * FROM customers WHERE id <= {}", i + 1),
+            1 => format!("SELECT city, COUNT(*) AS n FROM customers GROUP BY city HAVING n > {}", i % 5),
+            2 => format!("SELECT SUM(total) AS s FROM orders WHERE customer = {i}"),
+            _ => "SELECT * FROM nowhere".to_owned(),
+        };
+        calls.push(("read_query".to_owned(), json!({"query": q})));
+    }
+    compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+}
+
+#[test]
+fn mcp_server_git_matches_unprotected_with_the_repository_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let repo = data.join("repo");
+    std::fs::create_dir_all(&repo).expect("repo");
+    let git = |args: &[&str]| {
+        let ok = Command::new("git")
+            .args(args)
+            .current_dir(&repo)
+            .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
+            .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "git {args:?}");
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["config", "user.email", "dev@example.org"]);
+    git(&["config", "user.name", "Dev"]);
+    for i in 0..5 {
+        std::fs::write(repo.join(format!("f{i}.txt")), format!("line {i}\n")).expect("file");
+        git(&["add", "."]);
+        git(&["commit", "-q", "-m", &format!("commit {i}")]);
+    }
+    std::fs::write(repo.join("f0.txt"), "changed\n").expect("file");
+    let rel = lay_out(dir.path(), "git", "");
+    let extra = "[[items]]\nargument = \"repo_path\"\nnames_path = true\n";
+    let r = repo.to_string_lossy().into_owned();
+    let mut calls = Vec::new();
+    for i in 0..30 {
+        calls.push(("git_log".to_owned(), json!({"repo_path": r, "max_count": 1 + i % 6})));
+        let rev = ["HEAD", "HEAD~1", "HEAD~3", "nope"][i % 4];
+        calls.push(("git_show".to_owned(), json!({"repo_path": r, "revision": rev})));
+        calls.push(("git_diff_unstaged".to_owned(), json!({"repo_path": r, "context_lines": i % 4})));
+    }
+    compare(&rel, policy(&data, extra), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+}
+
+/// A loopback web site: `/robots.txt` allows everything, `/page/N` is a small HTML page.
+fn start_site() -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("site");
+    let addr = listener.local_addr().expect("site address");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(&conn);
+                let mut first = String::new();
+                if reader.read_line(&mut first).is_err() {
+                    return;
+                }
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
+                    line.clear();
+                }
+                let path = first.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let (ctype, body) = if path.ends_with("/robots.txt") {
+                    ("text/plain", "User-agent: *\nAllow: /\n".to_owned())
+                } else {
+                    (
+                        "text/html",
+                        format!(
+                            "<html><head><title>Page {path}</title></head><body><h1>Heading {path}</h1>\
+                             <p>Some text for {path}, with <a href=\"/x\">a link</a>.</p><ul><li>one</li><li>two</li></ul></body></html>"
+                        ),
+                    )
+                };
+                let mut w = &conn;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+/// Plain HTTP through the broker; HTTPS with real TLS waits for the broker's HTTPS relay.
+#[test]
+fn mcp_server_fetch_matches_unprotected_over_plain_http() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let site = start_site();
+    let rel = lay_out(dir.path(), "fetch", "");
+    let extra = format!("[destinations.\"site.example\"]\nclearance = []\n[hosts]\n\"site.example\" = \"{site}\"\n");
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let mut args = json!({"url": format!("http://site.example/page/{i}")});
+        // Simplifying HTML (readabilipy, which runs node when it finds it) costs about a
+        // second a call on both sides; most calls fetch raw to keep the run short.
+        if i % 20 != 1 {
+            args["raw"] = json!(true);
+        }
+        if i % 5 == 0 {
+            args["max_length"] = json!(40);
+        }
+        calls.push(("fetch".to_owned(), args));
+    }
+    compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+}
