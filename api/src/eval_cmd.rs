@@ -50,7 +50,10 @@ fn python() -> anyhow::Result<PythonRuntime> {
 pub fn run(cmd: EvalCommand) -> anyhow::Result<()> {
     match cmd {
         EvalCommand::Matrix(a) => {
-            let m = run_matrix(&MatrixOptions { trials: a.trials, runtimes: a.runtimes, variants: a.variants }, &python()?)?;
+            let m = run_matrix(
+                &MatrixOptions { trials: a.trials, runtimes: a.runtimes, variants: a.variants },
+                &python()?,
+            )?;
             print!("{}", m.render_text());
             std::fs::write(&a.out, serde_json::to_vec_pretty(&m)?)?;
             let svg = a.out.with_extension("svg");

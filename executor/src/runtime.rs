@@ -61,9 +61,7 @@ impl FromStr for RuntimeKind {
             "sig-ifc" => Ok(RuntimeKind::SigIfc),
             "confined-ifc" => Ok(RuntimeKind::ConfinedIfc),
             "fresh-ifc" => Ok(RuntimeKind::FreshIfc),
-            _ => Err(format!(
-                "unknown runtime {s:?} (germline, sig-pin, nosplit, sig-ifc, confined-ifc, fresh-ifc)"
-            )),
+            _ => Err(format!("unknown runtime {s:?} (germline, sig-pin, nosplit, sig-ifc, confined-ifc, fresh-ifc)")),
         }
     }
 }
@@ -94,7 +92,9 @@ impl Runtime {
                 Runtime::Germline(Box::new(GermlineRuntime::start(release_dir, policy, python, Splitting::None)?))
             }
             RuntimeKind::SigPin => Runtime::SigPin(Box::new(SigPinRuntime::start(release_dir, policy, &python)?)),
-            RuntimeKind::SigIfc => Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Sig, release_dir, policy, python)?)),
+            RuntimeKind::SigIfc => {
+                Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Sig, release_dir, policy, python)?))
+            }
             RuntimeKind::ConfinedIfc => {
                 Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Confined, release_dir, policy, python)?))
             }

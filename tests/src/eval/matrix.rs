@@ -140,7 +140,8 @@ pub struct MatrixOptions {
 pub fn run_matrix(opts: &MatrixOptions, python: &PythonRuntime) -> Result<Matrix, ExecutorError> {
     let t0 = Instant::now();
     let world = EvalWorld::new()?;
-    let kinds: Vec<RuntimeKind> = if opts.runtimes.is_empty() { RuntimeKind::ALL.to_vec() } else { opts.runtimes.clone() };
+    let kinds: Vec<RuntimeKind> =
+        if opts.runtimes.is_empty() { RuntimeKind::ALL.to_vec() } else { opts.runtimes.clone() };
     let variants: Vec<Variant> = VARIANTS
         .iter()
         .filter(|v| opts.variants.is_empty() || opts.variants.iter().any(|n| n == v.name))
@@ -248,8 +249,11 @@ fn run_cell(
                 cell.steps_completed += 1;
             }
             let text = o.result.as_ref().map(|r| r.to_string()).unwrap_or_default();
-            let consumers: Vec<&str> =
-                if step.req.consumers.is_empty() { vec!["agent"] } else { step.req.consumers.iter().map(String::as_str).collect() };
+            let consumers: Vec<&str> = if step.req.consumers.is_empty() {
+                vec!["agent"]
+            } else {
+                step.req.consumers.iter().map(String::as_str).collect()
+            };
             for c in consumers {
                 let key = CONSUMERS.iter().find(|(n, _)| *n == c).map(|(n, _)| *n).unwrap_or("agent");
                 consumer_bytes.entry(key).or_default().extend_from_slice(text.as_bytes());
@@ -367,7 +371,12 @@ impl Matrix {
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n"
         );
         for (j, r) in self.runtimes.iter().enumerate() {
-            let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{r}</text>", left + cw * j + cw / 2, top - 12);
+            let _ = writeln!(
+                s,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{r}</text>",
+                left + cw * j + cw / 2,
+                top - 12
+            );
         }
         for (i, v) in self.variants.iter().enumerate() {
             let y = top + ch * i;
@@ -377,7 +386,8 @@ impl Matrix {
                 let frac = if c.runs == 0 { 0.0 } else { c.disclosing as f64 / c.runs as f64 };
                 let red = 255;
                 let gb = (255.0 * (1.0 - frac)) as u8;
-                let fill = if c.start_error.is_some() { "#cccccc".to_string() } else { format!("rgb({red},{gb},{gb})") };
+                let fill =
+                    if c.start_error.is_some() { "#cccccc".to_string() } else { format!("rgb({red},{gb},{gb})") };
                 let x = left + cw * j;
                 let _ = writeln!(
                     s,
