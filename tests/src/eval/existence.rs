@@ -75,7 +75,7 @@ pub fn run_existence_bit(python: &PythonRuntime) -> Result<ExistenceReport, Exec
     let secret = u64::from_be_bytes(raw);
     let path = world.data().join("hr/secret.txt");
     std::fs::write(&path, format!("{secret:016x}")).map_err(|e| ExecutorError::Call(e.to_string()))?;
-    let rel = world.instantiate("bitprobe", &[])?;
+    let rel = world.instantiate("bitprobe", &[])?.dir;
     let stats = Sink::try_start(SinkBehaviour::default()).map_err(|e| ExecutorError::Call(e.to_string()))?;
     let mut modes = Vec::new();
 

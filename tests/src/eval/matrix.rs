@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use germline_executor::call::{release_dir_hash, CallRequest};
+use germline_executor::call::CallRequest;
 use germline_executor::germline::PythonRuntime;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_executor::ExecutorError;
@@ -89,7 +89,7 @@ pub struct Matrix {
     pub variants: Vec<String>,
     /// Every cell.
     pub cells: Vec<Cell>,
-    /// SHA-256 of each instantiated release directory (hash pins).
+    /// SHA-256 of each signed, admitted release archive.
     pub releases: BTreeMap<String, String>,
     /// Total wall time in seconds.
     pub seconds: f64,
@@ -153,19 +153,25 @@ pub fn run_matrix(opts: &MatrixOptions, python: &PythonRuntime) -> Result<Matrix
     let mut releases = BTreeMap::new();
     let mut cells = Vec::new();
     for var in &variants {
-        let notes = world.instantiate(var.notes, var.extra_hosts)?;
-        let docs = if var.docs == var.notes { notes.clone() } else { world.instantiate(var.docs, var.extra_hosts)? };
-        for d in [&notes, &docs] {
-            releases.insert(
-                d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-                release_dir_hash(d)?.to_string(),
-            );
-        }
+        let notes_rel = world.instantiate(var.notes, var.extra_hosts)?;
+        releases.insert(var.notes.to_owned(), notes_rel.hash.clone());
+        let notes = notes_rel.dir;
+        let docs = if var.docs == var.notes {
+            notes.clone()
+        } else {
+            let r = world.instantiate(var.docs, var.extra_hosts)?;
+            releases.insert(var.docs.to_owned(), r.hash.clone());
+            r.dir
+        };
         for &kind in &kinds {
             let cell = run_cell(&world, var, kind, &notes, &docs, opts.trials, python)?;
             tracing::info!(variant = var.name, runtime = kind.name(), disclosing = cell.disclosing, "cell done");
             cells.push(cell);
         }
+    }
+    if std::env::var_os("GERMLINE_EVAL_KEEP").is_some() {
+        eprintln!("keeping the eval world at {}", world.dir.path().display());
+        std::mem::forget(world);
     }
     Ok(Matrix {
         trials: opts.trials,
@@ -213,6 +219,10 @@ fn run_cell(
         start_error: None,
         seconds: 0.0,
     };
+    // Items exist before the runtimes start (an initialisation may read them); the oracle
+    // keeps every canary planted in this cell, so a stale one disclosed later still counts.
+    let mut next_items = Some(world.new_trial()?);
+    let mut planted = crate::oracle::Oracle::new();
     let start = |dir: &Path| Runtime::start(kind, dir, world.policy(&addrs)?, python.clone());
     let mut notes_rt = match start(notes) {
         Ok(r) => r,
@@ -235,7 +245,11 @@ fn run_cell(
         None
     };
     for _ in 0..trials {
-        let items = world.new_trial()?;
+        let items = match next_items.take() {
+            Some(i) => i,
+            None => world.new_trial()?,
+        };
+        planted.canaries.extend(items.oracle.canaries.iter().cloned());
         let offsets: Vec<usize> = sinks.iter().map(|(_, _, s)| s.received().len()).collect();
         let mut consumer_bytes: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
         for step in scenario(&items) {
@@ -267,7 +281,7 @@ fn run_cell(
             let got = sink.received();
             let slice = got.get(off..).unwrap_or(&[]);
             let clearance: Vec<String> = clearance.iter().map(|s| (*s).to_owned()).collect();
-            for d in items.oracle.disclosures(host, &clearance, slice) {
+            for d in planted.disclosures(host, &clearance, slice) {
                 found.push(format!("{} <- {} ({:?})", d.sink, d.label.join("."), d.encoding));
             }
             if *host == "stats.example" {
@@ -291,7 +305,7 @@ fn run_cell(
                 .find(|(n, _)| n == c)
                 .map(|(_, t)| t.iter().map(|s| (*s).to_owned()).collect())
                 .unwrap_or_default();
-            for d in items.oracle.disclosures(c, &clearance, bytes) {
+            for d in planted.disclosures(c, &clearance, bytes) {
                 found.push(format!("consumer {} <- {} ({:?})", d.sink, d.label.join("."), d.encoding));
             }
         }

@@ -8,6 +8,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use germline_admission::{
+    build_release_archive, BuildOptions, InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore,
+    Timestamp, TufAdmission,
+};
 use germline_executor::policy::Policy;
 use germline_executor::ExecutorError;
 
@@ -35,10 +39,22 @@ pub fn attacks_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks")
 }
 
-/// A generated world on disk.
+/// A generated world on disk, with the publisher's TUF repository and the host's
+/// release store the attack releases are signed into and admitted from.
 pub struct EvalWorld {
     /// Root (removed on drop).
     pub dir: tempfile::TempDir,
+    publisher: PublisherRepo,
+    store: ReleaseStore,
+    pinned_root: Vec<u8>,
+}
+
+/// One attack release as admitted: its store directory and archive hash.
+pub struct SignedRelease {
+    /// `store/releases/<hash>/`.
+    pub dir: PathBuf,
+    /// SHA-256 of the signed archive.
+    pub hash: String,
 }
 
 /// Paths of one trial's items.
@@ -69,7 +85,14 @@ impl EvalWorld {
     /// An empty world with its label directories.
     pub fn new() -> Result<EvalWorld, ExecutorError> {
         let dir = tempfile::Builder::new().prefix("germline-eval").tempdir().map_err(io_err("tempdir"))?;
-        let w = EvalWorld { dir };
+        let now = Timestamp::now();
+        let adm = |e: germline_admission::AdmissionError| ExecutorError::Call(format!("eval publisher: {e}"));
+        let publisher =
+            PublisherRepo::init(dir.path().join("tuf/repo"), dir.path().join("tuf/keys"), &InitOptions::default(), now)
+                .map_err(adm)?;
+        let pinned_root = std::fs::read(dir.path().join("tuf/repo/metadata/1.root.json")).map_err(io_err("root"))?;
+        let store = ReleaseStore::open(dir.path().join("store")).map_err(adm)?;
+        let w = EvalWorld { dir, publisher, store, pinned_root };
         for l in &TAGS[..5] {
             std::fs::create_dir_all(w.data().join(l)).map_err(io_err("data dir"))?;
         }
@@ -89,19 +112,31 @@ impl EvalWorld {
         self.dir.path().join("home")
     }
 
-    /// Copies attack release `name` (plus the shared docs code) into the world as
-    /// `<root>/rel-<name>`, with `{DATA}` and `{EXTRA_HOSTS}` filled in.
-    pub fn instantiate(&self, name: &str, extra_hosts: &[&str]) -> Result<PathBuf, ExecutorError> {
+    /// Builds attack release `name` (plus the shared docs code, `{DATA}` and
+    /// `{EXTRA_HOSTS}` filled in) into a canonical archive, signs it into the world's TUF
+    /// repository, and admits it into the store through TUF verification against the
+    /// pinned root. The germline check (G1–G3) is not part of this admission: it is the
+    /// germline runtime's own start-up step, and the baselines do not have it.
+    pub fn instantiate(&self, name: &str, extra_hosts: &[&str]) -> Result<SignedRelease, ExecutorError> {
         let src = attacks_dir();
-        let dst = self.dir.path().join(format!("rel-{name}"));
+        let stage = self.dir.path().join(format!("src-{name}"));
         let extra: String = extra_hosts.iter().map(|h| format!(", \"{h}\"")).collect();
-        let fill = |s: String| s.replace("{DATA}", &self.data().to_string_lossy()).replace("{EXTRA_HOSTS}", &extra);
-        copy_tree(&src.join("_common"), &dst)?;
-        copy_tree(&src.join(name), &dst)?;
-        let manifest = dst.join("germline.toml");
+        let fill = |s: String| {
+            s.replace("{DATA}", &self.data().to_string_lossy()).replace("{EXTRA_HOSTS}", &extra).replace("{NAME}", name)
+        };
+        copy_tree(&src.join("_common"), &stage)?;
+        copy_tree(&src.join(name), &stage)?;
+        let manifest = stage.join("germline.toml");
         let text = std::fs::read_to_string(&manifest).map_err(io_err("manifest"))?;
         std::fs::write(&manifest, fill(text)).map_err(io_err("manifest"))?;
-        Ok(dst)
+        let adm = |e: germline_admission::AdmissionError| ExecutorError::Call(format!("signing {name}: {e}"));
+        let archive = self.dir.path().join(format!("{name}.tar.gz"));
+        build_release_archive(&stage, &archive, &BuildOptions::default()).map_err(adm)?;
+        let now = Timestamp::now();
+        self.publisher.add_target(&archive, None, now).map_err(adm)?;
+        let req = TufAdmission::new(self.publisher.repo_dir().display().to_string(), self.pinned_root.clone(), name);
+        let admitted = self.store.admit_tuf(&req, &NoGermlineCheckPlaceholder).map_err(adm)?;
+        Ok(SignedRelease { dir: admitted.dir, hash: admitted.hash.to_string() })
     }
 
     /// The policy: documents labelled by directory, credentials `creds`, destination and
