@@ -42,7 +42,7 @@ pub struct ExistenceArgs {
 }
 
 fn python() -> anyhow::Result<PythonRuntime> {
-    let home = std::env::temp_dir().join(format!("germline-eval-shim-{}", std::process::id()));
+    let home = std::env::temp_dir().join("germline-eval-shim");
     Ok(PythonRuntime::discover(&home)?)
 }
 
