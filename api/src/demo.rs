@@ -187,11 +187,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<i32> {
     );
     let mut germline_leaked = true;
     for kind in [RuntimeKind::SigPin, RuntimeKind::NoSplit, RuntimeKind::Germline] {
-        let name = match kind {
-            RuntimeKind::SigPin => "sig-pin",
-            RuntimeKind::NoSplit => "nosplit",
-            RuntimeKind::Germline => "germline",
-        };
+        let name = kind.name();
         let mut rt = Runtime::start(kind, &rel, policy.clone(), python.clone())?;
         let _ = sink.take();
         let (mut copies, mut triggers, mut label) = (0, 0, String::from("-"));

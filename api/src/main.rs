@@ -15,6 +15,10 @@ use clap::{Parser, Subcommand};
 mod admission_cli;
 // --- end admission commands ---
 
+// --- eval commands ---
+mod eval_cmd;
+// --- end eval commands ---
+
 /// Runs signed MCP tool releases so that each destination sees only what it is cleared for.
 #[derive(Parser)]
 #[command(name = "germline", version)]
@@ -52,6 +56,11 @@ enum Command {
     #[command(flatten)]
     Admission(admission_cli::AdmissionCommand),
     // --- end admission commands ---
+    // --- eval commands ---
+    /// Attack matrix and existence-bit test (`germline eval matrix|existence-bit`).
+    #[command(subcommand)]
+    Eval(eval_cmd::EvalCommand),
+    // --- end eval commands ---
 }
 
 fn main() -> anyhow::Result<()> {
@@ -95,6 +104,11 @@ fn main() -> anyhow::Result<()> {
             admission_cli::run(cmd)?;
             0
         } // --- end admission commands ---
+        // --- eval commands ---
+        Command::Eval(cmd) => {
+            eval_cmd::run(cmd)?;
+            0
+        } // --- end eval commands ---
     };
     std::process::exit(code);
 }

@@ -8,6 +8,7 @@
 //! pure functions in `germline-model`; this crate is the thin shell of processes and
 //! sockets around them.
 
+pub mod baselines;
 pub mod broker;
 pub mod ca;
 pub mod call;

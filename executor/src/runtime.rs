@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::str::FromStr;
 
+use crate::baselines::{IfcMode, IfcRuntime};
 use crate::call::{CallOutcome, CallRequest, GermlineRuntime, Splitting};
 use crate::germline::PythonRuntime;
 use crate::policy::Policy;
@@ -18,6 +19,36 @@ pub enum RuntimeKind {
     SigPin,
     /// germline with one copy holding every item ("splitting off").
     NoSplit,
+    /// sig-pin plus per-call output labels from the call's own inputs.
+    SigIfc,
+    /// sig-ifc confined: read-only file system to declared paths, egress allowlist.
+    ConfinedIfc,
+    /// confined-ifc with a fresh process per call.
+    FreshIfc,
+}
+
+impl RuntimeKind {
+    /// Every runtime, weakest first.
+    pub const ALL: [RuntimeKind; 6] = [
+        RuntimeKind::SigPin,
+        RuntimeKind::SigIfc,
+        RuntimeKind::ConfinedIfc,
+        RuntimeKind::FreshIfc,
+        RuntimeKind::NoSplit,
+        RuntimeKind::Germline,
+    ];
+
+    /// The name `--runtime` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeKind::Germline => "germline",
+            RuntimeKind::SigPin => "sig-pin",
+            RuntimeKind::NoSplit => "nosplit",
+            RuntimeKind::SigIfc => "sig-ifc",
+            RuntimeKind::ConfinedIfc => "confined-ifc",
+            RuntimeKind::FreshIfc => "fresh-ifc",
+        }
+    }
 }
 
 impl FromStr for RuntimeKind {
@@ -27,7 +58,10 @@ impl FromStr for RuntimeKind {
             "germline" => Ok(RuntimeKind::Germline),
             "sig-pin" => Ok(RuntimeKind::SigPin),
             "nosplit" => Ok(RuntimeKind::NoSplit),
-            _ => Err(format!("unknown runtime {s:?} (germline, sig-pin, nosplit)")),
+            "sig-ifc" => Ok(RuntimeKind::SigIfc),
+            "confined-ifc" => Ok(RuntimeKind::ConfinedIfc),
+            "fresh-ifc" => Ok(RuntimeKind::FreshIfc),
+            _ => Err(format!("unknown runtime {s:?} (germline, sig-pin, nosplit, sig-ifc, confined-ifc, fresh-ifc)")),
         }
     }
 }
@@ -38,6 +72,8 @@ pub enum Runtime {
     Germline(Box<GermlineRuntime>),
     /// See [`RuntimeKind::SigPin`].
     SigPin(Box<SigPinRuntime>),
+    /// See [`RuntimeKind::SigIfc`], [`RuntimeKind::ConfinedIfc`], [`RuntimeKind::FreshIfc`].
+    Ifc(Box<IfcRuntime>),
 }
 
 impl Runtime {
@@ -56,6 +92,15 @@ impl Runtime {
                 Runtime::Germline(Box::new(GermlineRuntime::start(release_dir, policy, python, Splitting::None)?))
             }
             RuntimeKind::SigPin => Runtime::SigPin(Box::new(SigPinRuntime::start(release_dir, policy, &python)?)),
+            RuntimeKind::SigIfc => {
+                Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Sig, release_dir, policy, python)?))
+            }
+            RuntimeKind::ConfinedIfc => {
+                Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Confined, release_dir, policy, python)?))
+            }
+            RuntimeKind::FreshIfc => {
+                Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Fresh, release_dir, policy, python)?))
+            }
         })
     }
 
@@ -71,6 +116,7 @@ impl Runtime {
         match self {
             Runtime::Germline(g) => g.list_tools(),
             Runtime::SigPin(s) => s.list_tools(),
+            Runtime::Ifc(s) => s.list_tools(),
         }
     }
 
@@ -79,6 +125,7 @@ impl Runtime {
         match self {
             Runtime::Germline(g) => g.call(req),
             Runtime::SigPin(s) => s.call(req),
+            Runtime::Ifc(s) => s.call(req),
         }
     }
 }

@@ -24,6 +24,7 @@
 //! assert_eq!(found.len(), 1);
 //! ```
 
+pub mod eval;
 pub mod oracle;
 pub mod sink;
 pub mod world;

@@ -1,0 +1,71 @@
+//! `germline eval`: the attack matrix and the existence-bit test.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use germline_executor::germline::PythonRuntime;
+use germline_executor::runtime::RuntimeKind;
+use germline_tests::eval::{run_existence_bit, run_matrix, MatrixOptions};
+
+/// `germline eval ...`
+#[derive(Subcommand)]
+pub enum EvalCommand {
+    /// Every attack variant under every runtime: disclosing runs per cell, JSON + SVG.
+    Matrix(MatrixArgs),
+    /// The 64-bit existence-bit test under lazy (simulated) and declared splitting.
+    ExistenceBit(ExistenceArgs),
+}
+
+/// Options of `eval matrix`.
+#[derive(Args)]
+pub struct MatrixArgs {
+    /// Trials per cell.
+    #[arg(long, default_value_t = 3)]
+    trials: usize,
+    /// Runtimes to run (default: all).
+    #[arg(long = "runtime")]
+    runtimes: Vec<RuntimeKind>,
+    /// Variants to run (default: all).
+    #[arg(long = "variant")]
+    variants: Vec<String>,
+    /// Where to write the JSON result (the SVG goes next to it).
+    #[arg(long, default_value = "eval-matrix.json")]
+    out: PathBuf,
+}
+
+/// Options of `eval existence-bit`.
+#[derive(Args)]
+pub struct ExistenceArgs {
+    /// Where to write the JSON result.
+    #[arg(long, default_value = "eval-existence-bit.json")]
+    out: PathBuf,
+}
+
+fn python() -> anyhow::Result<PythonRuntime> {
+    let home = std::env::temp_dir().join("germline-eval-shim");
+    Ok(PythonRuntime::discover(&home)?)
+}
+
+/// Runs an eval command.
+pub fn run(cmd: EvalCommand) -> anyhow::Result<()> {
+    match cmd {
+        EvalCommand::Matrix(a) => {
+            let m = run_matrix(
+                &MatrixOptions { trials: a.trials, runtimes: a.runtimes, variants: a.variants },
+                &python()?,
+            )?;
+            print!("{}", m.render_text());
+            std::fs::write(&a.out, serde_json::to_vec_pretty(&m)?)?;
+            let svg = a.out.with_extension("svg");
+            std::fs::write(&svg, m.render_svg())?;
+            println!("wrote {} and {}", a.out.display(), svg.display());
+        }
+        EvalCommand::ExistenceBit(a) => {
+            let r = run_existence_bit(&python()?)?;
+            print!("{}", r.render_text());
+            std::fs::write(&a.out, serde_json::to_vec_pretty(&r)?)?;
+            println!("wrote {}", a.out.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,6 @@
+"""Benign docs server."""
+import docsbase
+
+
+def create_server():
+    return docsbase.create()
