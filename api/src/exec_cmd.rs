@@ -20,8 +20,10 @@ pub struct RunTarget {
     /// The deployer's policy file (TOML).
     #[arg(long)]
     pub policy: PathBuf,
-    /// `germline` (default), `nosplit` (one copy, splitting off) or `sig-pin` (one
-    /// long-lived unprotected process).
+    /// `germline` (default); baselines: `nosplit` (one copy, splitting off), `sig-pin`
+    /// (one long-lived unprotected process), `sig-ifc` (+ per-call labels),
+    /// `confined-ifc` (+ egress allowlist, read-only files), `fresh-ifc` (+ fresh process
+    /// per call).
     #[arg(long, default_value = "germline")]
     pub runtime: RuntimeKind,
     /// Where triggers are appended as JSON lines [default: $GERMLINE_DATA_DIR/triggers.jsonl,
