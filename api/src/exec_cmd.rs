@@ -92,7 +92,7 @@ impl Host {
                 germline_ledger::Ledger::open(data_dir().join("ledger"), germline_ledger::LedgerConfig::default())
                     .context("opening the ledger")?,
             ),
-            Runtime::SigPin(_) => None,
+            _ => None,
         };
         Ok(Host { rt, ledger })
     }

@@ -14,7 +14,7 @@ use serde_json::json;
 fn germline(rt: &mut Runtime) -> &mut GermlineRuntime {
     match rt {
         Runtime::Germline(g) => g,
-        Runtime::SigPin(_) => panic!("not a germline runtime"),
+        _ => panic!("not a germline runtime"),
     }
 }
 
