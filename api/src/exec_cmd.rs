@@ -135,14 +135,22 @@ impl Host {
         let mut event =
             if outcome.triggers.is_empty() { germline_ledger::Event::None } else { germline_ledger::Event::Unverified };
         for w in &witnessed {
-            // Ledger entries are bounded (C2SP bundles use 16-bit lengths): a large witness
-            // is logged by hash and path; the file itself is kept beside the ledger.
-            let body = if w.bytes.len() <= 60_000 {
-                w.bytes.clone()
-            } else {
-                use sha2::Digest;
+            // Ledger entries are JSON and bounded (C2SP bundles use 16-bit lengths): the
+            // witness travels base64-encoded, or by hash and path when it is large (the
+            // file itself is kept beside the ledger).
+            use base64::Engine;
+            use sha2::Digest;
+            let sha = hex::encode(sha2::Sha256::digest(&w.bytes));
+            let body = if w.bytes.len() <= 45_000 {
                 serde_json::to_vec(&serde_json::json!({
-                    "witness_sha256": hex::encode(sha2::Sha256::digest(&w.bytes)),
+                    "format": "germline-witness v1",
+                    "witness_sha256": sha,
+                    "witness": base64::engine::general_purpose::STANDARD.encode(&w.bytes),
+                }))?
+            } else {
+                serde_json::to_vec(&serde_json::json!({
+                    "format": "germline-witness v1",
+                    "witness_sha256": sha,
                     "path": w.path,
                 }))?
             };
