@@ -276,7 +276,7 @@ fn start_site() -> std::net::SocketAddr {
 
 /// Plain HTTP through the broker; HTTPS with real TLS waits for the broker's HTTPS relay.
 #[test]
-#[ignore = "diverges from the unprotected server since the HTTPS broker merge (issue 4, open); run with --ignored"]
+#[ignore = "the unprotected (sig-pin) fetch server exits on its second call since the HTTPS relay merge, while germline answers; issue 4 stays open; run with --ignored"]
 fn mcp_server_fetch_matches_unprotected_over_plain_http() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
