@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 need_apt=()
-for pkg in libclang-dev clang iproute2 git python3 python3-venv util-linux; do
+for pkg in libclang-dev clang g++ iproute2 git sqlite3 python3 python3-venv util-linux; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
