@@ -2,28 +2,10 @@
 //! calls; one that declared determinism is suppressed by one verified witness; a
 //! suppressed release's calls are refused with the penalty and witnesses named.
 
-use std::io::Read;
-use std::net::TcpListener;
+mod common;
+
 use std::path::Path;
 use std::process::Command;
-
-fn sink() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in l.incoming().take(200).flatten() {
-            let mut c = c;
-            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-            let mut buf = [0u8; 65536];
-            let _ = c.read(&mut buf);
-            let _ = std::io::Write::write_all(
-                &mut c,
-                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-            );
-        }
-    });
-    port
-}
 
 fn session(dir: &Path, declared: bool, calls: usize) -> Vec<serde_json::Value> {
     let items = dir.join("items");
@@ -49,7 +31,7 @@ fn session(dir: &Path, declared: bool, calls: usize) -> Vec<serde_json::Value> {
         format!(
             "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
             i = items.display(),
-            p = sink()
+            p = common::ok_sink(200)
         ),
     )
     .unwrap();

@@ -2,8 +2,8 @@
 //! directory and checked there by `germline verify` alone, reproduce the verdict; an
 //! edited witness or a different release is rejected.
 
-use std::io::Read;
-use std::net::TcpListener;
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -17,25 +17,6 @@ fn germline(args: &[&str], cwd: &Path, data: &Path) -> (bool, String) {
         .output()
         .expect("run germline");
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
-
-/// A loopback OCR stand-in answering 200 to everything, for a bounded number of requests.
-fn sink() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in l.incoming().take(64).flatten() {
-            let mut c = c;
-            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-            let mut buf = [0u8; 65536];
-            let _ = c.read(&mut buf);
-            let _ = std::io::Write::write_all(
-                &mut c,
-                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
-            );
-        }
-    });
-    port
 }
 
 #[test]
@@ -68,7 +49,7 @@ fn a_witness_reproduces_offline_and_edits_are_rejected() {
         format!(
             "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
             i = items.display(),
-            p = sink()
+            p = common::ok_sink(64)
         ),
     )
     .unwrap();
