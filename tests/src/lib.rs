@@ -30,4 +30,4 @@ pub mod sink;
 pub mod world;
 
 pub use oracle::{discloses, Canary, Disclosure, Encoding, Layer, Oracle};
-pub use sink::{HttpsSink, RecordedRequest, Sink, SinkBehaviour, TestCa};
+pub use sink::{HttpsSink, RecordedRequest, Sink, SinkBehaviour, TestCa, TlsFront};

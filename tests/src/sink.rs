@@ -22,6 +22,9 @@ pub const MAX_CONNECTION_BYTES: usize = 16 << 20;
 pub const MAX_SINK_BYTES: usize = 256 << 20;
 /// Most connections served at once; further peers wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 32;
+/// Most TLS connections a [`TlsFront`] serves at once (idle ones linger for
+/// [`IDLE_TIMEOUT`]); further peers wait in the listen backlog.
+pub const MAX_TLS_CONNECTIONS: usize = 256;
 /// Longest request head (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
 /// Longest delay [`SinkBehaviour::Slow`] honours.
@@ -728,15 +731,76 @@ impl TestCa {
     }
 }
 
-/// A loopback HTTPS destination: TLS in front of a plain [`Sink`] (reached through
-/// `Deref`), which records the decrypted bytes exactly as for HTTP. A peer that fails
-/// the handshake gets nothing through, so the inner sink sees no connection at all.
-pub struct HttpsSink {
-    sink: Sink,
+/// TLS on a loopback port in front of any plain HTTP address: each connection is
+/// decrypted into its own plain connection to the inner address. A peer that fails the
+/// handshake gets nothing through, so the inner server sees no connection at all.
+pub struct TlsFront {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     handshakes: Arc<AtomicUsize>,
     acceptor: Option<JoinHandle<()>>,
+}
+
+impl TlsFront {
+    /// Starts a TLS front on `127.0.0.1` presenting `config` (see [`TestCa::server_config`])
+    /// for the plain server at `inner`.
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound: the test cannot run.
+    pub fn start(inner: SocketAddr, config: Arc<rustls::ServerConfig>) -> TlsFront {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind TLS front");
+        let addr = listener.local_addr().expect("TLS front address");
+        listener.set_nonblocking(true).expect("nonblocking listener");
+        let stop = Arc::new(AtomicBool::new(false));
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let acceptor = {
+            let (stop, handshakes) = (stop.clone(), handshakes.clone());
+            thread::spawn(move || {
+                let mut workers: Vec<JoinHandle<()>> = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    workers.retain(|w| !w.is_finished());
+                    match listener.accept() {
+                        Ok((tcp, _)) if workers.len() < MAX_TLS_CONNECTIONS => {
+                            let (stop, handshakes, cfg) = (stop.clone(), handshakes.clone(), config.clone());
+                            workers.push(thread::spawn(move || tls_front(tcp, cfg, inner, &stop, &handshakes)));
+                        }
+                        _ => thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+                for w in workers {
+                    let _ = w.join();
+                }
+            })
+        };
+        TlsFront { addr, stop, handshakes, acceptor: Some(acceptor) }
+    }
+
+    /// The TLS address to point a policy host override at.
+    pub fn tls_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many TLS handshakes completed.
+    pub fn handshakes(&self) -> usize {
+        self.handshakes.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// A loopback HTTPS destination: a [`TlsFront`] before a plain [`Sink`] (reached through
+/// `Deref`), which records the decrypted bytes exactly as for HTTP.
+pub struct HttpsSink {
+    sink: Sink,
+    front: TlsFront,
 }
 
 impl std::ops::Deref for HttpsSink {
@@ -754,49 +818,18 @@ impl HttpsSink {
     /// When no loopback port can be bound: the test cannot run.
     pub fn start(behaviour: SinkBehaviour, config: Arc<rustls::ServerConfig>) -> HttpsSink {
         let sink = Sink::start(behaviour);
-        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind HTTPS sink");
-        let addr = listener.local_addr().expect("HTTPS sink address");
-        listener.set_nonblocking(true).expect("nonblocking listener");
-        let stop = Arc::new(AtomicBool::new(false));
-        let handshakes = Arc::new(AtomicUsize::new(0));
-        let acceptor = {
-            let (stop, handshakes, inner) = (stop.clone(), handshakes.clone(), sink.addr());
-            thread::spawn(move || {
-                let mut workers: Vec<JoinHandle<()>> = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((tcp, _)) if workers.len() < 1024 => {
-                            let (stop, handshakes, cfg) = (stop.clone(), handshakes.clone(), config.clone());
-                            workers.push(thread::spawn(move || tls_front(tcp, cfg, inner, &stop, &handshakes)));
-                        }
-                        _ => thread::sleep(Duration::from_millis(5)),
-                    }
-                }
-                for w in workers {
-                    let _ = w.join();
-                }
-            })
-        };
-        HttpsSink { sink, addr, stop, handshakes, acceptor: Some(acceptor) }
+        let front = TlsFront::start(sink.addr(), config);
+        HttpsSink { sink, front }
     }
 
     /// The TLS address to point a policy host override at.
     pub fn tls_addr(&self) -> SocketAddr {
-        self.addr
+        self.front.tls_addr()
     }
 
     /// How many TLS handshakes completed.
     pub fn handshakes(&self) -> usize {
-        self.handshakes.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for HttpsSink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
-        }
+        self.front.handshakes()
     }
 }
 

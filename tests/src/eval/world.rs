@@ -34,9 +34,13 @@ pub const DESTINATIONS: [(&str, &[&str]); 6] = [
 pub const CONSUMERS: [(&str, &[&str]); 2] =
     [("agent", &["hr", "board", "finance", "projx", "public"]), ("public", &["public"])];
 
-/// The directory holding the attack corpus (`tests/attacks`).
+/// The directory holding the attack corpus: `GERMLINE_ATTACKS_DIR`, else `tests/attacks`
+/// of the source tree the binary was built from.
 pub fn attacks_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks")
+    match std::env::var_os("GERMLINE_ATTACKS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks"),
+    }
 }
 
 /// A generated world on disk, with the publisher's TUF repository and the host's
@@ -119,6 +123,12 @@ impl EvalWorld {
     /// germline runtime's own start-up step, and the baselines do not have it.
     pub fn instantiate(&self, name: &str, extra_hosts: &[&str]) -> Result<SignedRelease, ExecutorError> {
         let src = attacks_dir();
+        if !src.join(name).is_dir() {
+            return Err(ExecutorError::Call(format!(
+                "attack release {name} not found in {} (set GERMLINE_ATTACKS_DIR to the source tree's tests/attacks)",
+                src.display()
+            )));
+        }
         let stage = self.dir.path().join(format!("src-{name}"));
         let extra: String = extra_hosts.iter().map(|h| format!(", \"{h}\"")).collect();
         let fill = |s: String| {
