@@ -17,7 +17,7 @@ use std::io::{self, BufReader, Write};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -232,21 +232,7 @@ impl ConfinedServer {
         for tool in manifest.tools.values() {
             readable.extend(tool.read_paths.iter().filter_map(|g| glob_root(g)));
         }
-        let proxy = format!("http://127.0.0.1:{port}");
-        let mut cmd = Command::new(&runtime.python);
-        cmd.arg("-I")
-            .arg(runtime.shim_dir.join("germline_host.py"))
-            .arg("serve")
-            .arg(release_dir)
-            .current_dir(release_dir)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
-            cmd.env(var, &proxy);
-        }
-        cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+        let mut cmd = crate::sigpin::server_command(runtime, release_dir, port);
         let mut ruleset = Some(readonly_ruleset(&readable, port)?);
         // SAFETY: runs in the forked child before exec; `restrict_self` is a prctl and a
         // landlock syscall on a ruleset fd built in the parent.

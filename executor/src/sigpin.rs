@@ -46,21 +46,7 @@ impl SigPinRuntime {
             let (stop, policy) = (stop.clone(), policy.clone());
             thread::spawn(move || relay_loop(listener, &stop, &policy))
         };
-        let proxy = format!("http://127.0.0.1:{port}");
-        let mut cmd = Command::new(&runtime.python);
-        cmd.arg("-I")
-            .arg(runtime.shim_dir.join("germline_host.py"))
-            .arg("serve")
-            .arg(release_dir)
-            .current_dir(release_dir)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
-            cmd.env(var, &proxy);
-        }
-        cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+        let mut cmd = server_command(runtime, release_dir, port);
         for var in crate::tls::CA_TRUST_VARS {
             cmd.env(var, tls.ca_cert_path());
         }
@@ -128,6 +114,27 @@ impl Drop for SigPinRuntime {
             let _ = r.join();
         }
     }
+}
+
+/// The command of a long-lived server process for the baselines: the tool host in
+/// `serve` mode on stdio, with every proxy variable pointing at the relay on `port`.
+pub(crate) fn server_command(runtime: &PythonRuntime, release_dir: &Path, port: u16) -> Command {
+    let proxy = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new(&runtime.python);
+    cmd.arg("-I")
+        .arg(runtime.shim_dir.join("germline_host.py"))
+        .arg("serve")
+        .arg(release_dir)
+        .current_dir(release_dir)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
+        cmd.env(var, &proxy);
+    }
+    cmd.env_remove("NO_PROXY").env_remove("no_proxy");
+    cmd
 }
 
 fn relay_loop(listener: TcpListener, stop: &AtomicBool, policy: &Policy) {
