@@ -284,16 +284,15 @@ def _connect_channel(port, budget=10.0):
 _real_sleep = time.sleep
 
 
-def _read_line(sock, limit=64 << 20):
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            raise EOFError("broker closed the channel")
-        buf += chunk
-        if len(buf) > limit:
+def _read_line(rfile, limit=64 << 20):
+    """One newline-terminated line from the buffered channel (what follows stays buffered
+    for the MCP loop that reads the same file)."""
+    line = rfile.readline(limit + 1)
+    if not line.endswith(b"\n"):
+        if len(line) > limit:
             raise ValueError("preamble too large")
-    return bytes(buf)
+        raise EOFError("broker closed the channel")
+    return line
 
 
 def _landlock_copy_layer():
@@ -346,7 +345,8 @@ def _run_copy(server):
     _landlock_copy_layer()
     chan = _connect_channel(CHANNEL_PORT)
     t1 = _real["perf_counter"]()
-    preamble = json.loads(_read_line(chan))
+    rfile = chan.makefile("rb")
+    preamble = json.loads(_read_line(rfile))
     if preamble.get("twin") is None:
         # Twin inputs switched off (a test of what they do): real clock and entropy.
         _twin.active = False
@@ -359,7 +359,6 @@ def _run_copy(server):
     germline_slot._attach(preamble.get("slot", {}), lambda: _connect_channel(SLOT_PORT))
     for k, v in preamble.get("env", {}).items():
         os.environ[k] = v
-    rfile = chan.makefile("rb")
     wfile = chan.makefile("wb")
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
     sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8", write_through=True)
