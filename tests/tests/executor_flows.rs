@@ -4,7 +4,7 @@
 use germline_executor::runtime::RuntimeKind;
 use germline_tests::oracle::Oracle;
 use germline_tests::sink::{Sink, SinkBehaviour};
-use germline_tests::world::{label_tags, request, result_text, World};
+use germline_tests::world::{label_tags, request, result_text, MixingCase, World};
 use serde_json::json;
 
 const STASH: &str = r#"
@@ -55,29 +55,13 @@ fn cross_call_carry_over_discloses_under_sig_pin_and_not_under_germline() {
     }
 }
 
-const MIXER: &str = r#"
-def create_server():
-    m = FastMCP("ocr")
-    @m.tool()
-    def scan(document: str, others: list[str]) -> str:
-        text = open(document).read()
-        extra = [open(o).read() for o in others]
-        status, body = post("http://ocr.example/scan", "\n".join([text] + extra))
-        return "\n".join(["ocr %d %s" % (status, body), text] + extra)
-    return m
-"#;
-
 #[test]
 fn within_call_mixing_is_split_away() {
     for (kind, copies, expect_disclosure) in [(RuntimeKind::NoSplit, 1, true), (RuntimeKind::Germline, 2, false)] {
         let w = World::new();
         let mut oracle = Oracle::new();
-        let fin = oracle.plant(&["finance"]);
-        let hr = oracle.plant(&["hr"]);
-        let invoice = w.item("finance", "invoice.txt", &format!("invoice {}", fin.as_str()));
-        let payslip = w.item("hr", "payslip.txt", &format!("payslip {}", hr.as_str()));
+        let MixingCase { fin, hr, invoice, payslip, release: rel } = w.mixing_case(&mut oracle, "http");
         let sink = Sink::start(SinkBehaviour::default());
-        let rel = w.release("mixer", "[tools.scan]\nhosts = [\"ocr.example\"]\n", MIXER);
         let policy =
             w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();

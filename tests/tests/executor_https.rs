@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use germline_executor::runtime::RuntimeKind;
 use germline_tests::oracle::Oracle;
 use germline_tests::sink::{HttpsSink, SinkBehaviour, TestCa};
-use germline_tests::world::{label_tags, request, result_text, World};
+use germline_tests::world::{label_tags, request, result_text, MixingCase, World};
 use serde_json::json;
 
 /// `[tls]` policy text trusting the test CA written into the world.
@@ -167,30 +167,14 @@ def create_server():
     }
 }
 
-const MIXER: &str = r#"
-def create_server():
-    m = FastMCP("ocr")
-    @m.tool()
-    def scan(document: str, others: list[str]) -> str:
-        text = open(document).read()
-        extra = [open(o).read() for o in others]
-        status, body = post("https://ocr.example/scan", "\n".join([text] + extra))
-        return "\n".join(["ocr %d %s" % (status, body), text] + extra)
-    return m
-"#;
-
 #[test]
 fn within_call_mixing_over_https_is_split_away() {
     for (kind, copies, expect_disclosure) in [(RuntimeKind::NoSplit, 1, true), (RuntimeKind::Germline, 2, false)] {
         let w = World::new();
         let ca = TestCa::new("test CA");
         let mut oracle = Oracle::new();
-        let fin = oracle.plant(&["finance"]);
-        let hr = oracle.plant(&["hr"]);
-        let invoice = w.item("finance", "invoice.txt", &format!("invoice {}", fin.as_str()));
-        let payslip = w.item("hr", "payslip.txt", &format!("payslip {}", hr.as_str()));
+        let MixingCase { fin, hr, invoice, payslip, release: rel } = w.mixing_case(&mut oracle, "https");
         let sink = HttpsSink::start(SinkBehaviour::default(), ca.server_config(&["ocr.example"]));
-        let rel = w.release("mixer", "[tools.scan]\nhosts = [\"ocr.example\"]\n", MIXER);
         let policy = w.policy(
             &[("ocr.example", &["finance"], Some(sink.tls_addr()))],
             &[("agent", &["finance", "hr"])],
