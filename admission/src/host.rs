@@ -31,12 +31,14 @@ pub trait GermlineCheck {
     fn check(&self, release_dir: &Path) -> std::result::Result<(), String>;
 }
 
-/// PLACEHOLDER until the executor's G1–G3 check is wired in: accepts every release.
-/// Only for the CLI scaffolding and tests that are not about the germline.
+/// Admission without the germline check, for callers that run G1–G3 elsewhere or not at
+/// all: the attack evaluation (its germline runtime checks at start; its baselines have
+/// no germline) and tests of TUF and Sigstore verification alone. Hosts admit with the
+/// executor's check (`germline admit` does).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoGermlineCheckPlaceholder;
+pub struct NoGermlineCheck;
 
-impl GermlineCheck for NoGermlineCheckPlaceholder {
+impl GermlineCheck for NoGermlineCheck {
     fn check(&self, _release_dir: &Path) -> std::result::Result<(), String> {
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use germline_admission::{InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, TufAdmission};
+use germline_admission::{InitOptions, NoGermlineCheck, PublisherRepo, ReleaseStore, TufAdmission};
 
 /// Writes a consistent-snapshot repository with python-tuf's Metadata API.
 const PY_PUBLISH: &str = r#"
@@ -86,13 +86,13 @@ fn python_tuf_repository_is_admitted_by_germline() {
     let store = ReleaseStore::open(tmp.path().join("store")).expect("store");
 
     let from_dir = TufAdmission::new(repo.display().to_string(), root.clone(), "notes");
-    let admitted = store.admit_tuf(&from_dir, &NoGermlineCheckPlaceholder).expect("admitted from dir");
+    let admitted = store.admit_tuf(&from_dir, &NoGermlineCheck).expect("admitted from dir");
     assert_eq!(admitted.hash, built.hash);
     assert_eq!(admitted.info.version, "2.0.0");
 
     let url = common::serve_dir(repo.clone(), 64);
     let over_http = TufAdmission::new(url, root, "notes-2.0.0.tar.gz");
-    store.admit_tuf(&over_http, &NoGermlineCheckPlaceholder).expect("admitted over http");
+    store.admit_tuf(&over_http, &NoGermlineCheck).expect("admitted over http");
 }
 
 #[test]

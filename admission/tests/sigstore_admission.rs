@@ -4,7 +4,7 @@ mod common;
 
 use base64::Engine;
 use germline_admission::sigstore::{SignerPolicy, TrustedRootChoice};
-use germline_admission::{AdmissionError, ArchiveLimits, NoGermlineCheckPlaceholder, ReleaseStore};
+use germline_admission::{AdmissionError, ArchiveLimits, NoGermlineCheck, ReleaseStore};
 use sigstore_verify::crypto::KeyPair;
 
 #[test]
@@ -20,7 +20,7 @@ fn cosign_signed_release_is_admitted_and_a_tampered_one_refused() {
     let limits = ArchiveLimits::default();
 
     let admitted = store
-        .admit_sigstore(&archive, &sig_path, &policy, &TrustedRootChoice::Default, &limits, &NoGermlineCheckPlaceholder)
+        .admit_sigstore(&archive, &sig_path, &policy, &TrustedRootChoice::Default, &limits, &NoGermlineCheck)
         .expect("admitted");
     assert_eq!(admitted.hash, built.hash);
     assert!(store.is_admitted(&built.hash));
@@ -30,14 +30,7 @@ fn cosign_signed_release_is_admitted_and_a_tampered_one_refused() {
     let tampered = tmp.path().join("tampered.tar.gz");
     std::fs::write(&tampered, bytes).expect("write");
     let err = store
-        .admit_sigstore(
-            &tampered,
-            &sig_path,
-            &policy,
-            &TrustedRootChoice::Default,
-            &limits,
-            &NoGermlineCheckPlaceholder,
-        )
+        .admit_sigstore(&tampered, &sig_path, &policy, &TrustedRootChoice::Default, &limits, &NoGermlineCheck)
         .expect_err("refused");
     assert!(matches!(err, AdmissionError::BadSignature(_)), "{err}");
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use germline_admission::publish::{sign_metadata, TufKey};
 use germline_admission::{
-    AdmissionError, GermlineCheck, InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore, TufAdmission,
+    AdmissionError, GermlineCheck, InitOptions, NoGermlineCheck, PublisherRepo, ReleaseStore, TufAdmission,
 };
 
 struct Fixture {
@@ -34,7 +34,7 @@ impl Fixture {
     fn admit_at(&self, now: jiff::Timestamp) -> Result<germline_admission::AdmittedRelease, AdmissionError> {
         let store = ReleaseStore::open(&self.store_dir).expect("store");
         let req = TufAdmission::new(self.repo.repo_dir().display().to_string(), self.root.clone(), "notes").at(now);
-        store.admit_tuf(&req, &NoGermlineCheckPlaceholder)
+        store.admit_tuf(&req, &NoGermlineCheck)
     }
 
     fn admit(&self) -> Result<germline_admission::AdmittedRelease, AdmissionError> {
@@ -67,7 +67,7 @@ fn published_release_is_admitted_from_dir_and_over_http() {
 
     let url = common::serve_dir(f.repo.repo_dir().to_path_buf(), 64);
     let req = TufAdmission::new(url, f.root.clone(), "notes-1.0.0.tar.gz");
-    let again = store.admit_tuf(&req, &NoGermlineCheckPlaceholder).expect("admitted over http");
+    let again = store.admit_tuf(&req, &NoGermlineCheck).expect("admitted over http");
     assert_eq!(again.hash, admitted.hash);
 }
 

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use germline_admission::{
-    build_release_archive, BuildOptions, InitOptions, NoGermlineCheckPlaceholder, PublisherRepo, ReleaseStore,
-    Timestamp, TufAdmission,
+    build_release_archive, BuildOptions, InitOptions, NoGermlineCheck, PublisherRepo, ReleaseStore, Timestamp,
+    TufAdmission,
 };
 use germline_executor::policy::Policy;
 use germline_executor::ExecutorError;
@@ -145,7 +145,7 @@ impl EvalWorld {
         let now = Timestamp::now();
         self.publisher.add_target(&archive, None, now).map_err(adm)?;
         let req = TufAdmission::new(self.publisher.repo_dir().display().to_string(), self.pinned_root.clone(), name);
-        let admitted = self.store.admit_tuf(&req, &NoGermlineCheckPlaceholder).map_err(adm)?;
+        let admitted = self.store.admit_tuf(&req, &NoGermlineCheck).map_err(adm)?;
         Ok(SignedRelease { dir: admitted.dir, hash: admitted.hash.to_string() })
     }
 
