@@ -238,7 +238,7 @@ impl GermlineCheck for ExecutorGermlineCheck {
     }
 }
 
-fn germline_check() -> Box<dyn GermlineCheck> {
+pub(crate) fn germline_check() -> Box<dyn GermlineCheck> {
     Box::new(ExecutorGermlineCheck)
 }
 
