@@ -21,6 +21,8 @@ pub enum ApiError {
     BadRequest(String),
     /// No or wrong bearer token (401).
     Unauthorized(&'static str),
+    /// Authenticated but not allowed by configuration (403).
+    Forbidden(String),
     /// No such release, entry or checkpoint (404).
     NotFound(String),
     /// The release refuses calls: suppressed, or its germline failed G1–G3 (409).
@@ -44,6 +46,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Refused(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -66,6 +69,7 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthorized(m) => m.to_owned(),
             ApiError::BadRequest(m)
+            | ApiError::Forbidden(m)
             | ApiError::NotFound(m)
             | ApiError::Refused(m)
             | ApiError::TooLarge(m)

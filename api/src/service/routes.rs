@@ -112,45 +112,70 @@ pub struct DampeningView {
 #[serde(deny_unknown_fields)]
 pub struct CallBody {
     /// Tool name.
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
     tool: String,
     /// Tool arguments.
     #[serde(default)]
     #[schema(value_type = Object)]
     arguments: Map<String, Value>,
-    /// Absolute paths of the call's file items (labelled by the deployer's policy).
+    /// Absolute paths of the call's file items (labelled by the deployer's policy); each
+    /// starts with `/`, has no NUL and at most 4096 characters.
     #[serde(default)]
-    #[schema(max_items = 256)]
+    #[schema(schema_with = item_paths_schema)]
     items: Vec<String>,
-    /// Consumers of the result (default `agent`).
+    /// Consumers of the result (default `agent`); each 1 to 128 characters without
+    /// control characters.
     #[serde(default)]
-    #[schema(max_items = 32)]
+    #[schema(schema_with = consumers_schema)]
     consumers: Vec<String>,
+}
+
+/// Matches strings without control characters (Unicode category Cc).
+const NO_CONTROL: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]+$";
+
+fn string_array(max_items: usize, max_length: usize, pattern: &str) -> utoipa::openapi::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(max_length))
+                .pattern(Some(pattern)),
+        )
+        .max_items(Some(max_items))
+        .build()
+}
+
+fn item_paths_schema() -> utoipa::openapi::Array {
+    string_array(MAX_ITEMS, MAX_PATH, "^/[^\\x00]*$")
+}
+
+fn consumers_schema() -> utoipa::openapi::Array {
+    string_array(MAX_CONSUMERS, MAX_NAME, NO_CONTROL)
 }
 
 impl CallBody {
     fn into_request(self) -> Result<CallRequest, ApiError> {
         let bad = |m: String| Err(ApiError::BadRequest(m));
-        if self.tool.is_empty() || self.tool.len() > MAX_TOOL_NAME || self.tool.chars().any(char::is_control) {
-            return bad(format!("tool must be 1 to {MAX_TOOL_NAME} bytes without control characters"));
+        if !plain_text(&self.tool, MAX_TOOL_NAME) {
+            return bad(format!("tool must be 1 to {MAX_TOOL_NAME} characters without control characters"));
         }
         if self.items.len() > MAX_ITEMS {
             return bad(format!("at most {MAX_ITEMS} items"));
         }
         let mut items = Vec::with_capacity(self.items.len());
         for i in self.items {
-            if !i.starts_with('/') || i.len() > MAX_PATH || i.contains('\0') {
-                return bad(format!("item {i:?} must be an absolute path without NUL, at most {MAX_PATH} bytes"));
+            if !i.starts_with('/') || i.chars().count() > MAX_PATH || i.contains('\0') {
+                return bad(format!("item {i:?} must be an absolute path without NUL, at most {MAX_PATH} characters"));
             }
             items.push(PathBuf::from(i));
         }
         if self.consumers.len() > MAX_CONSUMERS {
             return bad(format!("at most {MAX_CONSUMERS} consumers"));
         }
-        if let Some(c) =
-            self.consumers.iter().find(|c| c.is_empty() || c.len() > MAX_NAME || c.chars().any(char::is_control))
-        {
-            return bad(format!("consumer {c:?} must be 1 to {MAX_NAME} bytes without control characters"));
+        if let Some(c) = self.consumers.iter().find(|c| !plain_text(c, MAX_NAME)) {
+            return bad(format!("consumer {c:?} must be 1 to {MAX_NAME} characters without control characters"));
         }
         Ok(CallRequest { tool: self.tool, arguments: self.arguments, items, consumers: self.consumers })
     }
@@ -227,14 +252,14 @@ pub struct SessionResponse {
 #[serde(deny_unknown_fields)]
 pub struct TufAdmitBody {
     /// Repository: an absolute local directory, or an http(s) URL under a configured
-    /// `tuf_repo_urls` prefix.
-    #[schema(min_length = 1, max_length = 4096)]
+    /// `tuf_repo_urls` prefix (others are refused with 403).
+    #[schema(min_length = 1, max_length = 4096, pattern = "^(/|https?://)[^\\x00]*$")]
     repo: String,
     /// The pinned trust root (root.json text) this host was provisioned with.
     #[schema(min_length = 1)]
     root: String,
     /// Target path or release name.
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
     target: String,
 }
 
@@ -243,7 +268,7 @@ pub struct TufAdmitBody {
 #[serde(deny_unknown_fields)]
 pub struct SigstoreAdmitBody {
     /// The release archive (.tar.gz), base64.
-    #[schema(min_length = 1)]
+    #[schema(min_length = 1, format = Byte)]
     archive_base64: String,
     /// Sigstore bundle JSON, or a base64 cosign signature with `key`.
     #[schema(min_length = 1)]
@@ -331,30 +356,35 @@ pub struct EntriesView {
 #[into_params(parameter_in = Query)]
 pub struct EntriesQuery {
     /// First index (default 0).
-    start: Option<u64>,
+    #[param(minimum = 0)]
+    start: Option<i64>,
     /// Most entries (default 100, at most 1000).
     #[param(minimum = 1, maximum = 1000)]
-    limit: Option<u64>,
+    limit: Option<i64>,
 }
 
 /// Inclusion proof request.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct InclusionQuery {
-    /// Entry index.
-    index: u64,
+    /// Entry index (below `size`).
+    #[param(minimum = 0)]
+    index: i64,
     /// Tree size (default: the current log size).
-    size: Option<u64>,
+    #[param(minimum = 0)]
+    size: Option<i64>,
 }
 
 /// Consistency proof request.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ConsistencyQuery {
-    /// Older tree size.
-    old: u64,
+    /// Older tree size (at most `new`).
+    #[param(minimum = 0)]
+    old: i64,
     /// Newer tree size (default: the current log size).
-    new: Option<u64>,
+    #[param(minimum = 0)]
+    new: Option<i64>,
 }
 
 /// An inclusion proof.
@@ -387,12 +417,22 @@ pub struct ConsistencyView {
     proof: Vec<String>,
 }
 
+/// Non-empty, at most `max` characters, no control characters.
+fn plain_text(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.chars().count() <= max && !s.chars().any(char::is_control)
+}
+
 fn parse_hash(s: &str) -> Result<ReleaseHash, ApiError> {
     let hex_part = s.strip_prefix("sha256:").unwrap_or(s);
     if hex_part.len() != 64 || !hex_part.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::BadRequest(format!("{s:?} is not a release hash (64 hex digits)")));
     }
     s.parse().map_err(|e| ApiError::BadRequest(format!("{s:?} is not a release hash: {e}")))
+}
+
+/// A non-negative query or path integer as an index or size.
+fn index(name: &str, v: i64) -> Result<u64, ApiError> {
+    u64::try_from(v).map_err(|_| ApiError::BadRequest(format!("{name} must not be negative")))
 }
 
 fn hexs(h: &[Hash]) -> Vec<String> {
@@ -479,7 +519,7 @@ pub async fn list_releases(State(st): State<AppState>) -> Result<Json<Vec<Releas
 }
 
 #[utoipa::path(get, path = "/v1/releases/{hash}", tag = "releases",
-    params(("hash" = String, Path, description = "Release hash (64 hex digits)")),
+    params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     responses(
         (status = 200, description = "The release", body = ReleaseView),
         (status = 400, description = "Not a release hash", body = ErrorBody),
@@ -496,8 +536,9 @@ pub async fn get_release(
     security(("bearer" = [])),
     responses(
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
-        (status = 400, description = "Malformed request or repository not allowed", body = ErrorBody),
+        (status = 400, description = "Malformed request", body = ErrorBody),
         (status = 401, description = "Missing or wrong token", body = ErrorBody),
+        (status = 403, description = "Repository URL not under a configured prefix", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
         (status = 413, description = "Body too large", body = ErrorBody),
         (status = 415, description = "Not JSON", body = ErrorBody),
@@ -508,21 +549,27 @@ pub async fn admit_tuf(
     body: Result<Json<TufAdmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<ReleaseView>), ApiError> {
     let b = body?.0;
-    if b.repo.starts_with("http://") || b.repo.starts_with("https://") {
-        if !st.config.tuf_repo_urls.iter().any(|p| b.repo.starts_with(p.as_str())) {
-            return Err(ApiError::BadRequest(format!(
-                "repository {:?} is not under a configured tuf_repo_urls prefix",
-                b.repo
-            )));
-        }
-    } else if !(b.repo.starts_with('/') && std::path::Path::new(&b.repo).is_dir()) {
-        return Err(ApiError::BadRequest(format!("repository {:?} is not an absolute local directory or URL", b.repo)));
+    let url = b.repo.starts_with("http://") || b.repo.starts_with("https://");
+    if !(url || b.repo.starts_with('/')) || b.repo.contains('\0') || b.repo.chars().count() > MAX_PATH {
+        return Err(ApiError::BadRequest(format!(
+            "repository {:?} is not an absolute directory or an http(s) URL",
+            b.repo
+        )));
     }
-    if b.target.is_empty() || b.target.len() > MAX_TOOL_NAME || b.target.chars().any(char::is_control) {
-        return Err(ApiError::BadRequest("target must be 1 to 256 bytes without control characters".into()));
+    if !plain_text(&b.target, MAX_TOOL_NAME) {
+        return Err(ApiError::BadRequest("target must be 1 to 256 characters without control characters".into()));
+    }
+    if url && !st.config.tuf_repo_urls.iter().any(|p| b.repo.starts_with(p.as_str())) {
+        return Err(ApiError::Forbidden(format!(
+            "repository {:?} is not under a configured tuf_repo_urls prefix",
+            b.repo
+        )));
+    }
+    if !url && !std::path::Path::new(&b.repo).is_dir() {
+        return Err(ApiError::Unprocessable(format!("repository directory {:?} does not exist", b.repo)));
     }
     if serde_json::from_str::<Value>(&b.root).map(|v| !v.is_object()).unwrap_or(true) {
-        return Err(ApiError::BadRequest("root must be the text of a root.json (a JSON object)".into()));
+        return Err(ApiError::Unprocessable("root must be the text of a root.json (a JSON object)".into()));
     }
     let req = germline_admission::TufAdmission::new(b.repo, b.root.into_bytes(), b.target);
     admit(st, move |store, check| store.admit_tuf(&req, check)).await
@@ -548,12 +595,12 @@ pub async fn admit_sigstore(
     let b = body?.0;
     let archive = base64::engine::general_purpose::STANDARD
         .decode(b.archive_base64.trim())
-        .map_err(|e| ApiError::BadRequest(format!("archive_base64: {e}")))?;
+        .map_err(|e| ApiError::Unprocessable(format!("archive_base64: {e}")))?;
     let policy = match (b.key, b.certificate_identity, b.certificate_oidc_issuer) {
         (Some(k), None, None) => SignerPolicy::Key(k),
         (None, Some(identity), Some(issuer)) => SignerPolicy::Identity { identity, issuer },
         _ => {
-            return Err(ApiError::BadRequest(
+            return Err(ApiError::Unprocessable(
                 "give either key, or certificate_identity with certificate_oidc_issuer".into(),
             ))
         }
@@ -743,7 +790,7 @@ fn record_call(st: &AppState, release: &ReleaseHash, o: &CallOutcome, latency: D
 }
 
 #[utoipa::path(post, path = "/v1/releases/{hash}/calls", tag = "releases", request_body = CallBody,
-    params(("hash" = String, Path, description = "Release hash (64 hex digits)")),
+    params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The call ran (a tool failure is in `error`)", body = CallResponse),
@@ -767,7 +814,7 @@ pub async fn call(
 }
 
 #[utoipa::path(post, path = "/v1/releases/{hash}/sessions", tag = "releases", request_body = SessionBody,
-    params(("hash" = String, Path, description = "Release hash (64 hex digits)")),
+    params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Every call's outcome, in order", body = SessionResponse),
@@ -794,7 +841,7 @@ pub async fn session(
 }
 
 #[utoipa::path(get, path = "/v1/releases/{hash}/witnesses", tag = "releases",
-    params(("hash" = String, Path, description = "Release hash (64 hex digits)")),
+    params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     responses(
         (status = 200, description = "Witnesses about the release, in log order", body = [WitnessView]),
         (status = 400, description = "Not a release hash", body = ErrorBody)))]
@@ -848,7 +895,7 @@ fn witness_view(index: u64, e: &germline_ledger::Entry) -> WitnessView {
 }
 
 #[utoipa::path(get, path = "/v1/releases/{hash}/dampening", tag = "releases",
-    params(("hash" = String, Path, description = "Release hash (64 hex digits)")),
+    params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     responses(
         (status = 200, description = "Dampening state (penalty 0 for a hash never seen)", body = DampeningView),
         (status = 400, description = "Not a release hash", body = ErrorBody)))]
@@ -914,28 +961,28 @@ pub async fn entries(
     q: Result<Query<EntriesQuery>, QueryRejection>,
 ) -> Result<Json<EntriesView>, ApiError> {
     let q = q?.0;
-    let limit = q.limit.unwrap_or(100);
+    let limit = index("limit", q.limit.unwrap_or(100))?;
     if !(1..=MAX_ENTRIES_PAGE).contains(&limit) {
         return Err(ApiError::BadRequest(format!("limit must be 1 to {MAX_ENTRIES_PAGE}")));
     }
     let size = st.ledger.size();
-    let start = q.start.unwrap_or(0).min(size);
+    let start = index("start", q.start.unwrap_or(0))?.min(size);
     let end = start.saturating_add(limit).min(size);
     let entries = (start..end).map(|i| entry_view(&st, i)).collect::<Result<Vec<_>, _>>()?;
     Ok(Json(EntriesView { size, entries }))
 }
 
 #[utoipa::path(get, path = "/v1/ledger/entries/{index}", tag = "ledger",
-    params(("index" = u64, Path, description = "Entry index")),
+    params(("index" = i64, Path, description = "Entry index", minimum = 0)),
     responses(
         (status = 200, description = "The entry", body = EntryView),
         (status = 400, description = "Not an index", body = ErrorBody),
         (status = 404, description = "Past the end of the log", body = ErrorBody)))]
 pub async fn entry(
     State(st): State<AppState>,
-    index: Result<Path<u64>, PathRejection>,
+    idx: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<EntryView>, ApiError> {
-    let index = index?.0;
+    let index = index("index", idx?.0)?;
     if index >= st.ledger.size() {
         return Err(ApiError::NotFound(format!("entry {index} (log size {})", st.ledger.size())));
     }
@@ -944,45 +991,53 @@ pub async fn entry(
 
 #[utoipa::path(get, path = "/v1/ledger/proofs/inclusion", tag = "ledger", params(InclusionQuery), responses(
     (status = 200, description = "Inclusion proof", body = InclusionView),
-    (status = 400, description = "Index or size out of range", body = ErrorBody)))]
+    (status = 400, description = "Index not below size", body = ErrorBody),
+    (status = 404, description = "The log is not that large", body = ErrorBody)))]
 pub async fn inclusion(
     State(st): State<AppState>,
     q: Result<Query<InclusionQuery>, QueryRejection>,
 ) -> Result<Json<InclusionView>, ApiError> {
     let q = q?.0;
     let current = st.ledger.size();
-    let size = q.size.unwrap_or(current);
-    if size > current || q.index >= size {
-        return Err(ApiError::BadRequest(format!("need index < size <= {current}, got index {} size {size}", q.index)));
+    let (i, size) = (index("index", q.index)?, index("size", q.size.unwrap_or(current as i64))?);
+    if size > current {
+        return Err(ApiError::NotFound(format!("the log has {current} entries, not {size}")));
     }
-    let raw = st.ledger.get_raw(q.index)?;
+    if i >= size {
+        return Err(ApiError::BadRequest(format!("index {i} is not below size {size}")));
+    }
+    let raw = st.ledger.get_raw(i)?;
     Ok(Json(InclusionView {
-        index: q.index,
+        index: i,
         size,
         leaf_hash: hex::encode(germline_ledger::merkle::leaf_hash(&raw)),
         root: hex::encode(st.ledger.root_at(size)?),
-        proof: hexs(&st.ledger.inclusion_proof(q.index, size)?),
+        proof: hexs(&st.ledger.inclusion_proof(i, size)?),
     }))
 }
 
 #[utoipa::path(get, path = "/v1/ledger/proofs/consistency", tag = "ledger", params(ConsistencyQuery), responses(
     (status = 200, description = "Consistency proof", body = ConsistencyView),
-    (status = 400, description = "Sizes out of range", body = ErrorBody)))]
+    (status = 400, description = "Old size past new size", body = ErrorBody),
+    (status = 404, description = "The log is not that large", body = ErrorBody)))]
 pub async fn consistency(
     State(st): State<AppState>,
     q: Result<Query<ConsistencyQuery>, QueryRejection>,
 ) -> Result<Json<ConsistencyView>, ApiError> {
     let q = q?.0;
     let current = st.ledger.size();
-    let new = q.new.unwrap_or(current);
-    if new > current || q.old > new {
-        return Err(ApiError::BadRequest(format!("need old <= new <= {current}, got old {} new {new}", q.old)));
+    let (old, new) = (index("old", q.old)?, index("new", q.new.unwrap_or(current as i64))?);
+    if new > current {
+        return Err(ApiError::NotFound(format!("the log has {current} entries, not {new}")));
+    }
+    if old > new {
+        return Err(ApiError::BadRequest(format!("old size {old} is past new size {new}")));
     }
     Ok(Json(ConsistencyView {
-        old: q.old,
+        old,
         new,
-        old_root: hex::encode(st.ledger.root_at(q.old)?),
+        old_root: hex::encode(st.ledger.root_at(old)?),
         new_root: hex::encode(st.ledger.root_at(new)?),
-        proof: hexs(&st.ledger.consistency_proof(q.old, new)?),
+        proof: hexs(&st.ledger.consistency_proof(old, new)?),
     }))
 }
