@@ -807,8 +807,10 @@ pub async fn call(
     hash: Result<Path<String>, PathRejection>,
     body: Result<Json<CallBody>, JsonRejection>,
 ) -> Result<Json<CallResponse>, ApiError> {
+    // The body's own failures (size, syntax) come first: they are the request's, whatever it names.
+    let body = body?.0;
     let slot = st.slot(&parse_hash(&hash?.0)?)?;
-    let req = body?.0.into_request()?;
+    let req = body.into_request()?;
     let mut out = run_calls(st, slot, vec![req]).await?;
     out.pop().map(Json).ok_or_else(|| ApiError::Internal("no outcome".into()))
 }
@@ -831,8 +833,8 @@ pub async fn session(
     hash: Result<Path<String>, PathRejection>,
     body: Result<Json<SessionBody>, JsonRejection>,
 ) -> Result<Json<SessionResponse>, ApiError> {
-    let slot = st.slot(&parse_hash(&hash?.0)?)?;
     let calls = body?.0.calls;
+    let slot = st.slot(&parse_hash(&hash?.0)?)?;
     if calls.is_empty() || calls.len() > st.config.max_session_calls {
         return Err(ApiError::BadRequest(format!("a session has 1 to {} calls", st.config.max_session_calls)));
     }
