@@ -239,13 +239,19 @@ fn metric(text: &str, name: &str, release: &str) -> Option<f64> {
 }
 
 fn mixer_world(dir: &Path) -> (PathBuf, Vec<PathBuf>, String) {
+    mixer_world_declared(dir, false)
+}
+
+/// The mixer release (optionally declaring determinism), its two items and the policy line.
+fn mixer_world_declared(dir: &Path, deterministic: bool) -> (PathBuf, Vec<PathBuf>, String) {
     let items = dir.join("items");
     std::fs::create_dir_all(items.join("finance")).unwrap();
     std::fs::create_dir_all(items.join("hr")).unwrap();
     let (invoice, payslip) = (items.join("finance/invoice.txt"), items.join("hr/payslip.txt"));
     std::fs::write(&invoice, "invoice 12").unwrap();
     std::fs::write(&payslip, "salary 99").unwrap();
-    let rel = write_release(dir, "mixer", "[tools.scan]\nhosts = [\"ocr.example\"]\n", MIXER);
+    let manifest = format!("deterministic = {deterministic}\n[tools.scan]\nhosts = [\"ocr.example\"]\n");
+    let rel = write_release(dir, "mixer", &manifest, MIXER);
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,
@@ -344,6 +350,7 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
     assert!(witnesses[0]["verdict"].is_string() && witnesses[0]["tool"] == "scan", "{witnesses}\n{}", svc.log());
     let damp = svc.get(&format!("/v1/releases/{hash}/dampening")).json();
     mark("get", "/v1/releases/{hash}/dampening");
+    assert_eq!(damp["suppressed"], false, "undeclared determinism: three unverified events stay below 2000");
     assert!(
         damp["calls"].as_u64().is_some_and(|c| c >= 3) && damp["penalty"].as_f64().is_some_and(|p| p > 0.0),
         "{damp}"
@@ -379,6 +386,36 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
         .flat_map(|(p, ops)| ops.as_object().unwrap().keys().map(move |m| (m.clone(), p.clone())))
         .collect();
     assert_eq!(documented, seen, "every documented endpoint was exercised, and only those");
+}
+
+/// Dampening through the API: one verified witness suppresses a release that declared
+/// determinism, and its next call is refused (409) without running; the undeclared twin
+/// in the test above keeps running after three diverging calls.
+#[test]
+fn a_suppressed_release_is_refused_with_409() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (rel, items, policy_line) = mixer_world_declared(dir, true);
+    let admit = publish(dir, &rel);
+    let svc = Service::start(dir, &policy_line);
+    let token = svc.token();
+    let admitted = svc.post("/v1/releases/tuf", Some(&token), &admit);
+    assert_eq!(admitted.status, 201, "{admitted:?}");
+    let hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+    let call = json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[1]}, "items": items});
+    let first = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
+    assert_eq!(first.status, 200, "{first:?}");
+    // The witness is verified after the first answer, before the release serves again.
+    let second = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
+    assert!(second.client_error(409), "{second:?}\n{}", svc.log());
+    assert!(second.json()["error"].as_str().unwrap().contains("suppressed"), "{second:?}");
+    let damp = svc.get(&format!("/v1/releases/{hash}/dampening")).json();
+    assert_eq!(damp["suppressed"], true, "{damp}");
+    assert_eq!(svc.get(&format!("/v1/releases/{hash}")).json()["dampening"]["suppressed"], true);
+    let m = svc.get("/metrics").body;
+    assert_eq!(metric(&m, "germline_dampening_refusals_total", &hash), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "germline_suppressions_total", &hash), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "germline_call_copies_count", &hash), Some(1.0), "the refused call forked nothing: {m}");
 }
 
 #[test]
