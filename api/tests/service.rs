@@ -444,6 +444,22 @@ fn bad_requests_get_json_4xx_and_the_service_stays_up() {
     assert_eq!(svc.post("/v1/ledger/checkpoints", Some("s3cret"), &json!({})).status, 200);
     assert_eq!(svc.get("/v1/ledger/entries").status, 200, "reads are open by default");
 
+    // Every documented POST needs the token (no mutating endpoint is left open).
+    let doc = svc.get("/openapi.json").json();
+    let posts: Vec<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, ops)| ops.get("post").is_some())
+        .map(|(p, _)| p.replace("{hash}", &"ab".repeat(32)))
+        .collect();
+    assert!(posts.len() >= 5, "{posts:?}");
+    for p in &posts {
+        assert!(svc.post(p, None, &json!({})).client_error(401), "{p} without a token");
+        assert!(svc.post(p, Some("wrong"), &json!({})).client_error(401), "{p} with a wrong token");
+        assert_ne!(svc.post(p, Some("s3cret"), &json!({})).status, 401, "{p} with the token");
+    }
+
     // Body limit, under and over.
     let under = json!({"tool": "echo", "arguments": {"text": "a".repeat(3000)}});
     assert!(svc.post(&unknown, Some("s3cret"), &under).client_error(404));
@@ -473,6 +489,18 @@ fn bad_requests_get_json_4xx_and_the_service_stays_up() {
 
     assert_eq!(svc.get("/healthz").status, 200, "still up: {}", svc.log());
     assert!(!svc.log().contains("panicked"), "{}", svc.log());
+}
+
+#[test]
+fn reads_can_require_the_token_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = Service::start(tmp.path(), "read_requires_token = true\n");
+    let token = svc.token();
+    for p in ["/v1/releases", "/v1/ledger/entries", "/metrics", "/openapi.json"] {
+        assert!(svc.get(p).client_error(401), "{p} without a token");
+        assert_eq!(http(svc.port, "GET", p, Some(&token), None).status, 200, "{p} with the token");
+    }
+    assert_eq!(svc.get("/healthz").status, 200, "health stays open for probes");
 }
 
 #[test]
