@@ -286,6 +286,7 @@ async fn serve(state: AppState) -> anyhow::Result<()> {
     eprintln!("germline: serving the API on http://{local}");
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "listening");
     start_admitted(state.clone());
+    // Other route sets (the fleet's public log) and their tasks join here, on the same state.
     let app = app(state.clone());
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let st = state.clone();

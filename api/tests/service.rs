@@ -491,6 +491,23 @@ fn bad_requests_get_json_4xx_and_the_service_stays_up() {
     assert!(!svc.log().contains("panicked"), "{}", svc.log());
 }
 
+/// A signed release whose initialisation starts a thread fails G1 at admission: 422 with
+/// the check named, nothing admitted, and the refusal counted in /metrics.
+#[test]
+fn a_release_failing_g1_g3_is_refused_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let code = "import threading, time\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n    return FastMCP('x')\n";
+    let rel = write_release(dir, "threaded", "", code);
+    let admit = publish(dir, &rel);
+    let svc = Service::start(dir, "");
+    let r = svc.post("/v1/releases/tuf", Some(&svc.token()), &admit);
+    assert!(r.client_error(422) && r.json()["error"].as_str().unwrap().contains("G1"), "{r:?}");
+    assert_eq!(svc.get("/v1/releases").json(), json!([]));
+    let m = svc.get("/metrics").body;
+    assert_eq!(metric(&m, "germline_germline_refusals_total", "unadmitted"), Some(1.0), "{m}");
+}
+
 #[test]
 fn reads_can_require_the_token_too() {
     let tmp = tempfile::tempdir().unwrap();
