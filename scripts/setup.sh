@@ -33,6 +33,18 @@ if [ "$(id -u)" = 0 ] && [ -x /usr/bin/python3 ]; then
   chmod -R a+rX "$uvenv"
 fi
 
+# schemathesis in its own venv (its pins must not move the tool host's): the service test
+# fuzzes `germline serve` from its OpenAPI document.
+st_venv=/var/cache/germline/venv-schemathesis
+st_version=4.32.5
+if [ ! -x "$st_venv/bin/schemathesis" ] || [ "$(cat "$st_venv/.version" 2>/dev/null)" != "$st_version" ]; then
+  mkdir -p /var/cache/germline/pip-cache
+  python3 -m venv "$st_venv"
+  "$st_venv/bin/python" -m pip install -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
+    "schemathesis==$st_version"
+  echo "$st_version" >"$st_venv/.version"
+fi
+
 # Unmodified official MCP servers from PyPI, vendored into release directories for the
 # compatibility tests and `germline bench --server` (pinned; downloads cached).
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"

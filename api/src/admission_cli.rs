@@ -227,19 +227,30 @@ pub enum SigstoreCommand {
 }
 
 /// The executor's germline check: start the release as a data-free germline, check
-/// G1–G3, fork and kill one copy.
-struct ExecutorGermlineCheck;
+/// G1–G3, fork and kill one copy. `progress` says so on stderr (CLI commands).
+struct ExecutorGermlineCheck {
+    progress: bool,
+}
 
 impl GermlineCheck for ExecutorGermlineCheck {
     fn check(&self, release_dir: &std::path::Path) -> std::result::Result<(), String> {
+        if self.progress {
+            eprintln!("admission: signature, length and hash verified; unpacked to {}", release_dir.display());
+            eprintln!("admission: starting the germline and checking G1–G3 ...");
+        }
         let python = germline_executor::germline::PythonRuntime::discover(&crate::exec_cmd::home())
             .map_err(|e| e.to_string())?;
         germline_executor::germline::check_release(release_dir, python).map(|_| ()).map_err(|e| e.to_string())
     }
 }
 
-fn germline_check() -> Box<dyn GermlineCheck> {
-    Box::new(ExecutorGermlineCheck)
+/// The germline check the service runs (quiet: the service logs its own steps).
+pub(crate) fn germline_check() -> Box<dyn GermlineCheck> {
+    Box::new(ExecutorGermlineCheck { progress: false })
+}
+
+fn germline_check_with_progress() -> Box<dyn GermlineCheck> {
+    Box::new(ExecutorGermlineCheck { progress: true })
 }
 
 /// Runs one admission command.
@@ -268,7 +279,10 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
         AdmissionCommand::Admit(a) => {
             let root = std::fs::read(&a.root).with_context(|| format!("reading {}", a.root.display()))?;
             let store = ReleaseStore::open(&a.store)?;
-            let admitted = store.admit_tuf(&TufAdmission::new(a.repo, root, a.target), germline_check().as_ref())?;
+            eprintln!("admission: refreshing TUF metadata from {} (pinned root {})", a.repo, a.root.display());
+            eprintln!("admission: fetching target {:?} and checking its signed length and SHA-256 ...", a.target);
+            let admitted =
+                store.admit_tuf(&TufAdmission::new(a.repo, root, a.target), germline_check_with_progress().as_ref())?;
             println!(
                 "admitted {}@{} {} at {}",
                 admitted.info.name,
@@ -280,13 +294,14 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
         AdmissionCommand::AdmitBundle(a) => {
             let policy = signer_policy(a.key, a.certificate_identity, a.certificate_oidc_issuer)?;
             let store = ReleaseStore::open(&a.store)?;
+            eprintln!("admission: verifying {} with {} ...", a.archive.display(), a.bundle.display());
             let admitted = store.admit_sigstore(
                 &a.archive,
                 &a.bundle,
                 &policy,
                 &a.trusted_root.map(TrustedRootChoice::File).unwrap_or_default(),
                 &ArchiveLimits::default(),
-                germline_check().as_ref(),
+                germline_check_with_progress().as_ref(),
             )?;
             println!("admitted {}@{} {}", admitted.info.name, admitted.info.version, admitted.hash);
         }

@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -10,6 +11,7 @@ use germline_executor::call::{CallOutcome, CallRequest};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_ledger::Ledger;
 
 /// Where the release runs and under which policy.
 #[derive(Args, Debug, Clone)]
@@ -75,33 +77,46 @@ pub fn home() -> PathBuf {
     }
 }
 
-/// A runtime with its dampening ledger (germline runtimes; the embedded RocksDB default
-/// under the data directory).
+/// A runtime with its dampening ledger. The ledger is shared: only one process may open
+/// the RocksDB, so the CLI opens it once per command and the service once per process.
 pub struct Host {
     /// The runtime.
     pub rt: Runtime,
-    ledger: Option<germline_ledger::Ledger>,
+    ledger: Option<Arc<Ledger>>,
+    data_dir: PathBuf,
+}
+
+/// Opens the embedded ledger under `data_dir` (the RocksDB default).
+pub fn open_ledger(data_dir: &Path) -> anyhow::Result<Arc<Ledger>> {
+    let dir = data_dir.join("ledger");
+    Ok(Arc::new(
+        Ledger::open(&dir, germline_ledger::LedgerConfig::default())
+            .with_context(|| format!("opening the ledger in {}", dir.display()))?,
+    ))
 }
 
 impl Host {
-    /// Starts the runtime and opens the ledger.
+    /// Starts the runtime of a release directory and opens the ledger (CLI commands).
     pub fn start(target: &RunTarget) -> anyhow::Result<Host> {
         let rt = start(target)?;
         let ledger = match &rt {
-            Runtime::Germline(_) => Some(
-                germline_ledger::Ledger::open(data_dir().join("ledger"), germline_ledger::LedgerConfig::default())
-                    .context("opening the ledger")?,
-            ),
+            Runtime::Germline(_) => Some(open_ledger(&data_dir())?),
             _ => None,
         };
-        Ok(Host { rt, ledger })
+        Ok(Host::new(rt, ledger, data_dir()))
+    }
+
+    /// A host around a started runtime; dampening and witnesses go to `ledger` (germline
+    /// runtimes), witness files under `data_dir`.
+    pub fn new(rt: Runtime, ledger: Option<Arc<Ledger>>, data_dir: PathBuf) -> Host {
+        Host { rt, ledger, data_dir }
     }
 
     /// One call under dampening: a suppressed release is refused (and the refusal still
     /// counts as a call); otherwise the call runs, its triggers are verified into
     /// witnesses after its result is out, and the call's event updates the penalty.
     pub fn call(&mut self, req: &CallRequest) -> anyhow::Result<CallOutcome> {
-        let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, &self.ledger) else {
+        let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, self.ledger.as_deref()) else {
             return Ok(self.rt.call(req));
         };
         let release = g.release;
@@ -115,7 +130,7 @@ impl Host {
                 .map(|(i, _)| format!("ledger entry {i}"))
                 .collect();
             return Ok(CallOutcome::failed(format!(
-                "release {release} is suppressed: dampening penalty {:.0} (suppressed at 2000, usable again below 750); witnesses: {}",
+                "release {release} {SUPPRESSED}: dampening penalty {:.0} (suppressed at 2000, usable again below 750); witnesses: {}",
                 after.penalty,
                 if witnesses.is_empty() { "none".to_string() } else { witnesses.join(", ") }
             )));
@@ -125,13 +140,16 @@ impl Host {
 
     /// After the outcome is printed: verify triggers into witnesses, log them, and count
     /// the call's event.
-    pub fn after_call(&mut self, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<()> {
-        let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, &self.ledger) else { return Ok(()) };
-        if outcome.error.as_deref().is_some_and(|e| e.contains("is suppressed")) {
-            return Ok(());
+    pub fn after_call(&mut self, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<AfterCall> {
+        let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, self.ledger.as_deref()) else {
+            return Ok(AfterCall::default());
+        };
+        if outcome.error.as_deref().is_some_and(|e| e.contains(SUPPRESSED)) {
+            return Ok(AfterCall::default());
         }
         let release = g.release;
-        let witnessed = witness(g, req, outcome);
+        let witnessed = witness(g, req, outcome, &self.data_dir);
+        let mut after = AfterCall::default();
         let mut event =
             if outcome.triggers.is_empty() { germline_ledger::Event::None } else { germline_ledger::Event::Unverified };
         for w in &witnessed {
@@ -154,18 +172,37 @@ impl Host {
                     "path": w.path,
                 }))?
             };
-            ledger.append(germline_ledger::Entry::new(germline_ledger::EntryKind::Witness, release, body))?;
+            let receipt =
+                ledger.append(germline_ledger::Entry::new(germline_ledger::EntryKind::Witness, release, body))?;
+            after.witnesses.push(receipt.index);
             if w.verdict.weight(w.declared) >= 2000 {
                 event = germline_ledger::Event::Verified;
             }
         }
+        let before = ledger.dampening_state(&release)?;
         let state = ledger.record_call(&release, event)?;
         if state.suppressed {
             tracing::warn!(%release, penalty = state.penalty, "release suppressed by dampening");
         }
-        Ok(())
+        after.newly_suppressed = state.suppressed && !before.suppressed;
+        after.state = Some(state);
+        Ok(after)
     }
 }
+
+/// What [`Host::after_call`] recorded.
+#[derive(Debug, Default)]
+pub struct AfterCall {
+    /// Ledger indexes of the witnesses appended.
+    pub witnesses: Vec<u64>,
+    /// Whether this call's event suppressed the release.
+    pub newly_suppressed: bool,
+    /// Dampening state after the call's event (none for refused or non-germline calls).
+    pub state: Option<germline_ledger::DampeningState>,
+}
+
+/// The phrase a refused call's error carries.
+pub const SUPPRESSED: &str = "is suppressed";
 
 pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
     let policy = Policy::load(&target.policy)?;
@@ -224,6 +261,7 @@ fn witness(
     g: &mut germline_executor::call::GermlineRuntime,
     req: &CallRequest,
     outcome: &CallOutcome,
+    data_dir: &Path,
 ) -> Vec<crate::verify_cmd::Witnessed> {
     if outcome.evidence.is_empty() {
         return Vec::new();
@@ -239,7 +277,7 @@ fn witness(
             items.insert(name, bytes);
         }
     }
-    match crate::verify_cmd::witness_triggers(g, outcome, &items, &data_dir()) {
+    match crate::verify_cmd::witness_triggers(g, outcome, &items, data_dir) {
         Ok(w) => w,
         Err(e) => {
             tracing::error!("could not verify triggers: {e:#}");

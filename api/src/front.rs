@@ -1,5 +1,5 @@
-//! The MCP front: `germline wrap` and `germline serve`, an MCP server that an agent host
-//! launches (stdio) or reaches (Streamable HTTP) instead of the real one. `tools/list` comes
+//! The MCP front: `germline wrap`, an MCP server that an agent host launches (stdio) or
+//! reaches (Streamable HTTP, `--listen`) instead of the real one. `tools/list` comes
 //! from a data-free copy, every `tools/call` is a germline call whose result carries its
 //! output label in `_meta`, and the rest of what clients expect (initialize, ping,
 //! logging, notifications, JSON-RPC errors) is answered here without touching the release.
@@ -54,23 +54,6 @@ pub struct WrapArgs {
     /// unsigned command has no manifest to declare its destinations.
     #[arg(last = true, required = true)]
     pub target: Vec<String>,
-}
-
-/// `germline serve`: `germline wrap --listen`.
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8765")]
-    pub listen: String,
-    /// The deployer's policy.
-    #[arg(long)]
-    pub policy: Option<PathBuf>,
-    /// `germline` (default), `nosplit` or `sig-pin`.
-    #[arg(long, default_value = "germline")]
-    pub runtime: RuntimeKind,
-    /// The release directory.
-    #[arg(long)]
-    pub release: PathBuf,
 }
 
 /// One wrapped release and the MCP session state around it.
@@ -232,14 +215,6 @@ pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
         Some(addr) => http::serve(front, &addr),
         None => serve_stdio(front),
     }
-}
-
-/// `germline serve`.
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let release = release_dir(&[args.release.to_string_lossy().into_owned()])?;
-    let policy = load_policy(args.policy.as_deref())?;
-    let front = Front::start(&release, policy, args.runtime, "agent".into())?;
-    http::serve(front, &args.listen)
 }
 
 /// Newline-delimited JSON-RPC on stdin/stdout, one message at a time, until stdin closes.

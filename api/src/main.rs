@@ -4,6 +4,7 @@ mod bench;
 mod bench_verify;
 mod demo;
 mod exec_cmd;
+mod service;
 mod verify_cmd;
 // --- front commands ---
 mod front;
@@ -49,9 +50,10 @@ enum Command {
     /// Serve a release as an MCP server (stdio, or Streamable HTTP with --listen) that an
     /// agent host launches instead of the real server; every call runs under germline.
     Wrap(front::WrapArgs),
-    /// Serve a release as an MCP server over Streamable HTTP (`/mcp`).
-    Serve(front::ServeArgs),
     // --- end front commands ---
+    /// The HTTP API service: admit releases, run calls and sessions under dampening,
+    /// serve the ledger, witnesses, metrics and its OpenAPI document (`/openapi.json`).
+    Serve(service::ServeArgs),
     // --- admission commands ---
     #[command(flatten)]
     Admission(admission_cli::AdmissionCommand),
@@ -64,14 +66,17 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The service logs its calls by default; one-shot commands only warnings.
+    let default_filter = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("GERMLINE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let code = match cli.command {
         Command::Call(a) => exec_cmd::call(a)?,
         Command::Session(a) => exec_cmd::session(a)?,
@@ -94,11 +99,11 @@ fn main() -> anyhow::Result<()> {
             front::wrap(a)?;
             0
         }
+        // --- end front commands ---
         Command::Serve(a) => {
-            front::serve(a)?;
+            service::run(a)?;
             0
         }
-        // --- end front commands ---
         // --- admission commands ---
         Command::Admission(cmd) => {
             admission_cli::run(cmd)?;

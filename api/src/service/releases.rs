@@ -1,0 +1,210 @@
+//! The admitted releases of this host and their started germlines: one germline per
+//! release behind its own mutex, so calls to one release queue and calls to different
+//! releases run side by side.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use germline_admission::{AdmittedRelease, ReleaseStore};
+use germline_executor::germline::PythonRuntime;
+use germline_executor::policy::Policy;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_ledger::Ledger;
+use germline_model::ReleaseHash;
+
+use super::metrics::{self, Metrics};
+use crate::exec_cmd::Host;
+
+/// Where a release's germline stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GermlineStatus {
+    /// Not started yet (it starts at service start, on admission or on the first call).
+    NotStarted,
+    /// Started and passed G1–G3.
+    Running,
+    /// Failed to start or failed G1–G3; calls are refused with this reason.
+    Refused(String),
+}
+
+/// One admitted release.
+pub struct ReleaseSlot {
+    /// Its identity.
+    pub hash: ReleaseHash,
+    /// Manifest name.
+    pub name: String,
+    /// Manifest version.
+    pub version: String,
+    /// When it was admitted (RFC 3339), if recorded.
+    pub admitted_at: Option<String>,
+    dir: PathBuf,
+    status: Mutex<GermlineStatus>,
+    host: Mutex<Option<Host>>,
+}
+
+impl ReleaseSlot {
+    /// Current germline status (never waits for a running call).
+    pub fn status(&self) -> GermlineStatus {
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_status(&self, s: GermlineStatus) {
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+}
+
+/// What a germline needs to start.
+#[derive(Clone)]
+pub struct StartParams {
+    /// Runtime kind.
+    pub runtime: RuntimeKind,
+    /// The deployer's policy.
+    pub policy: Policy,
+    /// The tool host's interpreter and shim.
+    pub python: PythonRuntime,
+    /// Shared ledger.
+    pub ledger: Arc<Ledger>,
+    /// Data directory (trigger log, witnesses).
+    pub data_dir: PathBuf,
+    /// Where germline refusals are counted.
+    pub metrics: Arc<Metrics>,
+}
+
+/// All admitted releases.
+pub struct Releases {
+    store: ReleaseStore,
+    map: RwLock<BTreeMap<ReleaseHash, Arc<ReleaseSlot>>>,
+    params: StartParams,
+}
+
+#[derive(serde::Deserialize)]
+struct AdmissionRecord {
+    hash: String,
+    name: String,
+    version: String,
+    admitted_at: Option<String>,
+}
+
+impl Releases {
+    /// Opens the store and lists what it admitted earlier.
+    pub fn open(store_dir: &Path, params: StartParams) -> anyhow::Result<Releases> {
+        let store = ReleaseStore::open(store_dir)?;
+        let releases = Releases { store, map: RwLock::new(BTreeMap::new()), params };
+        let admitted = store_dir.join("admitted");
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&admitted)?.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let record = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<AdmissionRecord>(&b).ok())
+                .and_then(|r| Some((r.hash.parse::<ReleaseHash>().ok()?, r)));
+            match record {
+                Some((hash, r)) if releases.store.is_admitted(&hash) => found.push((hash, r)),
+                _ => tracing::warn!(record = %path.display(), "skipping an unreadable admission record"),
+            }
+        }
+        for (hash, r) in found {
+            releases.insert(hash, r.name, r.version, r.admitted_at);
+        }
+        Ok(releases)
+    }
+
+    /// The store admissions go to.
+    pub fn store(&self) -> &ReleaseStore {
+        &self.store
+    }
+
+    fn insert(
+        &self,
+        hash: ReleaseHash,
+        name: String,
+        version: String,
+        admitted_at: Option<String>,
+    ) -> Arc<ReleaseSlot> {
+        let slot = Arc::new(ReleaseSlot {
+            hash,
+            name,
+            version,
+            admitted_at,
+            dir: self.store.release_dir(&hash),
+            status: Mutex::new(GermlineStatus::NotStarted),
+            host: Mutex::new(None),
+        });
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        // A re-admission of the same bytes keeps the running germline.
+        map.entry(hash).or_insert(slot).clone()
+    }
+
+    /// Records a fresh admission.
+    pub fn admitted(&self, a: &AdmittedRelease) -> Arc<ReleaseSlot> {
+        let now = germline_admission::Timestamp::now().to_string();
+        self.insert(a.hash, a.info.name.clone(), a.info.version.clone(), Some(now))
+    }
+
+    /// One release.
+    pub fn get(&self, hash: &ReleaseHash) -> Option<Arc<ReleaseSlot>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).get(hash).cloned()
+    }
+
+    /// Every release, by hash.
+    pub fn all(&self) -> Vec<Arc<ReleaseSlot>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    /// Runs `f` on the release's started germline, starting it first if needed. Blocks:
+    /// call from a blocking thread. `Err` is the refusal reason.
+    pub fn with_host<T>(&self, slot: &ReleaseSlot, f: impl FnOnce(&mut Host) -> T) -> Result<T, String> {
+        let mut host = slot.host.lock().unwrap_or_else(|p| p.into_inner());
+        if let GermlineStatus::Refused(why) = slot.status() {
+            return Err(why);
+        }
+        if host.is_none() {
+            *host = Some(self.start(slot)?);
+        }
+        match host.as_mut() {
+            Some(h) => Ok(f(h)),
+            None => Err("germline not started".into()),
+        }
+    }
+
+    /// Starts the germline of `slot` if it is not running (blocking). `Err` is the refusal.
+    pub fn ensure_started(&self, slot: &ReleaseSlot) -> Result<(), String> {
+        self.with_host(slot, |_| ())
+    }
+
+    fn start(&self, slot: &ReleaseSlot) -> Result<Host, String> {
+        let p = &self.params;
+        let started = Runtime::start(p.runtime, &slot.dir, p.policy.clone(), p.python.clone());
+        match started {
+            Ok(mut rt) => {
+                if let Runtime::Germline(g) = &mut rt {
+                    g.release = slot.hash;
+                }
+                rt.set_trigger_log(p.data_dir.join("triggers.jsonl"));
+                slot.set_status(GermlineStatus::Running);
+                tracing::info!(release = %slot.hash, name = %slot.name, "germline started");
+                Ok(Host::new(rt, Some(p.ledger.clone()), p.data_dir.clone()))
+            }
+            Err(e) => {
+                let why = format!("release {} refused at germline start: {e}", slot.hash);
+                tracing::warn!(release = %slot.hash, "{why}");
+                slot.set_status(GermlineStatus::Refused(why.clone()));
+                p.metrics.germline_refusals.get_or_create(&metrics::release(&slot.hash)).inc();
+                Err(why)
+            }
+        }
+    }
+
+    /// Stops every germline (kills its processes) so nothing outlives the service.
+    pub fn stop_all(&self) {
+        for slot in self.all() {
+            // A call past the grace period keeps its germline; the process exit ends it.
+            if let Ok(mut host) = slot.host.try_lock() {
+                host.take();
+            }
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! `germline serve`, the HTTP API service, run as the real binary on an ephemeral loopback
+//! port: every documented endpoint answers, a call's copies, triggers and latency reach
+//! /metrics, mutating endpoints need the token, bad input gets 4xx JSON errors while the
+//! service stays up, SIGTERM loses no ledger entry, and schemathesis fuzzing the served
+//! OpenAPI document finds no server error and no schema violation.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn python() -> PathBuf {
+    std::env::var_os("GERMLINE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
+}
+
+fn germline(args: &[&str], cwd: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .args(args)
+        .current_dir(cwd)
+        .env("GERMLINE_HOME", cwd.join("home"))
+        .env("GERMLINE_PYTHON", python())
+        .output()
+        .expect("run germline");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "germline {args:?}: {text}");
+    text
+}
+
+/// A release directory with one tool.
+fn write_release(dir: &Path, name: &str, manifest_extra: &str, code: &str) -> PathBuf {
+    let rel = dir.join(name);
+    std::fs::create_dir_all(&rel).unwrap();
+    std::fs::write(
+        rel.join("germline.toml"),
+        format!("[release]\nname = \"{name}\"\nversion = \"1.0.0\"\nruntime = \"python\"\nfactory = \"server:create_server\"\n{manifest_extra}"),
+    )
+    .unwrap();
+    std::fs::write(rel.join("server.py"), code).unwrap();
+    rel
+}
+
+const ECHO: &str = "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('echo')\n    @m.tool()\n    def echo(text: str) -> str:\n        \"\"\"Echo.\"\"\"\n        return 'echo: ' + text\n    return m\n";
+
+/// Always mixes the hr item into the request to the finance-cleared OCR host.
+const MIXER: &str = "import urllib.request\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('mixer')\n    @m.tool()\n    def scan(document: str, extra: str) -> str:\n        body = (open(document).read() + open(extra).read()).encode()\n        try:\n            urllib.request.urlopen(urllib.request.Request('http://ocr.example/scan', data=body), timeout=10).read()\n        except Exception:\n            pass\n        return 'scanned'\n    return m\n";
+
+/// Builds `rel`'s archive and publishes it in a fresh TUF repository under `dir`; returns
+/// the admission request body.
+fn publish(dir: &Path, rel: &Path) -> Value {
+    let name = rel.file_name().unwrap().to_string_lossy().into_owned();
+    let archive = format!("{name}.tar.gz");
+    germline(&["release", "build", &rel.to_string_lossy(), "--out", &archive], dir);
+    let repo = dir.join(format!("repo-{name}"));
+    let keys = dir.join(format!("keys-{name}"));
+    germline(&["repo", "init", &repo.to_string_lossy(), "--keys", &keys.to_string_lossy()], dir);
+    germline(&["repo", "add", &repo.to_string_lossy(), &archive, "--keys", &keys.to_string_lossy()], dir);
+    let root = std::fs::read_to_string(repo.join("metadata/1.root.json")).unwrap();
+    json!({"repo": repo, "root": root, "target": name})
+}
+
+/// The running service; killed when the test ends, pass or fail.
+struct Service {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<String>>,
+    data: PathBuf,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Service {
+    /// Starts `germline serve --config CONFIG` (the config is written from `extra` lines,
+    /// listen and data_dir are set here) and waits for its address.
+    fn start(dir: &Path, extra: &str) -> Service {
+        let data = dir.join("data");
+        let config = dir.join("serve.toml");
+        std::fs::write(&config, format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n{extra}", data.display()))
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_germline"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .current_dir(dir)
+            .env("GERMLINE_HOME", dir.join("home"))
+            .env("GERMLINE_PYTHON", python())
+            .env_remove("GERMLINE_DATA_DIR")
+            .env_remove("GERMLINE_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("germline serve");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut line = String::new();
+        let port = loop {
+            line.clear();
+            let n = err.read_line(&mut line).expect("service stderr");
+            log.lock().unwrap().push_str(&line);
+            assert!(n > 0, "the service exited: {}", log.lock().unwrap());
+            if let Some(rest) = line.trim().strip_prefix("germline: serving the API on http://127.0.0.1:") {
+                break rest.parse::<u16>().expect("port");
+            }
+        };
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while err.read_line(&mut line).is_ok_and(|n| n > 0) {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let svc = Service { child, port, log, data };
+        svc.wait_ready();
+        svc
+    }
+
+    fn wait_ready(&self) {
+        let end = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < end {
+            if self.get("/readyz").status == 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("not ready in 120 s: {}", self.log());
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn token(&self) -> String {
+        std::fs::read_to_string(self.data.join("api-token")).expect("generated token").trim().to_owned()
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        http(self.port, "GET", path, None, None)
+    }
+
+    fn post(&self, path: &str, token: Option<&str>, body: &Value) -> Reply {
+        http(self.port, "POST", path, token, Some(body.to_string().as_bytes()))
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{} is not JSON ({e}): {}", self.status, self.body))
+    }
+
+    /// A 4xx with a `{"error": "..."}` body.
+    fn client_error(&self, status: u16) -> bool {
+        self.status == status && self.json()["error"].as_str().is_some_and(|e| !e.is_empty())
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`), bounded in time.
+fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> Reply {
+    http_raw(port, method, path, token, body, "application/json").expect("request")
+}
+
+fn http_raw(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+    content_type: &str,
+) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(180)))?;
+    s.set_write_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if let Some(b) = body {
+        head.push_str(&format!("Content-Type: {content_type}\r\nContent-Length: {}\r\n", b.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    if let Some(b) = body {
+        // The server may answer (413) and close before reading all of an oversized body.
+        let _ = s.write_all(b);
+    }
+    let mut raw = Vec::new();
+    s.take(32 << 20).read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let content_type = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
+    Ok(Reply { status, content_type, body })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The value of the metric line `name{labels} value`.
+fn metric(text: &str, name: &str, release: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("release=\"{release}\"")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn mixer_world(dir: &Path) -> (PathBuf, Vec<PathBuf>, String) {
+    mixer_world_declared(dir, false)
+}
+
+/// The mixer release (optionally declaring determinism), its two items and the policy line.
+fn mixer_world_declared(dir: &Path, deterministic: bool) -> (PathBuf, Vec<PathBuf>, String) {
+    let items = dir.join("items");
+    std::fs::create_dir_all(items.join("finance")).unwrap();
+    std::fs::create_dir_all(items.join("hr")).unwrap();
+    let (invoice, payslip) = (items.join("finance/invoice.txt"), items.join("hr/payslip.txt"));
+    std::fs::write(&invoice, "invoice 12").unwrap();
+    std::fs::write(&payslip, "salary 99").unwrap();
+    let manifest = format!("deterministic = {deterministic}\n[tools.scan]\nhosts = [\"ocr.example\"]\n");
+    let rel = write_release(dir, "mixer", &manifest, MIXER);
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
+            i = items.display(),
+            p = common::ok_sink(200)
+        ),
+    )
+    .unwrap();
+    (rel, vec![invoice, payslip], format!("policy = \"{}\"\n", policy.display()))
+}
+
+#[test]
+fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (rel, items, policy_line) = mixer_world(dir);
+    let admit = publish(dir, &rel);
+    let svc = Service::start(dir, &policy_line);
+    let token = svc.token();
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut mark = |m: &str, p: &str| seen.insert((m.to_owned(), p.to_owned()));
+
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(svc.data.join("api-token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the generated token is private");
+        assert!(svc.log().contains("api-token"), "the log says where the token is");
+    }
+    assert_eq!(svc.get("/healthz").json()["status"], "ok");
+    mark("get", "/healthz");
+    assert_eq!(svc.get("/readyz").json()["status"], "ready");
+    mark("get", "/readyz");
+    let doc = svc.get("/openapi.json").json();
+    mark("get", "/openapi.json");
+
+    // Admission: no token and a wrong token are refused before anything runs.
+    assert!(svc.post("/v1/releases/tuf", None, &admit).client_error(401));
+    assert!(svc.post("/v1/releases/tuf", Some("not-the-token"), &admit).client_error(401));
+    assert_eq!(svc.get("/v1/releases").json(), json!([]), "nothing admitted without the token");
+    let admitted = svc.post("/v1/releases/tuf", Some(&token), &admit);
+    assert_eq!(admitted.status, 201, "{admitted:?}\n{}", svc.log());
+    mark("post", "/v1/releases/tuf");
+    let hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+    assert_eq!(admitted.json()["germline"], "running");
+    let bogus = json!({"archive_base64": "AAAA", "bundle": "{}", "key": "not a key"});
+    assert!(svc.post("/v1/releases/sigstore", Some(&token), &bogus).client_error(422));
+    mark("post", "/v1/releases/sigstore");
+    let list = svc.get("/v1/releases").json();
+    assert_eq!(list[0]["hash"], hash.as_str());
+    mark("get", "/v1/releases");
+    assert_eq!(svc.get(&format!("/v1/releases/{hash}")).json()["name"], "mixer");
+    mark("get", "/v1/releases/{hash}");
+
+    // One call: result, label and copies come back; /metrics shows copies, triggers, latency.
+    let call = json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[1]}, "items": items});
+    let r = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
+    assert_eq!(r.status, 200, "{r:?}");
+    mark("post", "/v1/releases/{hash}/calls");
+    let out = r.json();
+    assert!(out["result"].to_string().contains("scanned"), "{out}");
+    assert_eq!(out["label"], json!(["finance", "hr"]), "{out}");
+    assert_eq!(out["copies"], 2, "{out}");
+    assert_eq!(out["triggers"].as_array().map(Vec::len), Some(1), "{out}");
+    let metrics = svc.get("/metrics");
+    mark("get", "/metrics");
+    assert!(metrics.content_type.starts_with("application/openmetrics-text"), "{}", metrics.content_type);
+    let m = &metrics.body;
+    assert_eq!(metric(m, "germline_call_copies_sum", &hash), Some(2.0), "{m}");
+    assert_eq!(metric(m, "germline_call_copies_count", &hash), Some(1.0), "{m}");
+    assert_eq!(metric(m, "germline_triggers_total", &hash), Some(1.0), "{m}");
+    assert_eq!(metric(m, "germline_call_duration_seconds_count", &hash), Some(1.0), "{m}");
+    assert!(metric(m, "germline_call_duration_seconds_sum", &hash).is_some_and(|s| s > 0.0), "{m}");
+    assert!(svc.log().contains("call{") && svc.log().contains("copies=2"), "a span per call: {}", svc.log());
+
+    // A session runs its calls in order on the same germline.
+    let session = json!({"calls": [call.clone(), {"tool": "scan", "arguments": {"document": items[0], "extra": items[0]}, "items": [items[0]]}]});
+    let r = svc.post(&format!("/v1/releases/{hash}/sessions"), Some(&token), &session);
+    assert_eq!(r.status, 200, "{r:?}");
+    mark("post", "/v1/releases/{hash}/sessions");
+    let outcomes = r.json()["outcomes"].as_array().cloned().unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert_eq!(outcomes[1]["label"], json!(["finance"]));
+
+    // Witnesses follow the calls (verified after the result is out).
+    let end = Instant::now() + Duration::from_secs(180);
+    let witnesses = loop {
+        let w = svc.get(&format!("/v1/releases/{hash}/witnesses")).json();
+        if w.as_array().is_some_and(|a| a.len() >= 2) || Instant::now() > end {
+            break w;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    mark("get", "/v1/releases/{hash}/witnesses");
+    assert!(witnesses[0]["verdict"].is_string() && witnesses[0]["tool"] == "scan", "{witnesses}\n{}", svc.log());
+    let damp = svc.get(&format!("/v1/releases/{hash}/dampening")).json();
+    mark("get", "/v1/releases/{hash}/dampening");
+    assert_eq!(damp["suppressed"], false, "undeclared determinism: three unverified events stay below 2000");
+    assert!(
+        damp["calls"].as_u64().is_some_and(|c| c >= 3) && damp["penalty"].as_f64().is_some_and(|p| p > 0.0),
+        "{damp}"
+    );
+    let m = svc.get("/metrics").body;
+    assert_eq!(metric(&m, "germline_witnesses_total", &hash), witnesses.as_array().map(|a| a.len() as f64), "{m}");
+
+    // The ledger: sign, read, prove.
+    assert!(svc.get("/v1/ledger/checkpoint").client_error(404) || svc.get("/v1/ledger/checkpoint").status == 200);
+    assert!(svc.post("/v1/ledger/checkpoints", None, &json!({})).client_error(401));
+    let signed = svc.post("/v1/ledger/checkpoints", Some(&token), &json!({})).json();
+    mark("post", "/v1/ledger/checkpoints");
+    let size = signed["size"].as_u64().unwrap();
+    assert!(size >= 5, "{signed}");
+    assert_eq!(svc.get("/v1/ledger/checkpoint").json()["root"], signed["root"]);
+    mark("get", "/v1/ledger/checkpoint");
+    let entries = svc.get("/v1/ledger/entries?start=0&limit=2").json();
+    mark("get", "/v1/ledger/entries");
+    assert_eq!(entries["entries"].as_array().map(Vec::len), Some(2));
+    assert_eq!(svc.get("/v1/ledger/entries/0").json()["release"], hash.as_str());
+    mark("get", "/v1/ledger/entries/{index}");
+    let inc = svc.get(&format!("/v1/ledger/proofs/inclusion?index=1&size={size}")).json();
+    mark("get", "/v1/ledger/proofs/inclusion");
+    assert_eq!(inc["root"], signed["root"]);
+    let con = svc.get(&format!("/v1/ledger/proofs/consistency?old=1&new={size}")).json();
+    mark("get", "/v1/ledger/proofs/consistency");
+    assert_eq!(con["new_root"], signed["root"]);
+
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(p, ops)| ops.as_object().unwrap().keys().map(move |m| (m.clone(), p.clone())))
+        .collect();
+    assert_eq!(documented, seen, "every documented endpoint was exercised, and only those");
+}
+
+/// Dampening through the API: one verified witness suppresses a release that declared
+/// determinism, and its next call is refused (409) without running; the undeclared twin
+/// in the test above keeps running after three diverging calls.
+#[test]
+fn a_suppressed_release_is_refused_with_409() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (rel, items, policy_line) = mixer_world_declared(dir, true);
+    let admit = publish(dir, &rel);
+    let svc = Service::start(dir, &policy_line);
+    let token = svc.token();
+    let admitted = svc.post("/v1/releases/tuf", Some(&token), &admit);
+    assert_eq!(admitted.status, 201, "{admitted:?}");
+    let hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+    let call = json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[1]}, "items": items});
+    let first = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
+    assert_eq!(first.status, 200, "{first:?}");
+    // The witness is verified after the first answer, before the release serves again.
+    let second = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
+    assert!(second.client_error(409), "{second:?}\n{}", svc.log());
+    assert!(second.json()["error"].as_str().unwrap().contains("suppressed"), "{second:?}");
+    let damp = svc.get(&format!("/v1/releases/{hash}/dampening")).json();
+    assert_eq!(damp["suppressed"], true, "{damp}");
+    assert_eq!(svc.get(&format!("/v1/releases/{hash}")).json()["dampening"]["suppressed"], true);
+    let m = svc.get("/metrics").body;
+    assert_eq!(metric(&m, "germline_dampening_refusals_total", &hash), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "germline_suppressions_total", &hash), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "germline_call_copies_count", &hash), Some(1.0), "the refused call forked nothing: {m}");
+}
+
+#[test]
+fn bad_requests_get_json_4xx_and_the_service_stays_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let tokens = dir.join("tokens.toml");
+    // SHA-256 of "s3cret": the file holds hashes only.
+    std::fs::write(
+        &tokens,
+        "[[tokens]]\nname = \"ops\"\nsha256 = \"1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0\"\n",
+    )
+    .unwrap();
+    let svc = Service::start(dir, &format!("tokens_file = \"{}\"\nbody_limit_bytes = 4096\n", tokens.display()));
+    assert!(!svc.data.join("api-token").exists(), "no token generated when a tokens file is configured");
+    let unknown = format!("/v1/releases/{}/calls", "ab".repeat(32));
+    let call = json!({"tool": "echo", "arguments": {"text": "x"}});
+
+    // Authentication, off and on: the same request passes the check only with the token.
+    assert!(svc.post(&unknown, None, &call).client_error(401));
+    assert!(svc.post(&unknown, Some("s3cret-not"), &call).client_error(401));
+    assert!(svc
+        .post(&unknown, Some("1ec1c26b50d5d3c58d9583181af8076655fe00756bf7285940ba3670f99fcba0"), &call)
+        .client_error(401));
+    assert!(svc.post(&unknown, Some("s3cret"), &call).client_error(404), "token accepted, release unknown");
+    assert_eq!(svc.post("/v1/ledger/checkpoints", Some("s3cret"), &json!({})).status, 200);
+    assert_eq!(svc.get("/v1/ledger/entries").status, 200, "reads are open by default");
+
+    // Every documented POST needs the token (no mutating endpoint is left open).
+    let doc = svc.get("/openapi.json").json();
+    let posts: Vec<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, ops)| ops.get("post").is_some())
+        .map(|(p, _)| p.replace("{hash}", &"ab".repeat(32)))
+        .collect();
+    assert!(posts.len() >= 5, "{posts:?}");
+    for p in &posts {
+        assert!(svc.post(p, None, &json!({})).client_error(401), "{p} without a token");
+        assert!(svc.post(p, Some("wrong"), &json!({})).client_error(401), "{p} with a wrong token");
+        assert_ne!(svc.post(p, Some("s3cret"), &json!({})).status, 401, "{p} with the token");
+    }
+
+    // Body limit, under and over.
+    let under = json!({"tool": "echo", "arguments": {"text": "a".repeat(3000)}});
+    assert!(svc.post(&unknown, Some("s3cret"), &under).client_error(404));
+    let over = json!({"tool": "echo", "arguments": {"text": "a".repeat(64 << 10)}});
+    assert!(svc.post(&unknown, Some("s3cret"), &over).client_error(413));
+
+    // Malformed input.
+    let raw =
+        |path: &str, body: &[u8], ct: &str| http_raw(svc.port, "POST", path, Some("s3cret"), Some(body), ct).unwrap();
+    assert!(raw(&unknown, b"{not json", "application/json").client_error(400));
+    assert!(raw(&unknown, b"{\"tool\": 5}", "application/json").client_error(400));
+    assert!(raw(&unknown, b"{\"tool\": \"x\", \"surprise\": 1}", "application/json").client_error(400));
+    assert!(raw(&unknown, b"{}", "text/plain").client_error(415));
+    assert!(svc.post("/v1/releases/nothex/calls", Some("s3cret"), &call).client_error(400));
+    assert!(svc.get(&format!("/v1/releases/{}", "AB".repeat(32))).client_error(400));
+    assert!(svc.get(&format!("/v1/releases/{}", "ab".repeat(32))).client_error(404));
+    assert!(svc.get("/v1/ledger/entries/-1").client_error(400));
+    assert!(svc.get("/v1/ledger/entries/999").client_error(404));
+    assert!(svc.get("/v1/ledger/entries?limit=0").client_error(400));
+    assert!(svc.get("/v1/ledger/proofs/inclusion?index=x").client_error(400));
+    assert!(svc.get("/v1/ledger/proofs/consistency?old=0&new=99").client_error(404));
+    assert!(svc.get("/no/such/thing").client_error(404));
+    let tuf = json!({"repo": "http://example.invalid/repo", "root": "{}", "target": "x"});
+    assert!(svc.post("/v1/releases/tuf", Some("s3cret"), &tuf).client_error(403), "no URL is fetched unless allowed");
+    let session = json!({"calls": []});
+    assert!(svc.post(&format!("/v1/releases/{}/sessions", "ab".repeat(32)), Some("s3cret"), &session).status >= 400);
+
+    assert_eq!(svc.get("/healthz").status, 200, "still up: {}", svc.log());
+    assert!(!svc.log().contains("panicked"), "{}", svc.log());
+}
+
+/// A signed release whose initialisation starts a thread fails G1 at admission: 422 with
+/// the check named, nothing admitted, and the refusal counted in /metrics.
+#[test]
+fn a_release_failing_g1_g3_is_refused_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let code = "import threading, time\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n    return FastMCP('x')\n";
+    let rel = write_release(dir, "threaded", "", code);
+    let admit = publish(dir, &rel);
+    let svc = Service::start(dir, "");
+    let r = svc.post("/v1/releases/tuf", Some(&svc.token()), &admit);
+    assert!(r.client_error(422) && r.json()["error"].as_str().unwrap().contains("G1"), "{r:?}");
+    assert_eq!(svc.get("/v1/releases").json(), json!([]));
+    let m = svc.get("/metrics").body;
+    assert_eq!(metric(&m, "germline_germline_refusals_total", "unadmitted"), Some(1.0), "{m}");
+}
+
+#[test]
+fn reads_can_require_the_token_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = Service::start(tmp.path(), "read_requires_token = true\n");
+    let token = svc.token();
+    for p in ["/v1/releases", "/v1/ledger/entries", "/metrics", "/openapi.json"] {
+        assert!(svc.get(p).client_error(401), "{p} without a token");
+        assert_eq!(http(svc.port, "GET", p, Some(&token), None).status, 200, "{p} with the token");
+    }
+    assert_eq!(svc.get("/healthz").status, 200, "health stays open for probes");
+}
+
+#[test]
+fn sigterm_lets_in_flight_calls_finish_and_loses_no_ledger_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let rel = write_release(dir, "echo", "", ECHO);
+    let admit = publish(dir, &rel);
+    let mut svc = Service::start(dir, "");
+    let token = svc.token();
+    let admitted = svc.post("/v1/releases/tuf", Some(&token), &admit);
+    assert_eq!(admitted.status, 201, "{admitted:?}");
+    let hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+
+    // Eight calls queue on the release's germline; SIGTERM goes out once the first returns.
+    let port = svc.port;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let (tx, token, hash) = (tx.clone(), token.clone(), hash.clone());
+            std::thread::spawn(move || {
+                let body = json!({"tool": "echo", "arguments": {"text": format!("n{i}")}}).to_string();
+                let r = http_raw(
+                    port,
+                    "POST",
+                    &format!("/v1/releases/{hash}/calls"),
+                    Some(&token),
+                    Some(body.as_bytes()),
+                    "application/json",
+                );
+                let _ = tx.send((Instant::now(), r.map(|r| r.status).unwrap_or(0)));
+            })
+        })
+        .collect();
+    let (first_at, first) = rx.recv_timeout(Duration::from_secs(120)).expect("a first answer");
+    assert_eq!(first, 200);
+    let term_at = Instant::now();
+    let killed = Command::new("kill").args(["-TERM", &svc.child.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let mut answers = vec![(first_at, first)];
+    for _ in 1..8 {
+        answers.push(rx.recv_timeout(Duration::from_secs(120)).expect("every request is answered or refused"));
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    let end = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = svc.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "no exit 60 s after SIGTERM: {}", svc.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}: {}", svc.log());
+    let ok = answers.iter().filter(|(_, s)| *s == 200).count();
+    let after_term = answers.iter().filter(|(t, s)| *s == 200 && *t > term_at).count();
+    assert!(after_term >= 1, "calls in flight at SIGTERM finished: {answers:?}\n{}", svc.log());
+    assert!(answers.iter().all(|(_, s)| [200, 503, 0].contains(s)), "{answers:?}");
+
+    // Reopen the ledger: one dampening event per answered call, and the log verifies.
+    let listed = germline(&["ledger", "--data-dir", &svc.data.to_string_lossy(), "list"], dir);
+    let events = listed.lines().filter(|l| l.contains("dampening_event")).count();
+    assert_eq!(events, ok, "{listed}");
+    let verified = germline(&["ledger", "--data-dir", &svc.data.to_string_lossy(), "verify"], dir);
+    assert!(verified.contains("OK"), "{verified}");
+}
+
+fn schemathesis() -> PathBuf {
+    let st = std::env::var_os("GERMLINE_SCHEMATHESIS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/germline/venv-schemathesis/bin/schemathesis"));
+    assert!(st.is_file(), "{} is missing: run scripts/setup.sh", st.display());
+    st
+}
+
+/// Cross-field rules OpenAPI cannot state: admission succeeds only for signed releases
+/// (422 otherwise), and a proof needs `index < size` / `old <= new` (400 otherwise).
+const SCHEMATHESIS_CONFIG: &str = r#"
+[[operations]]
+include-path-regex = "^/v1/releases/(tuf|sigstore)$"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
+
+[[operations]]
+include-path-regex = "^/v1/ledger/proofs/"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
+"#;
+
+/// Runs schemathesis with every check against `url`; (passed, output).
+fn run_schemathesis(dir: &Path, url: &str, token: &str, examples: u32) -> (bool, String) {
+    let config = dir.join("schemathesis.toml");
+    std::fs::write(&config, SCHEMATHESIS_CONFIG).unwrap();
+    // `timeout` bounds the run; schemathesis's own --max-time is a budget it fills.
+    let out = Command::new("timeout")
+        .arg("600")
+        .arg(schemathesis())
+        .arg("--config-file")
+        .arg(&config)
+        .args(["--no-color", "run", url, "--checks", "all", "--max-examples", &examples.to_string()])
+        // One worker: concurrent workers trip a CPython 3.11 ast bug inside hypothesis.
+        .args(["--workers", "1", "--request-timeout", "120", "--seed", "1"])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running schemathesis");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn schemathesis_finds_no_server_error_or_schema_violation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let rel = write_release(dir, "echo", "", ECHO);
+    let admit = publish(dir, &rel);
+    let svc = Service::start(dir, "");
+    let token = svc.token();
+    assert_eq!(svc.post("/v1/releases/tuf", Some(&token), &admit).status, 201);
+    let (ok, out) = run_schemathesis(dir, &format!("http://127.0.0.1:{}/openapi.json", svc.port), &token, 25);
+    assert!(ok, "schemathesis reported failures:\n{out}\n--- service log ---\n{}", svc.log());
+    assert!(out.contains("passed"), "{out}");
+    assert_eq!(svc.get("/healthz").status, 200);
+    assert!(!svc.log().contains("panicked"), "{}", svc.log());
+}
+
+/// The same harness against a server whose answer breaks its own schema must fail, so a
+/// passing run above means something.
+#[test]
+fn schemathesis_harness_fails_on_a_broken_response() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let server = dir.join("broken.py");
+    std::fs::write(
+        &server,
+        r#"import http.server, json, sys
+DOC = {"openapi": "3.1.0", "info": {"title": "broken", "version": "1"},
+       "paths": {"/healthz": {"get": {"operationId": "healthz", "responses": {"200": {"description": "ok",
+         "content": {"application/json": {"schema": {"type": "object", "required": ["status"],
+           "properties": {"status": {"type": "string"}}, "additionalProperties": False}}}}}}}}}
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps(DOC if self.path == "/openapi.json" else {"status": 5}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.timeout = 1
+import time
+end = time.time() + 300
+while time.time() < end:
+    s.handle_request()
+"#,
+    )
+    .unwrap();
+    let mut child = Command::new("python3").arg(&server).stdout(Stdio::piped()).spawn().expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let port: u16 = line.trim().parse().expect("port");
+    let (ok, out) = run_schemathesis(dir, &format!("http://127.0.0.1:{port}/openapi.json"), "t", 5);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!ok, "a response violating its schema must fail the run:\n{out}");
+    assert!(out.contains("schema") || out.contains("Schema"), "{out}");
+}
