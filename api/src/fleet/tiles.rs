@@ -154,7 +154,9 @@ impl<'a> TiledTree<'a> {
             let tile = self.raw_tile(level, index)?;
             let off = (first % TILE_WIDTH) as usize;
             subtrees.push(fold(&tile[off..off + span as usize]));
-            edge.push((level, index));
+            if !edge.contains(&(level, index)) {
+                edge.push((level, index));
+            }
         }
         let mut h = subtrees.pop().unwrap_or_else(merkle::empty_root);
         while let Some(left) = subtrees.pop() {
