@@ -41,7 +41,7 @@ fn json_lines(s: &str) -> Vec<Value> {
 }
 
 fn keys(data: &Path) -> Value {
-    let (ok, out, err) = germline(&["fleet", "keys", "--data-dir", &data.to_string_lossy()], data.parent().unwrap(), data, data);
+    let (ok, out, err) = germline(&["fleet", "keys", "--data-dir", &data.to_string_lossy()], Path::new("/"), data, data);
     assert!(ok, "{err}");
     json_lines(&out).remove(0)
 }
