@@ -33,7 +33,11 @@ fn germline(args: &[&str], cwd: &Path, data: &Path, home: &Path) -> (bool, Strin
         .env("GERMLINE_DATA_DIR", data)
         .output()
         .expect("run germline");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn json_lines(s: &str) -> Vec<Value> {
@@ -41,7 +45,8 @@ fn json_lines(s: &str) -> Vec<Value> {
 }
 
 fn keys(data: &Path) -> Value {
-    let (ok, out, err) = germline(&["fleet", "keys", "--data-dir", &data.to_string_lossy()], Path::new("/"), data, data);
+    let (ok, out, err) =
+        germline(&["fleet", "keys", "--data-dir", &data.to_string_lossy()], Path::new("/"), data, data);
     assert!(ok, "{err}");
     json_lines(&out).remove(0)
 }
@@ -61,7 +66,7 @@ impl Host {
         let mut child = Command::new(BIN)
             .args(["fleet", "serve", "--data-dir", &data.to_string_lossy(), "--listen", listen, "--config"])
             .arg(config)
-            .env("GERMLINE_LOG", "warn")
+            .env("GERMLINE_LOG", "error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -173,11 +178,23 @@ impl Scene {
     }
 
     fn call(&self, release: &str, data: &Path) -> Value {
-        let args = format!("{{\"document\": \"{}\", \"extra\": \"{}\"}}", self.invoice.display(), self.payslip.display());
+        let args =
+            format!("{{\"document\": \"{}\", \"extra\": \"{}\"}}", self.invoice.display(), self.payslip.display());
         let (_, out, err) = germline(
             &[
-                "call", "--release", release, "--policy", "policy.toml", "--tool", "scan", "--args", &args, "--item",
-                &self.invoice.to_string_lossy(), "--item", &self.payslip.to_string_lossy(),
+                "call",
+                "--release",
+                release,
+                "--policy",
+                "policy.toml",
+                "--tool",
+                "scan",
+                "--args",
+                &args,
+                "--item",
+                &self.invoice.to_string_lossy(),
+                "--item",
+                &self.payslip.to_string_lossy(),
             ],
             &self.root,
             data,
@@ -244,9 +261,24 @@ fn a_witness_on_one_host_suppresses_the_release_on_its_peers() {
     let wk = |i: usize| k[i]["witness_key"].as_str().unwrap().to_owned();
     let interval = 500u64;
     let cfg = |i: usize| tmp.path().join(format!("fleet-{i}.toml"));
-    write_config(&cfg(0), interval, "", &[peer_toml("b", &url(1), &k[1], &wk(1)), peer_toml("c", &url(2), &k[2], &wk(2))]);
-    write_config(&cfg(1), interval, "", &[peer_toml("a", &url(0), &k[0], &wk(0)), peer_toml("c", &url(2), &k[2], &wk(2))]);
-    write_config(&cfg(2), interval, "", &[peer_toml("a", &url(0), &k[0], &wk(0)), peer_toml("b", &url(1), &k[1], &wk(1))]);
+    write_config(
+        &cfg(0),
+        interval,
+        "",
+        &[peer_toml("b", &url(1), &k[1], &wk(1)), peer_toml("c", &url(2), &k[2], &wk(2))],
+    );
+    write_config(
+        &cfg(1),
+        interval,
+        "",
+        &[peer_toml("a", &url(0), &k[0], &wk(0)), peer_toml("c", &url(2), &k[2], &wk(2))],
+    );
+    write_config(
+        &cfg(2),
+        interval,
+        "",
+        &[peer_toml("a", &url(0), &k[0], &wk(0)), peer_toml("b", &url(1), &k[1], &wk(1))],
+    );
     // D trusts the wrong witness key for A (its own): the mechanism switched off.
     write_config(&cfg(3), interval, "", &[peer_toml("a", &url(0), &k[0], &wk(3))]);
 
@@ -335,7 +367,11 @@ fn a_witness_on_one_host_suppresses_the_release_on_its_peers() {
                 batch.push(Entry::new(EntryKind::Witness, body.evidence.release, json.to_string().into_bytes()));
                 releases.push(body.evidence.release);
             } else {
-                batch.push(Entry::new(EntryKind::Admission, ReleaseHash::of_bytes(b"filler"), format!("{{\"n\":{i}}}").into_bytes()));
+                batch.push(Entry::new(
+                    EntryKind::Admission,
+                    ReleaseHash::of_bytes(b"filler"),
+                    format!("{{\"n\":{i}}}").into_bytes(),
+                ));
             }
         }
         l.append_many(batch).unwrap();
@@ -396,8 +432,9 @@ fn static_server(root: Arc<Mutex<PathBuf>>) -> u16 {
             let file = root.lock().unwrap().join(&path);
             let resp = match std::fs::read(&file) {
                 Ok(body) if !path.contains("..") => {
-                    let mut r = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len())
-                        .into_bytes();
+                    let mut r =
+                        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len())
+                            .into_bytes();
                     r.extend_from_slice(&body);
                     r
                 }
@@ -421,13 +458,22 @@ fn tampered_tiles_and_forked_checkpoints_are_detected_and_reported() {
     // The fork shares A's key, origin and first 599 entries, then differs.
     let copy = Command::new("cp").arg("-a").arg(a.parent().unwrap()).arg(fork.parent().unwrap()).status().unwrap();
     assert!(copy.success());
-    open(&a).append(Entry::new(EntryKind::Admission, ReleaseHash::of_bytes(b"x"), b"{\"side\":\"a\"}".to_vec())).unwrap();
-    open(&fork).append(Entry::new(EntryKind::Admission, ReleaseHash::of_bytes(b"x"), b"{\"side\":\"fork\"}".to_vec())).unwrap();
+    open(&a)
+        .append(Entry::new(EntryKind::Admission, ReleaseHash::of_bytes(b"x"), b"{\"side\":\"a\"}".to_vec()))
+        .unwrap();
+    open(&fork)
+        .append(Entry::new(EntryKind::Admission, ReleaseHash::of_bytes(b"x"), b"{\"side\":\"fork\"}".to_vec()))
+        .unwrap();
     let ka = keys(&a);
     assert_eq!(keys(&fork)["checkpoint_key"], ka["checkpoint_key"]);
     let (wa, wf) = (tmp.path().join("www-a"), tmp.path().join("www-fork"));
     for (d, w) in [(&a, &wa), (&fork, &wf)] {
-        let (ok, out, err) = germline(&["fleet", "export", "--data-dir", &d.to_string_lossy(), "--out", &w.to_string_lossy()], tmp.path(), d, d);
+        let (ok, out, err) = germline(
+            &["fleet", "export", "--data-dir", &d.to_string_lossy(), "--out", &w.to_string_lossy()],
+            tmp.path(),
+            d,
+            d,
+        );
         assert!(ok && out.contains("\"size\":600"), "{out}{err}");
     }
     let root = Arc::new(Mutex::new(wa.clone()));

@@ -136,7 +136,7 @@ impl VerifyReport {
 enum Op {
     Append(Entry),
     Call(ReleaseHash, Event),
-    FleetSuppress { release: ReleaseHash, witness: [u8; 32], reason: String },
+    FleetSuppress { release: ReleaseHash, witness: [u8; 32], reason: String, peer: Option<(String, PeerRecord)> },
 }
 
 enum OpResult {
@@ -144,7 +144,7 @@ enum OpResult {
     Called(DampeningState),
     /// The fleet suppression entry's index, and whether this op appended it (false: the
     /// witness had already suppressed the release).
-    Suppressed(u64, bool),
+    Suppressed(u64, bool, Option<PeerRecord>),
 }
 
 enum Job {
@@ -381,6 +381,15 @@ impl Pending<'_> {
     }
 }
 
+impl Pending<'_> {
+    fn put_peer(&mut self, name: &str, record: &PeerRecord) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_PEERS)?;
+        let bytes = serde_json::to_vec(record).map_err(|e| LedgerError::Encode(e.to_string()))?;
+        self.batch.put_cf(&cf, name.as_bytes(), bytes);
+        Ok(())
+    }
+}
+
 fn fleet_key(release: &ReleaseHash, witness: &[u8; 32]) -> [u8; 64] {
     let mut k = [0u8; 64];
     k[..32].copy_from_slice(&release.0);
@@ -463,8 +472,19 @@ fn commit_group(inner: &Inner, group: Group) {
             let r = match op {
                 Op::Append(e) => pending.append(e).map(OpResult::Appended),
                 Op::Call(release, event) => pending.call(*release, *event).map(OpResult::Called),
-                Op::FleetSuppress { release, witness, reason } => {
-                    pending.fleet_suppress(*release, *witness, reason).map(|(i, new)| OpResult::Suppressed(i, new))
+                Op::FleetSuppress { release, witness, reason, peer } => {
+                    pending.fleet_suppress(*release, *witness, reason).and_then(|(i, new)| {
+                        let peer = match peer {
+                            Some((name, rec)) => {
+                                let mut rec = rec.clone();
+                                rec.suppressions += u64::from(new);
+                                pending.put_peer(name, &rec)?;
+                                Some(rec)
+                            }
+                            None => None,
+                        };
+                        Ok(OpResult::Suppressed(i, new, peer))
+                    })
                 }
             };
             match r {
@@ -722,9 +742,32 @@ impl Ledger {
     /// where it may not go; unlike a penalty, a proof does not decay. Returns the
     /// entry's index and whether this call appended it.
     pub fn suppress(&self, release: &ReleaseHash, witness: [u8; 32], reason: &str) -> Result<(u64, bool), LedgerError> {
-        let op = Op::FleetSuppress { release: *release, witness, reason: reason.to_owned() };
+        let op = Op::FleetSuppress { release: *release, witness, reason: reason.to_owned(), peer: None };
         match self.submit(vec![op])?.pop() {
-            Some(OpResult::Suppressed(i, new)) => Ok((i, new)),
+            Some(OpResult::Suppressed(i, new, _)) => Ok((i, new)),
+            _ => Err(LedgerError::Write("no result for the suppression".into())),
+        }
+    }
+
+    /// [`Ledger::suppress`] and the mirror's record of `peer` (its cursor moved past the
+    /// witness; `suppressions` is incremented here if the entry is new) in one durable
+    /// write batch, so a crash never separates the two. Returns the stored record.
+    pub fn suppress_from_peer(
+        &self,
+        release: &ReleaseHash,
+        witness: [u8; 32],
+        reason: &str,
+        peer: &str,
+        record: PeerRecord,
+    ) -> Result<(u64, bool, PeerRecord), LedgerError> {
+        let op = Op::FleetSuppress {
+            release: *release,
+            witness,
+            reason: reason.to_owned(),
+            peer: Some((peer.to_owned(), record)),
+        };
+        match self.submit(vec![op])?.pop() {
+            Some(OpResult::Suppressed(i, new, Some(rec))) => Ok((i, new, rec)),
             _ => Err(LedgerError::Write("no result for the suppression".into())),
         }
     }

@@ -295,15 +295,16 @@ pub fn sync_peer_from(
                 WitnessDecision::Suppress { release, witness_sha256 } => {
                     let reason =
                         format!("fleet: witness {} from {} entry {index}", hex::encode(witness_sha256), peer.name);
-                    let (at, new) = ledger.suppress(&release, witness_sha256, &reason)?;
+                    // The suppression and the cursor past its witness: one durable batch.
+                    let mut next = rec.clone();
+                    next.processed = index + 1;
+                    let (at, new, stored) =
+                        ledger.suppress_from_peer(&release, witness_sha256, &reason, &peer.name, next)?;
+                    rec = stored;
                     if new {
                         tracing::warn!(peer = %peer.name, %release, entry = at, "{reason}");
-                        rec.suppressions += 1;
                         suppressed.push(release);
                     }
-                    // The suppression is durable: move the cursor past its witness now.
-                    rec.processed = index + 1;
-                    ledger.put_peer_record(&peer.name, &rec)?;
                 }
                 WitnessDecision::Ignore(why) => {
                     tracing::info!(peer = %peer.name, index, "witness not suppressing: {why}");
@@ -311,6 +312,8 @@ pub fn sync_peer_from(
                 WitnessDecision::Reject(why) => {
                     tracing::warn!(peer = %peer.name, index, "witness rejected: {why}");
                     rec.rejected_witnesses += 1;
+                    rec.processed = index + 1;
+                    ledger.put_peer_record(&peer.name, &rec)?;
                 }
             }
         }

@@ -348,5 +348,13 @@ fn peer_records_persist() {
     }
     let ledger = open(tmp.path());
     assert_eq!(ledger.peer_record("a").expect("get"), Some(rec.clone()));
-    assert_eq!(ledger.peer_records().expect("all"), vec![("a".to_string(), rec)]);
+    assert_eq!(ledger.peer_records().expect("all"), vec![("a".to_string(), rec.clone())]);
+    // A suppression and the peer's cursor are written together; a replay counts nothing.
+    let next = PeerRecord { processed: 4, ..rec.clone() };
+    let (i, new, stored) = ledger.suppress_from_peer(&release(1), [2u8; 32], "fleet: x", "a", next.clone()).expect("s");
+    assert!(new);
+    assert_eq!(stored.suppressions, 1);
+    assert_eq!(ledger.peer_record("a").expect("get"), Some(stored.clone()));
+    let (j, again, replayed) = ledger.suppress_from_peer(&release(1), [2u8; 32], "fleet: x", "a", stored).expect("s");
+    assert_eq!((j, again, replayed.suppressions), (i, false, 1));
 }
