@@ -32,6 +32,8 @@ pub enum PeerStatus {
     BadCheckpoint,
     /// Tiles or entry bundles did not match the peer's signed checkpoint.
     TamperedTile,
+    /// The checkpoint lacks the configured quorum of witness cosignatures.
+    Unwitnessed,
     /// The peer signed two checkpoints that cannot both be true; it is ignored from
     /// then on (sticky until an operator resets the record).
     SplitView,
@@ -46,6 +48,7 @@ impl PeerStatus {
             PeerStatus::Unreachable => "unreachable",
             PeerStatus::BadCheckpoint => "bad-checkpoint",
             PeerStatus::TamperedTile => "tampered-tile",
+            PeerStatus::Unwitnessed => "unwitnessed",
             PeerStatus::SplitView => "split-view",
         }
     }

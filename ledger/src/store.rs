@@ -42,7 +42,10 @@ const CF_META: &str = "meta";
 const CF_FLEET_SUPPRESSED: &str = "fleet_suppressed";
 /// peer name → JSON [`PeerRecord`] (the mirror's own state, not derived from entries).
 const CF_FLEET_PEERS: &str = "fleet_peers";
-const ALL_CFS: [&str; 8] = [
+/// Witness state per log origin (`cosigned/<origin>` → size ‖ root) and this log's
+/// published cosigned checkpoint (`published` → note).
+const CF_FLEET_META: &str = "fleet_meta";
+const ALL_CFS: [&str; 9] = [
     CF_ENTRIES,
     CF_HASHES,
     CF_RELEASE_INDEX,
@@ -51,6 +54,7 @@ const ALL_CFS: [&str; 8] = [
     CF_META,
     CF_FLEET_SUPPRESSED,
     CF_FLEET_PEERS,
+    CF_FLEET_META,
 ];
 /// Column families derived from `entries` that [`Ledger::rebuild_index`] can restore.
 const DERIVED_CFS: [&str; 3] = [CF_RELEASE_INDEX, CF_DAMPENING, CF_FLEET_SUPPRESSED];
@@ -811,6 +815,56 @@ impl Ledger {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.inner.db.put_cf_opt(&cf, name.as_bytes(), bytes, &wo).map_err(db_err(format!("storing peer {name}")))
+    }
+
+    /// The latest checkpoint this host cosigned for the log `origin` (as a witness).
+    pub fn cosigned_head(&self, origin: &str) -> Result<Option<(u64, Hash)>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        let key = format!("cosigned/{origin}");
+        match self.inner.db.get_cf(&cf, key.as_bytes()).map_err(db_err("reading witness state"))? {
+            Some(v) if v.len() == 40 => {
+                let mut root = [0u8; 32];
+                root.copy_from_slice(&v[8..]);
+                Ok(Some((read_u64(&v[..8], "cosigned size")?, root)))
+            }
+            Some(_) => Err(LedgerError::Corrupt(format!("witness state of {origin} is malformed"))),
+            None => Ok(None),
+        }
+    }
+
+    /// Records (durably) that this host cosigned `origin` at `size` with `root`.
+    pub fn put_cosigned_head(&self, origin: &str, size: u64, root: &Hash) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        let mut v = be(size).to_vec();
+        v.extend_from_slice(root);
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.inner
+            .db
+            .put_cf_opt(&cf, format!("cosigned/{origin}").as_bytes(), v, &wo)
+            .map_err(db_err("storing witness state"))
+    }
+
+    /// This log's latest checkpoint with witness cosignatures, if one was collected.
+    pub fn published_checkpoint(&self) -> Result<Option<String>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        self.inner
+            .db
+            .get_cf(&cf, b"published")
+            .map_err(db_err("reading the published checkpoint"))?
+            .map(|v| String::from_utf8(v).map_err(|_| LedgerError::Corrupt("published checkpoint is not UTF-8".into())))
+            .transpose()
+    }
+
+    /// Stores the cosigned checkpoint to publish (durably).
+    pub fn put_published_checkpoint(&self, note: &str) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.inner
+            .db
+            .put_cf_opt(&cf, b"published", note.as_bytes(), &wo)
+            .map_err(db_err("storing the published checkpoint"))
     }
 
     /// All stored peer records, by name.

@@ -236,6 +236,24 @@ pub fn sync_peer_from(
             )
         }
     };
+    if peer.quorum > 0 {
+        let valid = peer
+            .cosigners
+            .iter()
+            .filter_map(|k| germline_ledger::CosignatureVerifier::from_vkey(k).ok())
+            .filter(|v| v.verify(&note).is_ok())
+            .count();
+        if valid < peer.quorum {
+            return fail(
+                ledger,
+                peer,
+                rec,
+                PeerStatus::Unwitnessed,
+                format!("checkpoint size {} has {valid} of the {} cosignatures required", cp.size, peer.quorum),
+                vec![note],
+            );
+        }
+    }
     let tree = match TiledTree::open(src, cp.size, cp.root, config.max_requests_per_sync) {
         Ok(t) => t,
         Err(e) => return tiles_failure(ledger, peer, rec, e, &note),

@@ -16,6 +16,7 @@ pub mod lookup;
 pub mod mirror;
 pub mod routes;
 pub mod tiles;
+pub mod witness;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,9 +48,24 @@ pub struct FleetConfig {
     /// This host's log origin (default: the one stored in the ledger, or a random one).
     #[serde(default)]
     pub origin: Option<String>,
-    /// The peers to mirror.
+    /// The peers to mirror (and whose checkpoints this host cosigns as a witness).
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
+    /// Witnesses this host submits its own checkpoints to (C2SP tlog-witness).
+    #[serde(default)]
+    pub witnesses: Vec<WitnessConfig>,
+}
+
+/// A witness this host asks to cosign its checkpoints.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WitnessConfig {
+    /// A local name.
+    pub name: String,
+    /// Its submission prefix (`<url>/add-checkpoint`).
+    pub url: String,
+    /// Its cosigner key (vkey, type 0x04).
+    pub cosigner_key: String,
 }
 
 fn default_interval() -> u64 {
@@ -74,6 +90,7 @@ impl Default for FleetConfig {
             max_requests_per_sync: default_max_requests(),
             origin: None,
             peers: Vec::new(),
+            witnesses: Vec::new(),
         }
     }
 }
@@ -93,6 +110,13 @@ pub struct PeerConfig {
     /// Its log origin, if not the checkpoint key's name.
     #[serde(default)]
     pub origin: Option<String>,
+    /// Witness cosigner keys (vkeys, type 0x04) whose cosignatures count for this peer.
+    #[serde(default)]
+    pub cosigners: Vec<String>,
+    /// How many of `cosigners` must have cosigned a checkpoint before it is accepted
+    /// (0: the peer's own signature suffices).
+    #[serde(default)]
+    pub quorum: usize,
 }
 
 impl FleetConfig {
@@ -111,6 +135,17 @@ impl FleetConfig {
             }
             NoteVerifier::from_vkey(&p.checkpoint_key).with_context(|| format!("peer {}: checkpoint_key", p.name))?;
             mirror::parse_witness_key(&p.witness_key).map_err(|e| anyhow::anyhow!("peer {}: {e}", p.name))?;
+            for c in &p.cosigners {
+                germline_ledger::CosignatureVerifier::from_vkey(c)
+                    .with_context(|| format!("peer {}: cosigner", p.name))?;
+            }
+            if p.quorum > p.cosigners.len() {
+                bail!("peer {}: quorum {} exceeds its {} cosigners", p.name, p.quorum, p.cosigners.len());
+            }
+        }
+        for w in &self.witnesses {
+            germline_ledger::CosignatureVerifier::from_vkey(&w.cosigner_key)
+                .with_context(|| format!("witness {}: cosigner_key", w.name))?;
         }
         if self.sync_interval_ms == 0 || self.request_timeout_ms == 0 || self.max_requests_per_sync == 0 {
             bail!("sync_interval_ms, request_timeout_ms and max_requests_per_sync must be positive");
@@ -205,10 +240,11 @@ pub fn run(args: FleetArgs) -> anyhow::Result<i32> {
         FleetCommand::Keys { data_dir, origin } => {
             let ledger = open_ledger(&data_dir, origin)?;
             let wk = germline_verifier::WitnessKey::load_or_create(&data_dir, "germline-host")?;
+            let cosigner = witness::load_cosigner(&data_dir, &cosigner_name(&ledger))?;
             println!(
                 "{}",
                 serde_json::json!({"origin": ledger.origin(), "checkpoint_key": ledger.verifier().to_vkey(),
-                    "witness_key": hex::encode(wk.public_key())})
+                    "witness_key": hex::encode(wk.public_key()), "cosigner_key": cosigner.verifier().to_vkey()})
             );
             Ok(0)
         }
@@ -236,6 +272,11 @@ pub fn run(args: FleetArgs) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// This host's cosigner name: its log origin with `/witness` appended.
+pub fn cosigner_name(ledger: &Ledger) -> String {
+    format!("{}/witness", ledger.origin())
 }
 
 fn open_ledger(data_dir: &Path, origin: Option<String>) -> anyhow::Result<Ledger> {
@@ -322,6 +363,8 @@ pub fn export(ledger: &Ledger, out: &Path) -> anyhow::Result<usize> {
 fn serve(data_dir: &Path, listen: &str, config: FleetConfig) -> anyhow::Result<i32> {
     let ledger = Arc::new(open_ledger(data_dir, config.origin.clone())?);
     germline_verifier::WitnessKey::load_or_create(data_dir, "germline-host")?;
+    let cosigner = witness::load_cosigner(data_dir, &cosigner_name(&ledger))?;
+    let witness_service = Arc::new(witness::WitnessService::new(Arc::clone(&ledger), cosigner, &config)?);
     ledger.checkpoint().context("signing the first checkpoint")?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mirror = mirror::spawn_mirror(Arc::clone(&ledger), config.clone())?;
@@ -335,18 +378,21 @@ fn serve(data_dir: &Path, listen: &str, config: FleetConfig) -> anyhow::Result<i
         );
         let signer = Arc::clone(&ledger);
         let interval = Duration::from_millis(config.sync_interval_ms.max(10));
-        tokio::spawn(async move {
+        let witness_config = config.clone();
+        // One thread signs checkpoints and gathers cosignatures, every interval.
+        std::thread::Builder::new().name("fleet-checkpoints".into()).spawn(move || {
+            let mut known = std::collections::HashMap::new();
             loop {
-                tokio::time::sleep(interval).await;
-                let l = Arc::clone(&signer);
-                match tokio::task::spawn_blocking(move || l.checkpoint()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::error!("signing a checkpoint: {e}"),
-                    Err(e) => tracing::error!("checkpoint task: {e}"),
+                if let Err(e) = signer.checkpoint() {
+                    tracing::error!("signing a checkpoint: {e}");
                 }
+                witness::collect_cosignatures(&signer, &witness_config, &mut known);
+                std::thread::sleep(interval);
             }
-        });
-        let app = routes::public_routes(Arc::clone(&ledger)).merge(routes::status_routes(Arc::clone(&ledger)));
+        })?;
+        let app = routes::public_routes(Arc::clone(&ledger))
+            .merge(routes::status_routes(Arc::clone(&ledger)))
+            .merge(witness::witness_routes(witness_service));
         axum::serve(listener, app).with_graceful_shutdown(shutdown()).await.context("serving")
     });
     mirror.stop();

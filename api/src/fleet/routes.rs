@@ -56,11 +56,19 @@ pub fn status_routes(ledger: Arc<Ledger>) -> Router {
 }
 
 async fn checkpoint(State(ledger): State<Arc<Ledger>>) -> Result<Response, ApiError> {
-    let cp = blocking(move || ledger.latest_checkpoint()).await?;
-    let Some(cp) = cp else {
+    // The latest signed checkpoint, with its witnesses' cosignatures once gathered.
+    let note = blocking(move || {
+        let Some(cp) = ledger.latest_checkpoint()? else { return Ok(None) };
+        Ok(Some(match ledger.published_checkpoint()? {
+            Some(p) if p.starts_with(&cp.note) => p,
+            _ => cp.note,
+        }))
+    })
+    .await?;
+    let Some(note) = note else {
         return Err(ApiError(StatusCode::NOT_FOUND, "no checkpoint signed yet".into()));
     };
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], cp.note)
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], note)
         .into_response())
 }
 
