@@ -127,6 +127,14 @@ fn peer_toml(name: &str, url: &str, k: &Value, witness_key: &str) -> String {
     )
 }
 
+fn peer_toml_quorum(name: &str, url: &str, k: &Value, witness_key: &str, cosigner: &Value) -> String {
+    format!(
+        "{}cosigners = [\"{}\"]\nquorum = 1\n",
+        peer_toml(name, url, k, witness_key),
+        cosigner["cosigner_key"].as_str().unwrap()
+    )
+}
+
 fn write_config(path: &Path, interval_ms: u64, extra: &str, peers: &[String]) {
     std::fs::write(
         path,
@@ -261,17 +269,23 @@ fn a_witness_on_one_host_suppresses_the_release_on_its_peers() {
     let wk = |i: usize| k[i]["witness_key"].as_str().unwrap().to_owned();
     let interval = 500u64;
     let cfg = |i: usize| tmp.path().join(format!("fleet-{i}.toml"));
+    // A asks C to cosign its checkpoints; B accepts A's only with C's cosignature.
+    let a_asks_c = format!(
+        "[[fleet.witnesses]]\nname = \"c\"\nurl = \"{}\"\ncosigner_key = \"{}\"\n",
+        url(2),
+        k[2]["cosigner_key"].as_str().unwrap()
+    );
     write_config(
         &cfg(0),
         interval,
-        "",
+        &a_asks_c,
         &[peer_toml("b", &url(1), &k[1], &wk(1)), peer_toml("c", &url(2), &k[2], &wk(2))],
     );
     write_config(
         &cfg(1),
         interval,
         "",
-        &[peer_toml("a", &url(0), &k[0], &wk(0)), peer_toml("c", &url(2), &k[2], &wk(2))],
+        &[peer_toml_quorum("a", &url(0), &k[0], &wk(0), &k[2]), peer_toml("c", &url(2), &k[2], &wk(2))],
     );
     write_config(
         &cfg(2),
@@ -288,7 +302,11 @@ fn a_witness_on_one_host_suppresses_the_release_on_its_peers() {
     let took_b = wait_for("B to suppress", Duration::from_millis(interval * 2 + 5000), || suppressed_on(&hosts[1]));
     let took_c = wait_for("C to suppress", Duration::from_millis(interval * 2 + 5000), || suppressed_on(&hosts[2]));
     eprintln!("suppression seen on B after {took_b:?}, on C after {took_c:?} (sync interval {interval} ms)");
-    assert!(took_b.max(took_c) <= Duration::from_millis(interval + 1500), "{took_b:?} {took_c:?}");
+    assert!(took_b.max(took_c) <= Duration::from_millis(2 * interval + 1500), "{took_b:?} {took_c:?}");
+    // A publishes its checkpoint with C's cosignature (what B's quorum required).
+    let cp = ureq::get(&format!("{}/checkpoint", url(0))).call().unwrap().into_string().unwrap();
+    let c_name = format!("\u{2014} {}/witness ", k[2]["origin"].as_str().unwrap());
+    assert!(cp.contains(&c_name), "{cp}");
     for h in &hosts[1..3] {
         let p = h.peer("a");
         assert_eq!(p["status"], "ok", "{p}");
@@ -488,12 +506,20 @@ fn tampered_tiles_and_forked_checkpoints_are_detected_and_reported() {
             Host::start(d, "127.0.0.1:0", &cfg)
         })
         .collect();
+    // E demands a witness cosignature that A's static checkpoint does not carry.
+    let e = tmp.path().join("e").join("data");
+    let cfg = tmp.path().join("fleet-e.toml");
+    write_config(&cfg, interval, "", &[peer_toml_quorum("a", &url, &ka, &"0".repeat(64), &keys(&e))]);
+    let host_e = Host::start(&e, "127.0.0.1:0", &cfg);
     for h in &hosts {
         wait_for("a verified mirror", Duration::from_secs(10), || {
             let p = h.peer("a");
             p["status"] == "ok" && p["processed"] == 600
         });
     }
+
+    wait_for("unwitnessed", Duration::from_secs(10), || host_e.peer("a")["status"] == "unwitnessed");
+    assert_eq!(host_e.peer("a")["processed"], 0);
 
     // A tampered tile (one bit of the right-edge level-0 tile) is reported by B and C.
     let tile = wa.join("tile/0/002.p/88");
