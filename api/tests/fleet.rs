@@ -554,4 +554,11 @@ fn tampered_tiles_and_forked_checkpoints_are_detected_and_reported() {
     for h in &hosts {
         assert_eq!(h.peer("a")["status"], "split-view");
     }
+    // Until an operator resets the peer (with its host stopped).
+    drop(hosts);
+    let (ok, out, err) =
+        germline(&["fleet", "reset-peer", "--data-dir", &b.to_string_lossy(), "--peer", "a"], tmp.path(), &b, &b);
+    assert!(ok && out.contains("split-view"), "{out}{err}");
+    let (ok, out, _) = germline(&["fleet", "status", "--data-dir", &b.to_string_lossy()], tmp.path(), &b, &b);
+    assert!(ok && json_lines(&out)[0]["status"] == "new", "{out}");
 }

@@ -8,9 +8,9 @@
 //! A peer caught with two inconsistent checkpoints is flagged as a split view and
 //! ignored; a tile that does not hash to the signed root is reported as tampered.
 //!
-//! Commands: `germline fleet serve|status|keys|export|check-lookup`. The HTTP service
-//! embeds [`FleetConfig`] as `[fleet]`, mounts [`routes::public_routes`] and starts
-//! [`mirror::spawn_mirror`] on its own ledger.
+//! Commands: `germline fleet serve|status|keys|export|reset-peer|check-lookup`. The HTTP
+//! service embeds [`FleetConfig`] as `[fleet]` and calls [`start`] on its own ledger:
+//! that mounts the routes and runs the mirror and the checkpoint signer.
 
 pub mod lookup;
 pub mod mirror;
@@ -218,6 +218,16 @@ enum FleetCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Forget what the mirror knows about a peer (e.g. after a split view was resolved);
+    /// its log is then read from the start again (suppressions are not repeated).
+    ResetPeer {
+        /// Data directory of a host that is not running.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The peer's name.
+        #[arg(long)]
+        peer: String,
+    },
     /// Verify a saved `/lookup` answer offline against a checkpoint key.
     CheckLookup {
         /// The answer (JSON file).
@@ -252,6 +262,13 @@ pub fn run(args: FleetArgs) -> anyhow::Result<i32> {
             let ledger = open_ledger(&data_dir, None)?;
             let n = export(&ledger, &out)?;
             println!("{}", serde_json::json!({"size": ledger.size(), "files": n, "out": out}));
+            Ok(0)
+        }
+        FleetCommand::ResetPeer { data_dir, peer } => {
+            let ledger = open_ledger(&data_dir, None)?;
+            let old = ledger.peer_record(&peer)?.ok_or_else(|| anyhow::anyhow!("no record of peer {peer:?}"))?;
+            ledger.put_peer_record(&peer, &PeerRecord::default())?;
+            println!("{}", serde_json::json!({"reset": peer, "was": status_json(&peer, &old)}));
             Ok(0)
         }
         FleetCommand::CheckLookup { answer, key, release } => {
@@ -360,14 +377,67 @@ pub fn export(ledger: &Ledger, out: &Path) -> anyhow::Result<usize> {
     Ok(files)
 }
 
-fn serve(data_dir: &Path, listen: &str, config: FleetConfig) -> anyhow::Result<i32> {
-    let ledger = Arc::new(open_ledger(data_dir, config.origin.clone())?);
+/// The running fleet machinery of one host: the mirror and the checkpoint signer.
+pub struct FleetHandle {
+    mirror: Option<mirror::MirrorHandle>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    signer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FleetHandle {
+    /// Stops the mirror and the signer and waits for them.
+    pub fn stop(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(m) = self.mirror.take() {
+            m.stop();
+        }
+        if let Some(t) = self.signer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the fleet on a host's ledger (what the HTTP service calls): signs a checkpoint
+/// now and then every `sync_interval_ms` (gathering witness cosignatures), mirrors the
+/// peers, and returns the router to mount: the public tiles and `/lookup`, the witness
+/// `POST /add-checkpoint`, and `/fleet/status`.
+pub fn start(
+    ledger: Arc<Ledger>,
+    data_dir: &Path,
+    config: &FleetConfig,
+) -> anyhow::Result<(axum::Router, FleetHandle)> {
+    config.validate()?;
     germline_verifier::WitnessKey::load_or_create(data_dir, "germline-host")?;
     let cosigner = witness::load_cosigner(data_dir, &cosigner_name(&ledger))?;
-    let witness_service = Arc::new(witness::WitnessService::new(Arc::clone(&ledger), cosigner, &config)?);
+    let witness_service = Arc::new(witness::WitnessService::new(Arc::clone(&ledger), cosigner, config)?);
     ledger.checkpoint().context("signing the first checkpoint")?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, signer, witness_config) = (Arc::clone(&stop), Arc::clone(&ledger), config.clone());
+    let interval = Duration::from_millis(config.sync_interval_ms.max(10));
+    let signer = std::thread::Builder::new().name("fleet-checkpoints".into()).spawn(move || {
+        let mut known = std::collections::HashMap::new();
+        while !flag.load(std::sync::atomic::Ordering::Acquire) {
+            if let Err(e) = signer.checkpoint() {
+                tracing::error!("signing a checkpoint: {e}");
+            }
+            witness::collect_cosignatures(&signer, &witness_config, &mut known);
+            let t = std::time::Instant::now();
+            while t.elapsed() < interval && !flag.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(10).min(interval));
+            }
+        }
+    })?;
     let mirror = mirror::spawn_mirror(Arc::clone(&ledger), config.clone())?;
+    let router = routes::public_routes(Arc::clone(&ledger))
+        .merge(routes::status_routes(Arc::clone(&ledger)))
+        .merge(witness::witness_routes(witness_service));
+    Ok((router, FleetHandle { mirror: Some(mirror), stop, signer: Some(signer) }))
+}
+
+fn serve(data_dir: &Path, listen: &str, config: FleetConfig) -> anyhow::Result<i32> {
+    let ledger = Arc::new(open_ledger(data_dir, config.origin.clone())?);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (app, handle) = start(Arc::clone(&ledger), data_dir, &config)?;
     let result = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         let addr = listener.local_addr()?;
@@ -376,26 +446,9 @@ fn serve(data_dir: &Path, listen: &str, config: FleetConfig) -> anyhow::Result<i
             serde_json::json!({"listening": format!("http://{addr}"), "origin": ledger.origin(),
                 "checkpoint_key": ledger.verifier().to_vkey()})
         );
-        let signer = Arc::clone(&ledger);
-        let interval = Duration::from_millis(config.sync_interval_ms.max(10));
-        let witness_config = config.clone();
-        // One thread signs checkpoints and gathers cosignatures, every interval.
-        std::thread::Builder::new().name("fleet-checkpoints".into()).spawn(move || {
-            let mut known = std::collections::HashMap::new();
-            loop {
-                if let Err(e) = signer.checkpoint() {
-                    tracing::error!("signing a checkpoint: {e}");
-                }
-                witness::collect_cosignatures(&signer, &witness_config, &mut known);
-                std::thread::sleep(interval);
-            }
-        })?;
-        let app = routes::public_routes(Arc::clone(&ledger))
-            .merge(routes::status_routes(Arc::clone(&ledger)))
-            .merge(witness::witness_routes(witness_service));
         axum::serve(listener, app).with_graceful_shutdown(shutdown()).await.context("serving")
     });
-    mirror.stop();
+    handle.stop();
     result.map(|()| 0)
 }
 
