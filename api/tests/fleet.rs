@@ -539,7 +539,11 @@ fn tampered_tiles_and_forked_checkpoints_are_detected_and_reported() {
     }
 
     // The fork: a different tree at size 600 under A's key. Split view, with both notes.
-    *root.lock().unwrap() = wf.clone();
+    // Only the checkpoint is forked; the tiles stay A's: the two signed heads convict A.
+    let mixed = tmp.path().join("www-mixed");
+    assert!(Command::new("cp").arg("-a").arg(&wa).arg(&mixed).status().unwrap().success());
+    std::fs::copy(wf.join("checkpoint"), mixed.join("checkpoint")).unwrap();
+    *root.lock().unwrap() = mixed;
     for h in &hosts {
         wait_for("split-view", Duration::from_secs(10), || h.peer("a")["status"] == "split-view");
         let p = h.peer("a");

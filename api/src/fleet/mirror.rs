@@ -254,6 +254,13 @@ pub fn sync_peer_from(
             );
         }
     }
+    // Two signed heads of one size with different roots need no tile to convict.
+    if let Some(old_note) = rec.checkpoint.clone() {
+        if rec.size == cp.size && rec.root != hex::encode(cp.root) {
+            let why = TilesError::Inconsistent(format!("two different roots at size {}", cp.size));
+            return tiles_failure_with_old(ledger, peer, rec, why, &old_note, &note);
+        }
+    }
     let tree = match TiledTree::open(src, cp.size, cp.root, config.max_requests_per_sync) {
         Ok(t) => t,
         Err(e) => return tiles_failure(ledger, peer, rec, e, &note),
