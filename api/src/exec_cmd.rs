@@ -129,6 +129,19 @@ impl Host {
                 .filter(|(_, e)| e.kind == germline_ledger::EntryKind::Witness)
                 .map(|(i, _)| format!("ledger entry {i}"))
                 .collect();
+            let fleet: Vec<String> = ledger
+                .fleet_suppressions(&release)?
+                .into_iter()
+                .map(|f| {
+                    format!("fleet suppression entry {} (peer witness {})", f.index, hex::encode(f.witness_sha256))
+                })
+                .collect();
+            if !fleet.is_empty() {
+                return Ok(CallOutcome::failed(format!(
+                    "release {release} is suppressed: a peer's verified witness ({})",
+                    fleet.join(", ")
+                )));
+            }
             return Ok(CallOutcome::failed(format!(
                 "release {release} {SUPPRESSED}: dampening penalty {:.0} (suppressed at 2000, usable again below 750); witnesses: {}",
                 after.penalty,

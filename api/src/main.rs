@@ -20,6 +20,10 @@ mod admission_cli;
 mod eval_cmd;
 // --- end eval commands ---
 
+// --- fleet commands ---
+pub mod fleet;
+// --- end fleet commands ---
+
 /// Runs signed MCP tool releases so that each destination sees only what it is cleared for.
 #[derive(Parser)]
 #[command(name = "germline", version)]
@@ -63,6 +67,10 @@ enum Command {
     #[command(subcommand)]
     Eval(eval_cmd::EvalCommand),
     // --- end eval commands ---
+    // --- fleet commands ---
+    /// Fleet-wide suppression over C2SP tlog-tiles: serve, status, keys, export, check-lookup.
+    Fleet(fleet::FleetArgs),
+    // --- end fleet commands ---
 }
 
 fn main() -> anyhow::Result<()> {
@@ -114,6 +122,9 @@ fn main() -> anyhow::Result<()> {
             eval_cmd::run(cmd)?;
             0
         } // --- end eval commands ---
+        // --- fleet commands ---
+        Command::Fleet(a) => fleet::run(a)?,
+        // --- end fleet commands ---
     };
     std::process::exit(code);
 }

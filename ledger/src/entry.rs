@@ -187,8 +187,14 @@ pub struct SuppressionBody {
     pub suppressed: bool,
     /// Penalty at the flip.
     pub penalty: f64,
-    /// Why: `"dampening"` for automatic flips.
+    /// Why: `"dampening"` for automatic flips, `"fleet: witness <sha256> from <peer>
+    /// entry <n>"` for a suppression on a peer's verified witness.
     pub reason: String,
+    /// For a fleet suppression: the SHA-256 (hex) of the peer's witness that proves the
+    /// flow violation. Such a suppression is sticky (dampening recovery does not lift
+    /// it) and is recorded once per witness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub witness_sha256: Option<String>,
 }
 
 /// Current time in Unix milliseconds (0 if the clock is before 1970).

@@ -10,12 +10,14 @@
 //! - [`note`]: C2SP signed notes and checkpoints (Ed25519);
 //! - [`entry`]: the canonical entry encoding that the tree commits to;
 //! - [`tiles`]: C2SP tlog-tiles paths;
+//! - [`fleet`]: what a fleet mirror persists about its peers;
 //! - [`Ledger`]: the RocksDB store tying them together (the only RocksDB user);
 //! - [`cli`]: `germline ledger …` and `germline bench ledger`.
 
 pub mod cli;
 pub mod dampening;
 pub mod entry;
+pub mod fleet;
 pub mod merkle;
 pub mod note;
 mod store;
@@ -23,8 +25,9 @@ pub mod tiles;
 
 pub use dampening::{DampeningParams, DampeningState, Event};
 pub use entry::{Entry, EntryError, EntryKind};
+pub use fleet::{FleetSuppression, PeerRecord, PeerStatus};
 pub use merkle::Hash;
-pub use note::{Checkpoint, NoteError, NoteSigner, NoteVerifier};
+pub use note::{Checkpoint, CosignatureVerifier, Cosigner, NoteError, NoteSigner, NoteVerifier};
 pub use store::{AppendReceipt, Ledger, LedgerConfig, SignedCheckpoint, VerifyReport, TILE_WIDTH};
 
 /// Everything that can go wrong in the ledger, with enough context to act on.

@@ -39,10 +39,15 @@ fn valid_name(name: &str) -> bool {
 
 /// Signed-note key id: first four bytes of `SHA-256(name ‖ "\n" ‖ 0x01 ‖ public key)`.
 fn key_id(name: &str, public: &[u8; 32]) -> [u8; 4] {
+    key_id_for(name, ALG_ED25519, public)
+}
+
+/// Key id for signature type `alg` (0x01 note signatures, 0x04 cosignature/v1).
+fn key_id_for(name: &str, alg: u8, public: &[u8; 32]) -> [u8; 4] {
     let mut h = Sha256::new();
     h.update(name.as_bytes());
     h.update(b"\n");
-    h.update([ALG_ED25519]);
+    h.update([alg]);
     h.update(public);
     let d = h.finalize();
     [d[0], d[1], d[2], d[3]]
@@ -270,6 +275,143 @@ impl Checkpoint {
     }
 }
 
+/// Signature type byte of Ed25519 `cosignature/v1` keys (C2SP tlog-cosignature).
+const ALG_COSIGNATURE_V1: u8 = 0x04;
+
+/// The message a `cosignature/v1` signs: header, timestamp line, the checkpoint text.
+fn cosigned_message(text: &str, timestamp: u64) -> String {
+    format!("cosignature/v1\ntime {timestamp}\n{text}")
+}
+
+/// An Ed25519 witness cosigner (C2SP tlog-cosignature v1): it signs checkpoints whose
+/// consistency it has verified, with a timestamp.
+pub struct Cosigner {
+    name: String,
+    key: SigningKey,
+    id: [u8; 4],
+}
+
+impl std::fmt::Debug for Cosigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cosigner({}+{})", self.name, hex::encode(self.id))
+    }
+}
+
+impl Cosigner {
+    /// A cosigner from a 32-byte Ed25519 seed.
+    pub fn from_seed(name: &str, seed: [u8; 32]) -> Result<Self, NoteError> {
+        if !valid_name(name) {
+            return Err(NoteError::BadKey(format!("bad key name {name:?}")));
+        }
+        let key = SigningKey::from_bytes(&seed);
+        let id = key_id_for(name, ALG_COSIGNATURE_V1, key.verifying_key().as_bytes());
+        Ok(Cosigner { name: name.to_owned(), key, id })
+    }
+
+    /// A fresh cosigner from the operating system's RNG.
+    pub fn generate(name: &str) -> Result<Self, NoteError> {
+        let mut seed = [0u8; 32];
+        getrandom::getrandom(&mut seed).map_err(|e| NoteError::BadKey(format!("no randomness for a new key: {e}")))?;
+        Self::from_seed(name, seed)
+    }
+
+    /// The seed (to store in a private key file).
+    pub fn seed(&self) -> [u8; 32] {
+        self.key.to_bytes()
+    }
+
+    /// The matching verifier.
+    pub fn verifier(&self) -> CosignatureVerifier {
+        CosignatureVerifier { name: self.name.clone(), key: self.key.verifying_key(), id: self.id }
+    }
+
+    /// The cosignature line (`— <name> base64(id ‖ timestamp ‖ signature)\n`) on the
+    /// checkpoint note text `text` (without signature lines) at `timestamp` (POSIX s).
+    pub fn cosign(&self, text: &str, timestamp: u64) -> Result<String, NoteError> {
+        check_text(text)?;
+        if timestamp == 0 || timestamp > i64::MAX as u64 {
+            return Err(NoteError::Malformed("cosignature timestamp out of range".into()));
+        }
+        let sig = self.key.sign(cosigned_message(text, timestamp).as_bytes());
+        let mut blob = self.id.to_vec();
+        blob.extend_from_slice(&timestamp.to_be_bytes());
+        blob.extend_from_slice(&sig.to_bytes());
+        Ok(format!("{SIG_PREFIX}{} {}\n", self.name, B64.encode(blob)))
+    }
+}
+
+/// Verifies `cosignature/v1` lines by one cosigner; its `vkey` text uses type 0x04.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CosignatureVerifier {
+    name: String,
+    key: VerifyingKey,
+    id: [u8; 4],
+}
+
+impl CosignatureVerifier {
+    /// Parses `<name>+<hex id>+<base64(0x04 ‖ public key)>`.
+    pub fn from_vkey(text: &str) -> Result<Self, NoteError> {
+        let mut parts = text.trim().splitn(3, '+');
+        let (Some(name), Some(id_hex), Some(key_b64)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(NoteError::BadKey("expected name+id+key".into()));
+        };
+        if !valid_name(name) {
+            return Err(NoteError::BadKey(format!("bad key name {name:?}")));
+        }
+        let raw = B64.decode(key_b64).map_err(|e| NoteError::BadKey(format!("key is not base64: {e}")))?;
+        if raw.len() != 33 || raw[0] != ALG_COSIGNATURE_V1 {
+            return Err(NoteError::BadKey("not an Ed25519 cosignature/v1 key".into()));
+        }
+        let public: [u8; 32] = raw[1..].try_into().map_err(|_| NoteError::BadKey("bad key length".into()))?;
+        let key =
+            VerifyingKey::from_bytes(&public).map_err(|e| NoteError::BadKey(format!("bad Ed25519 public key: {e}")))?;
+        let id = key_id_for(name, ALG_COSIGNATURE_V1, &public);
+        if hex::encode(id) != id_hex {
+            return Err(NoteError::BadKey("key id does not match key".into()));
+        }
+        Ok(CosignatureVerifier { name: name.to_owned(), key, id })
+    }
+
+    /// The `vkey` text.
+    pub fn to_vkey(&self) -> String {
+        let mut raw = vec![ALG_COSIGNATURE_V1];
+        raw.extend_from_slice(self.key.as_bytes());
+        format!("{}+{}+{}", self.name, hex::encode(self.id), B64.encode(raw))
+    }
+
+    /// The cosigner's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The timestamp of a valid cosignature by this key on `note` (a checkpoint with
+    /// signature lines); lines by other keys are ignored.
+    pub fn verify(&self, note: &str) -> Result<u64, NoteError> {
+        let split = note.rfind("\n\n").ok_or_else(|| NoteError::Malformed("no blank line before signatures".into()))?;
+        let text = &note[..split + 1];
+        for line in note[split + 2..].lines() {
+            let Some(body) = line.strip_prefix(SIG_PREFIX) else { continue };
+            let Some((name, b64)) = body.rsplit_once(' ') else { continue };
+            if name != self.name {
+                continue;
+            }
+            let Ok(blob) = B64.decode(b64) else { continue };
+            if blob.len() != 4 + 8 + 64 || blob[..4] != self.id {
+                continue;
+            }
+            let mut ts = [0u8; 8];
+            ts.copy_from_slice(&blob[4..12]);
+            let timestamp = u64::from_be_bytes(ts);
+            let Ok(sig_bytes) = <[u8; 64]>::try_from(&blob[12..]) else { continue };
+            let sig = Signature::from_bytes(&sig_bytes);
+            if self.key.verify_strict(cosigned_message(text, timestamp).as_bytes(), &sig).is_ok() {
+                return Ok(timestamp);
+            }
+        }
+        Err(NoteError::NotSigned(self.name.clone()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +480,36 @@ then you don't know what your problem is.\n\
         assert_eq!(signer.sign(text).expect("sign"), note);
         assert_eq!(signer.verifier().to_vkey(), vkey);
         assert!(verifier.open(&note.replace("cryptography", "cryptographY")).is_err());
+    }
+
+    #[test]
+    fn cosignatures_follow_tlog_cosignature_v1() {
+        let log = NoteSigner::generate("example.com/log").expect("key");
+        let text = checkpoint().to_text();
+        let note = log.sign(&text).expect("sign");
+        let w = Cosigner::from_seed("witness.example/w1", [5u8; 32]).expect("cosigner");
+        let line = w.cosign(&text, 1_679_315_147).expect("cosign");
+        let cosigned = format!("{note}{line}");
+        let v = CosignatureVerifier::from_vkey(&w.verifier().to_vkey()).expect("vkey");
+        assert_eq!(v.verify(&cosigned), Ok(1_679_315_147));
+        // The log's own signature still verifies with the line added.
+        assert!(log.verifier().open(&cosigned).is_ok());
+        // Blob = key id (type 0x04) ‖ big-endian timestamp ‖ Ed25519 signature over
+        // "cosignature/v1\ntime <t>\n" ‖ checkpoint text.
+        let blob = B64.decode(line.trim_end().rsplit(' ').next().expect("b64")).expect("b64");
+        assert_eq!(blob.len(), 76);
+        assert_eq!(blob[..4], key_id_for("witness.example/w1", 0x04, &w.key.verifying_key().to_bytes()));
+        assert_eq!(u64::from_be_bytes(blob[4..12].try_into().expect("8")), 1_679_315_147);
+        let msg = format!("cosignature/v1\ntime 1679315147\n{text}");
+        let sig = Signature::from_bytes(&blob[12..].try_into().expect("64"));
+        assert!(w.key.verifying_key().verify_strict(msg.as_bytes(), &sig).is_ok());
+        // Another checkpoint, another key or a note-signature key type: no.
+        let other = format!("{}{line}", log.sign(&Checkpoint { size: 43, ..checkpoint() }.to_text()).expect("s"));
+        assert!(v.verify(&other).is_err());
+        let stranger = Cosigner::from_seed("witness.example/w1", [6u8; 32]).expect("c").verifier();
+        assert!(stranger.verify(&cosigned).is_err());
+        assert!(CosignatureVerifier::from_vkey(&log.verifier().to_vkey()).is_err());
+        assert!(w.cosign(&text, 0).is_err());
     }
 
     #[test]

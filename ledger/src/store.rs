@@ -25,6 +25,7 @@ use rocksdb::{
 
 use crate::dampening::{DampeningParams, DampeningState, Event};
 use crate::entry::{DampeningEventBody, Entry, EntryKind, SuppressionBody};
+use crate::fleet::{FleetSuppression, PeerRecord};
 use crate::merkle::{self, CompactRange, Hash, HashReader, TreeError};
 use crate::note::{Checkpoint, NoteSigner, NoteVerifier};
 use crate::LedgerError;
@@ -37,9 +38,26 @@ const CF_RELEASE_INDEX: &str = "release_index";
 const CF_DAMPENING: &str = "dampening";
 const CF_CHECKPOINTS: &str = "checkpoints";
 const CF_META: &str = "meta";
-const ALL_CFS: [&str; 6] = [CF_ENTRIES, CF_HASHES, CF_RELEASE_INDEX, CF_DAMPENING, CF_CHECKPOINTS, CF_META];
+/// release ‖ witness SHA-256 → index of the fleet suppression entry (derived).
+const CF_FLEET_SUPPRESSED: &str = "fleet_suppressed";
+/// peer name → JSON [`PeerRecord`] (the mirror's own state, not derived from entries).
+const CF_FLEET_PEERS: &str = "fleet_peers";
+/// Witness state per log origin (`cosigned/<origin>` → size ‖ root) and this log's
+/// published cosigned checkpoint (`published` → note).
+const CF_FLEET_META: &str = "fleet_meta";
+const ALL_CFS: [&str; 9] = [
+    CF_ENTRIES,
+    CF_HASHES,
+    CF_RELEASE_INDEX,
+    CF_DAMPENING,
+    CF_CHECKPOINTS,
+    CF_META,
+    CF_FLEET_SUPPRESSED,
+    CF_FLEET_PEERS,
+    CF_FLEET_META,
+];
 /// Column families derived from `entries` that [`Ledger::rebuild_index`] can restore.
-const DERIVED_CFS: [&str; 2] = [CF_RELEASE_INDEX, CF_DAMPENING];
+const DERIVED_CFS: [&str; 3] = [CF_RELEASE_INDEX, CF_DAMPENING, CF_FLEET_SUPPRESSED];
 
 const META_SIZE: &[u8] = b"size";
 const META_ORIGIN: &[u8] = b"origin";
@@ -122,11 +140,15 @@ impl VerifyReport {
 enum Op {
     Append(Entry),
     Call(ReleaseHash, Event),
+    FleetSuppress { release: ReleaseHash, witness: [u8; 32], reason: String, peer: Option<(String, PeerRecord)> },
 }
 
 enum OpResult {
     Appended(AppendReceipt),
     Called(DampeningState),
+    /// The fleet suppression entry's index, and whether this op appended it (false: the
+    /// witness had already suppressed the release).
+    Suppressed(u64, bool, Option<PeerRecord>),
 }
 
 enum Job {
@@ -264,6 +286,7 @@ struct Pending<'a> {
     size: u64,
     hashes: HashMap<u64, Hash>,
     states: HashMap<ReleaseHash, DampeningState>,
+    fleet: HashMap<[u8; 64], u64>,
 }
 
 impl HashReader for Pending<'_> {
@@ -316,6 +339,7 @@ impl Pending<'_> {
                 suppressed: state.suppressed,
                 penalty: state.penalty,
                 reason: "dampening".into(),
+                witness_sha256: None,
             })
             .map_err(|e| LedgerError::Encode(e.to_string()))?;
             self.append(&Entry::new(EntryKind::Suppression, release, body))?;
@@ -325,6 +349,67 @@ impl Pending<'_> {
         self.states.insert(release, state);
         Ok(state)
     }
+
+    /// Appends a sticky fleet suppression unless this witness already suppressed the
+    /// release (in the store or earlier in this batch): replays after a crash between
+    /// the append and the mirror's cursor update are harmless.
+    fn fleet_suppress(
+        &mut self,
+        release: ReleaseHash,
+        witness: [u8; 32],
+        reason: &str,
+    ) -> Result<(u64, bool), LedgerError> {
+        let key = fleet_key(&release, &witness);
+        if let Some(i) = self.fleet.get(&key) {
+            return Ok((*i, false));
+        }
+        let cf = self.inner.cf(CF_FLEET_SUPPRESSED)?;
+        if let Some(v) = self.inner.db.get_cf(&cf, key).map_err(db_err("reading fleet suppressions"))? {
+            return Ok((read_u64(&v, "fleet suppression index")?, false));
+        }
+        let penalty = match self.states.get(&release) {
+            Some(s) => s.penalty,
+            None => self.inner.dampening_state(&release)?.penalty,
+        };
+        let body = serde_json::to_vec(&SuppressionBody {
+            suppressed: true,
+            penalty,
+            reason: reason.to_owned(),
+            witness_sha256: Some(hex::encode(witness)),
+        })
+        .map_err(|e| LedgerError::Encode(e.to_string()))?;
+        let receipt = self.append(&Entry::new(EntryKind::Suppression, release, body))?;
+        self.batch.put_cf(&cf, key, be(receipt.index));
+        self.fleet.insert(key, receipt.index);
+        Ok((receipt.index, true))
+    }
+}
+
+impl Pending<'_> {
+    fn put_peer(&mut self, name: &str, record: &PeerRecord) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_PEERS)?;
+        let bytes = serde_json::to_vec(record).map_err(|e| LedgerError::Encode(e.to_string()))?;
+        self.batch.put_cf(&cf, name.as_bytes(), bytes);
+        Ok(())
+    }
+}
+
+fn fleet_key(release: &ReleaseHash, witness: &[u8; 32]) -> [u8; 64] {
+    let mut k = [0u8; 64];
+    k[..32].copy_from_slice(&release.0);
+    k[32..].copy_from_slice(witness);
+    k
+}
+
+/// The fleet-suppression key of a Suppression entry that carries a witness hash.
+fn fleet_key_of(entry: &Entry) -> Option<[u8; 64]> {
+    if entry.kind != EntryKind::Suppression {
+        return None;
+    }
+    let body: SuppressionBody = serde_json::from_slice(&entry.body).ok()?;
+    let mut w = [0u8; 32];
+    hex::decode_to_slice(body.witness_sha256?, &mut w).ok()?;
+    body.suppressed.then(|| fleet_key(&entry.release, &w))
 }
 
 fn writer_loop(inner: Arc<Inner>, rx: mpsc::Receiver<Job>) {
@@ -367,14 +452,20 @@ fn commit_group(inner: &Inner, group: Group) {
         return;
     }
     let start = inner.size.load(Ordering::Acquire);
-    let mut pending =
-        Pending { inner, batch: WriteBatch::default(), size: start, hashes: HashMap::new(), states: HashMap::new() };
+    let mut pending = Pending {
+        inner,
+        batch: WriteBatch::default(),
+        size: start,
+        hashes: HashMap::new(),
+        states: HashMap::new(),
+        fleet: HashMap::new(),
+    };
     let mut answers: Vec<Result<Vec<OpResult>, LedgerError>> = Vec::with_capacity(group.len());
     let mut failure: Option<String> = None;
     for (ops, _) in &group {
         let invalid = ops.iter().find_map(|op| match op {
             Op::Append(e) => e.validate().err(),
-            Op::Call(..) => None,
+            Op::Call(..) | Op::FleetSuppress { .. } => None,
         });
         if let Some(e) = invalid {
             answers.push(Err(LedgerError::Entry(e)));
@@ -385,6 +476,20 @@ fn commit_group(inner: &Inner, group: Group) {
             let r = match op {
                 Op::Append(e) => pending.append(e).map(OpResult::Appended),
                 Op::Call(release, event) => pending.call(*release, *event).map(OpResult::Called),
+                Op::FleetSuppress { release, witness, reason, peer } => {
+                    pending.fleet_suppress(*release, *witness, reason).and_then(|(i, new)| {
+                        let peer = match peer {
+                            Some((name, rec)) => {
+                                let mut rec = rec.clone();
+                                rec.suppressions += u64::from(new);
+                                pending.put_peer(name, &rec)?;
+                                Some(rec)
+                            }
+                            None => None,
+                        };
+                        Ok(OpResult::Suppressed(i, new, peer))
+                    })
+                }
             };
             match r {
                 Ok(r) => results.push(r),
@@ -432,26 +537,32 @@ fn rebuild(inner: &Inner) -> Result<(), LedgerError> {
     let size = inner.size.load(Ordering::Acquire);
     let by_release = inner.cf(CF_RELEASE_INDEX)?;
     let damp = inner.cf(CF_DAMPENING)?;
+    let fleet = inner.cf(CF_FLEET_SUPPRESSED)?;
     let mut batch = WriteBatch::default();
     batch.delete_range_cf(&by_release, [0u8; 0].as_slice(), [0xffu8; 41].as_slice());
     batch.delete_range_cf(&damp, [0u8; 0].as_slice(), [0xffu8; 33].as_slice());
-    let (index, states) = derive_index(inner, size)?;
+    batch.delete_range_cf(&fleet, [0u8; 0].as_slice(), [0xffu8; 65].as_slice());
+    let (index, states, suppressions) = derive_index(inner, size)?;
     for key in index {
         batch.put_cf(&by_release, key, b"");
     }
     for (release, state) in states {
         batch.put_cf(&damp, release.0, state.to_bytes());
     }
+    for (key, i) in suppressions {
+        batch.put_cf(&fleet, key, be(i));
+    }
     inner.write(batch)
 }
 
-type Derived = (BTreeSet<[u8; 40]>, BTreeMap<ReleaseHash, DampeningState>);
+type Derived = (BTreeSet<[u8; 40]>, BTreeMap<ReleaseHash, DampeningState>, BTreeMap<[u8; 64], u64>);
 
 /// Replays entries `0..size` into the release index and dampening states they imply.
 fn derive_index(inner: &Inner, size: u64) -> Result<Derived, LedgerError> {
     let entries = inner.cf(CF_ENTRIES)?;
     let mut index = BTreeSet::new();
     let mut states: BTreeMap<ReleaseHash, DampeningState> = BTreeMap::new();
+    let mut suppressions = BTreeMap::new();
     for item in inner.db.iterator_cf(&entries, IteratorMode::Start) {
         let (k, v) = item.map_err(db_err("reading entries"))?;
         let i = read_u64(&k, "entry key")?;
@@ -465,8 +576,11 @@ fn derive_index(inner: &Inner, size: u64) -> Result<Derived, LedgerError> {
                 .map_err(|e| LedgerError::Corrupt(format!("dampening entry {i} has a bad body: {e}")))?;
             states.entry(entry.release).or_default().on_call(&inner.config.dampening, body.event);
         }
+        if let Some(key) = fleet_key_of(&entry) {
+            suppressions.entry(key).or_insert(i);
+        }
     }
-    Ok((index, states))
+    Ok((index, states, suppressions))
 }
 
 /// Loads or creates the checkpoint signing key; refuses a key file others can read.
@@ -598,7 +712,7 @@ impl Ledger {
             .into_iter()
             .filter_map(|r| match r {
                 OpResult::Appended(a) => Some(a),
-                OpResult::Called(_) => None,
+                OpResult::Called(_) | OpResult::Suppressed(..) => None,
             })
             .collect())
     }
@@ -613,9 +727,160 @@ impl Ledger {
         }
     }
 
-    /// Current dampening state of a release; a hash never seen is at penalty 0.
+    /// Current dampening state of a release; a hash never seen is at penalty 0. A
+    /// release with a fleet suppression is suppressed whatever its penalty.
     pub fn dampening_state(&self, release: &ReleaseHash) -> Result<DampeningState, LedgerError> {
-        self.inner.dampening_state(release)
+        let mut state = self.inner.dampening_state(release)?;
+        if !state.suppressed && !self.fleet_suppressions(release)?.is_empty() {
+            state.suppressed = true;
+        }
+        Ok(state)
+    }
+
+    /// Suppresses `release` fleet-wide on the verified witness whose SHA-256 is
+    /// `witness`: appends a Suppression entry (reason as given, e.g. `"fleet: witness
+    /// <sha256> from <peer> entry <n>"`) unless that witness already suppressed it, in
+    /// one durable batch with the index that makes the suppression sticky.
+    ///
+    /// Sticky, because a verified witness is a proof that this exact release moved data
+    /// where it may not go; unlike a penalty, a proof does not decay. Returns the
+    /// entry's index and whether this call appended it.
+    pub fn suppress(&self, release: &ReleaseHash, witness: [u8; 32], reason: &str) -> Result<(u64, bool), LedgerError> {
+        let op = Op::FleetSuppress { release: *release, witness, reason: reason.to_owned(), peer: None };
+        match self.submit(vec![op])?.pop() {
+            Some(OpResult::Suppressed(i, new, _)) => Ok((i, new)),
+            _ => Err(LedgerError::Write("no result for the suppression".into())),
+        }
+    }
+
+    /// [`Ledger::suppress`] and the mirror's record of `peer` (its cursor moved past the
+    /// witness; `suppressions` is incremented here if the entry is new) in one durable
+    /// write batch, so a crash never separates the two. Returns the stored record.
+    pub fn suppress_from_peer(
+        &self,
+        release: &ReleaseHash,
+        witness: [u8; 32],
+        reason: &str,
+        peer: &str,
+        record: PeerRecord,
+    ) -> Result<(u64, bool, PeerRecord), LedgerError> {
+        let op = Op::FleetSuppress {
+            release: *release,
+            witness,
+            reason: reason.to_owned(),
+            peer: Some((peer.to_owned(), record)),
+        };
+        match self.submit(vec![op])?.pop() {
+            Some(OpResult::Suppressed(i, new, Some(rec))) => Ok((i, new, rec)),
+            _ => Err(LedgerError::Write("no result for the suppression".into())),
+        }
+    }
+
+    /// The fleet suppressions of a release: (witness SHA-256, entry index), by witness.
+    pub fn fleet_suppressions(&self, release: &ReleaseHash) -> Result<Vec<FleetSuppression>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_SUPPRESSED)?;
+        let size = self.size();
+        let mut out = Vec::new();
+        let it = self.inner.db.iterator_cf(&cf, IteratorMode::From(release.0.as_slice(), Direction::Forward));
+        for item in it {
+            let (k, v) = item.map_err(db_err("reading fleet suppressions"))?;
+            if k.len() != 64 || k[..32] != release.0 {
+                break;
+            }
+            let index = read_u64(&v, "fleet suppression index")?;
+            if index < size {
+                let mut witness = [0u8; 32];
+                witness.copy_from_slice(&k[32..]);
+                out.push(FleetSuppression { witness_sha256: witness, index });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The mirror's stored state for peer `name`, if any.
+    pub fn peer_record(&self, name: &str) -> Result<Option<PeerRecord>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_PEERS)?;
+        match self.inner.db.get_cf(&cf, name.as_bytes()).map_err(db_err(format!("reading peer {name}")))? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| LedgerError::Corrupt(format!("peer record {name}: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores the mirror's state for peer `name` durably (synced before returning).
+    pub fn put_peer_record(&self, name: &str, record: &PeerRecord) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_PEERS)?;
+        let bytes = serde_json::to_vec(record).map_err(|e| LedgerError::Encode(e.to_string()))?;
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.inner.db.put_cf_opt(&cf, name.as_bytes(), bytes, &wo).map_err(db_err(format!("storing peer {name}")))
+    }
+
+    /// The latest checkpoint this host cosigned for the log `origin` (as a witness).
+    pub fn cosigned_head(&self, origin: &str) -> Result<Option<(u64, Hash)>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        let key = format!("cosigned/{origin}");
+        match self.inner.db.get_cf(&cf, key.as_bytes()).map_err(db_err("reading witness state"))? {
+            Some(v) if v.len() == 40 => {
+                let mut root = [0u8; 32];
+                root.copy_from_slice(&v[8..]);
+                Ok(Some((read_u64(&v[..8], "cosigned size")?, root)))
+            }
+            Some(_) => Err(LedgerError::Corrupt(format!("witness state of {origin} is malformed"))),
+            None => Ok(None),
+        }
+    }
+
+    /// Records (durably) that this host cosigned `origin` at `size` with `root`.
+    pub fn put_cosigned_head(&self, origin: &str, size: u64, root: &Hash) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        let mut v = be(size).to_vec();
+        v.extend_from_slice(root);
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.inner
+            .db
+            .put_cf_opt(&cf, format!("cosigned/{origin}").as_bytes(), v, &wo)
+            .map_err(db_err("storing witness state"))
+    }
+
+    /// This log's latest checkpoint with witness cosignatures, if one was collected.
+    pub fn published_checkpoint(&self) -> Result<Option<String>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        self.inner
+            .db
+            .get_cf(&cf, b"published")
+            .map_err(db_err("reading the published checkpoint"))?
+            .map(|v| String::from_utf8(v).map_err(|_| LedgerError::Corrupt("published checkpoint is not UTF-8".into())))
+            .transpose()
+    }
+
+    /// Stores the cosigned checkpoint to publish (durably).
+    pub fn put_published_checkpoint(&self, note: &str) -> Result<(), LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_META)?;
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.inner
+            .db
+            .put_cf_opt(&cf, b"published", note.as_bytes(), &wo)
+            .map_err(db_err("storing the published checkpoint"))
+    }
+
+    /// All stored peer records, by name.
+    pub fn peer_records(&self) -> Result<Vec<(String, PeerRecord)>, LedgerError> {
+        let cf = self.inner.cf(CF_FLEET_PEERS)?;
+        self.inner
+            .db
+            .iterator_cf(&cf, IteratorMode::Start)
+            .map(|item| {
+                let (k, v) = item.map_err(db_err("reading peer records"))?;
+                let name = String::from_utf8_lossy(&k).into_owned();
+                let rec =
+                    serde_json::from_slice(&v).map_err(|e| LedgerError::Corrupt(format!("peer record {name}: {e}")))?;
+                Ok((name, rec))
+            })
+            .collect()
     }
 
     /// Recomputes the release index and dampening state from the entries (serialised
@@ -846,6 +1111,7 @@ impl Ledger {
         let mut next_hash_index = 0u64;
         let mut tree = CompactRange::default();
         let mut index_keys: BTreeSet<[u8; 40]> = BTreeSet::new();
+        let mut fleet_keys: BTreeMap<[u8; 64], u64> = BTreeMap::new();
         let mut states: BTreeMap<ReleaseHash, DampeningState> = BTreeMap::new();
         let mut cp_iter = checkpoints.iter().peekable();
         while let Some(&(&cs, cp)) = cp_iter.peek() {
@@ -881,6 +1147,9 @@ impl Ledger {
             match Entry::decode(&v) {
                 Ok(entry) => {
                     index_keys.insert(release_key(&entry.release, i));
+                    if let Some(key) = fleet_key_of(&entry) {
+                        fleet_keys.entry(key).or_insert(i);
+                    }
                     if entry.kind == EntryKind::DampeningEvent {
                         match serde_json::from_slice::<DampeningEventBody>(&entry.body) {
                             Ok(body) => {
@@ -953,6 +1222,20 @@ impl Ledger {
             let extra = stored_keys.difference(&index_keys).count();
             let missing = index_keys.difference(&stored_keys).count();
             report.problem(format!("release index differs from the entries ({extra} extra, {missing} missing)"));
+        }
+        let fleet = inner.cf(CF_FLEET_SUPPRESSED)?;
+        let mut stored_fleet = BTreeMap::new();
+        for item in inner.db.iterator_cf(&fleet, IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("reading fleet suppressions"))?;
+            match (<[u8; 64]>::try_from(k.as_ref()), read_u64(&v, "fleet suppression index")) {
+                (Ok(key), Ok(i)) => {
+                    stored_fleet.insert(key, i);
+                }
+                _ => report.problem(format!("malformed fleet suppression {}", hex::encode(&k))),
+            }
+        }
+        if stored_fleet != fleet_keys {
+            report.problem("fleet suppressions differ from the suppression entries".into());
         }
         let damp = inner.cf(CF_DAMPENING)?;
         let mut stored_states = BTreeMap::new();

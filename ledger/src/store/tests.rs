@@ -1,4 +1,5 @@
 use super::*;
+use crate::FleetSuppression;
 use ct_merkle::mem_backed_tree::MemoryBackedTree;
 use ct_merkle::{ConsistencyProof, InclusionProof, RootHash};
 use sha2_ct::Sha256 as CtSha256;
@@ -296,4 +297,64 @@ fn origin_and_key_file_are_guarded() {
     drop(again);
     fs::set_permissions(dir.path().join(KEY_FILE), fs::Permissions::from_mode(0o644)).expect("chmod");
     assert!(matches!(Ledger::open(dir.path(), LedgerConfig::default()), Err(LedgerError::Config(_))));
+}
+
+#[test]
+fn a_fleet_suppression_is_sticky_deduplicated_and_rebuilt() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let r = release(7);
+    let w = [9u8; 32];
+    {
+        let ledger = open(tmp.path());
+        fill(&ledger, 3);
+        assert!(!ledger.dampening_state(&r).expect("state").suppressed);
+        let (i, new) = ledger.suppress(&r, w, "fleet: witness 09.. from a entry 4").expect("suppress");
+        assert!(new);
+        assert_eq!(i, 3);
+        // The same witness again (a replay after a crash) appends nothing.
+        assert_eq!(ledger.suppress(&r, w, "again").expect("again"), (3, false));
+        assert_eq!(ledger.size(), 4);
+        assert!(ledger.dampening_state(&r).expect("state").suppressed);
+        // Calls with no events decay the penalty; a proof does not decay.
+        for _ in 0..200 {
+            ledger.record_call(&r, Event::None).expect("call");
+        }
+        assert!(ledger.dampening_state(&r).expect("state").suppressed);
+        assert!(!ledger.dampening_state(&release(8)).expect("state").suppressed);
+        assert_eq!(
+            ledger.fleet_suppressions(&r).expect("list"),
+            vec![FleetSuppression { witness_sha256: w, index: 3 }]
+        );
+        assert!(ledger.verify().expect("verify").is_ok());
+    }
+    // The index is derived from the entries: dropping and rebuilding it restores it.
+    let ledger = open(tmp.path());
+    raw_put(&ledger, CF_FLEET_SUPPRESSED, &fleet_key(&r, &[1u8; 32]), &be(0));
+    assert!(!ledger.verify().expect("verify").is_ok());
+    ledger.rebuild_index().expect("rebuild");
+    assert!(ledger.verify().expect("verify").is_ok());
+    assert_eq!(ledger.fleet_suppressions(&r).expect("list").len(), 1);
+    assert!(ledger.dampening_state(&r).expect("state").suppressed);
+}
+
+#[test]
+fn peer_records_persist() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let rec = PeerRecord { size: 5, processed: 3, status: crate::PeerStatus::SplitView, ..Default::default() };
+    {
+        let ledger = open(tmp.path());
+        assert_eq!(ledger.peer_record("a").expect("get"), None);
+        ledger.put_peer_record("a", &rec).expect("put");
+    }
+    let ledger = open(tmp.path());
+    assert_eq!(ledger.peer_record("a").expect("get"), Some(rec.clone()));
+    assert_eq!(ledger.peer_records().expect("all"), vec![("a".to_string(), rec.clone())]);
+    // A suppression and the peer's cursor are written together; a replay counts nothing.
+    let next = PeerRecord { processed: 4, ..rec.clone() };
+    let (i, new, stored) = ledger.suppress_from_peer(&release(1), [2u8; 32], "fleet: x", "a", next.clone()).expect("s");
+    assert!(new);
+    assert_eq!(stored.suppressions, 1);
+    assert_eq!(ledger.peer_record("a").expect("get"), Some(stored.clone()));
+    let (j, again, replayed) = ledger.suppress_from_peer(&release(1), [2u8; 32], "fleet: x", "a", stored).expect("s");
+    assert_eq!((j, again, replayed.suppressions), (i, false, 1));
 }

@@ -1,0 +1,111 @@
+//! The public face of a host's ledger: C2SP tlog-tiles over HTTP, plus `/lookup`.
+//!
+//! Tiles and entry bundles are immutable once full, so they are served with long cache
+//! lifetimes and any CDN or object store can carry them; the checkpoint is the only
+//! mutable resource.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use germline_ledger::tiles::{parse_tile_path, TileRequest};
+use germline_ledger::{Ledger, LedgerError, TILE_WIDTH};
+use germline_model::ReleaseHash;
+
+use super::lookup;
+
+/// An error answer: a status and a JSON body `{"error": …}`.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(e: LedgerError) -> Self {
+        let status = match e {
+            LedgerError::NotFound(_) => StatusCode::NOT_FOUND,
+            LedgerError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("ledger: {e}");
+        }
+        ApiError(status, e.to_string())
+    }
+}
+
+/// `/checkpoint`, `/tile/<L>/<N>[.p/<W>]`, `/tile/entries/<N>[.p/<W>]` and
+/// `/lookup/{sha256}` over this host's ledger.
+pub fn public_routes(ledger: Arc<Ledger>) -> Router {
+    Router::new()
+        .route("/checkpoint", get(checkpoint))
+        .route("/tile/{*path}", get(tile))
+        .route("/lookup/{release}", get(lookup_release))
+        .with_state(ledger)
+}
+
+/// `/fleet/status`: this host's view of its peers (JSON), for operators.
+pub fn status_routes(ledger: Arc<Ledger>) -> Router {
+    Router::new().route("/fleet/status", get(status)).with_state(ledger)
+}
+
+async fn checkpoint(State(ledger): State<Arc<Ledger>>) -> Result<Response, ApiError> {
+    // The latest signed checkpoint, with its witnesses' cosignatures once gathered.
+    let note = blocking(move || {
+        let Some(cp) = ledger.latest_checkpoint()? else { return Ok(None) };
+        Ok(Some(match ledger.published_checkpoint()? {
+            Some(p) if p.starts_with(&cp.note) => p,
+            _ => cp.note,
+        }))
+    })
+    .await?;
+    let Some(note) = note else {
+        return Err(ApiError(StatusCode::NOT_FOUND, "no checkpoint signed yet".into()));
+    };
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], note)
+        .into_response())
+}
+
+async fn tile(State(ledger): State<Arc<Ledger>>, Path(path): Path<String>) -> Result<Response, ApiError> {
+    let full = format!("tile/{path}");
+    let req = parse_tile_path(&full)
+        .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("{full:?} is not a C2SP tile path")))?;
+    let (bytes, width) = blocking(move || match req {
+        TileRequest::Hashes(l, n, w) => ledger.tile(l, n, w).map(|b| (b, w)),
+        TileRequest::Entries(n, w) => ledger.entries_bundle(n, w).map(|b| (b, w)),
+    })
+    .await?;
+    let cache =
+        if u64::from(width) == TILE_WIDTH { "public, max-age=31536000, immutable" } else { "public, max-age=3600" };
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream"), (header::CACHE_CONTROL, cache)], bytes).into_response())
+}
+
+async fn lookup_release(
+    State(ledger): State<Arc<Ledger>>,
+    Path(release): Path<String>,
+) -> Result<Json<lookup::LookupAnswer>, ApiError> {
+    let release: ReleaseHash = release
+        .parse()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "release must be 64 hex digits (SHA-256)".into()))?;
+    Ok(Json(blocking(move || lookup::answer(&ledger, &release)).await?))
+}
+
+async fn status(State(ledger): State<Arc<Ledger>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let peers = blocking(move || ledger.peer_records()).await?;
+    Ok(Json(serde_json::json!(peers.into_iter().map(|(n, r)| super::status_json(&n, &r)).collect::<Vec<_>>())))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("worker failed: {e}")))?
+        .map_err(ApiError::from)
+}
