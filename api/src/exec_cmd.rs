@@ -88,10 +88,16 @@ pub struct Host {
 
 /// Opens the embedded ledger under `data_dir` (the RocksDB default).
 pub fn open_ledger(data_dir: &Path) -> anyhow::Result<Arc<Ledger>> {
+    open_ledger_as(data_dir, None)
+}
+
+/// Opens the ledger under `data_dir`, with `origin` as its log origin when it is new
+/// (`None`: the stored one, or a fresh random one).
+pub fn open_ledger_as(data_dir: &Path, origin: Option<String>) -> anyhow::Result<Arc<Ledger>> {
     let dir = data_dir.join("ledger");
     Ok(Arc::new(
-        Ledger::open(&dir, germline_ledger::LedgerConfig::default())
-            .with_context(|| format!("opening the ledger in {}", dir.display()))?,
+        Ledger::open(&dir, germline_ledger::LedgerConfig { origin, ..Default::default() })
+            .with_context(|| format!("opening the ledger in {} (is another germline process using it?)", dir.display()))?,
     ))
 }
 

@@ -123,7 +123,7 @@ impl AppState {
 /// store, the policy and the tokens (generating `<data-dir>/api-token` on first start).
 pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
-    let ledger = crate::exec_cmd::open_ledger(&config.data_dir)?;
+    let ledger = crate::exec_cmd::open_ledger_as(&config.data_dir, config.fleet.origin.clone())?;
     let policy = match &config.policy {
         Some(p) => Policy::load(p).with_context(|| format!("policy {}", p.display()))?,
         None => Policy::parse(DEFAULT_POLICY)?,
@@ -286,8 +286,10 @@ async fn serve(state: AppState) -> anyhow::Result<()> {
     eprintln!("germline: serving the API on http://{local}");
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "listening");
     start_admitted(state.clone());
-    // Other route sets (the fleet's public log) and their tasks join here, on the same state.
-    let app = app(state.clone());
+    // The fleet: this host's log as C2SP tiles, `/lookup`, the witness endpoint and the
+    // peer mirror, on the same ledger.
+    let (fleet_routes, fleet) = crate::fleet::start(state.ledger.clone(), &state.config.data_dir, &state.config.fleet)?;
+    let app = app(state.clone()).merge(fleet_routes);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let st = state.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -300,9 +302,13 @@ async fn serve(state: AppState) -> anyhow::Result<()> {
         let _ = stop_rx.wait_for(|s| *s).await;
         tokio::time::sleep(grace).await;
     };
-    tokio::select! {
-        r = server => r.context("serving")?,
-        _ = bounded => tracing::warn!("connections still open after the grace period; closing them"),
-    }
-    Ok(())
+    let served = tokio::select! {
+        r = server => r.context("serving"),
+        _ = bounded => {
+            tracing::warn!("connections still open after the grace period; closing them");
+            Ok(())
+        }
+    };
+    tokio::task::spawn_blocking(move || fleet.stop()).await.context("stopping the fleet")?;
+    served
 }

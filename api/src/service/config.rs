@@ -45,6 +45,7 @@ struct FileConfig {
     max_session_calls: Option<usize>,
     read_requires_token: Option<bool>,
     tuf_repo_urls: Option<Vec<String>>,
+    fleet: Option<crate::fleet::FleetConfig>,
 }
 
 /// The resolved configuration.
@@ -77,6 +78,9 @@ pub struct ServiceConfig {
     /// URL prefixes TUF admission may fetch from; local repository directories are always
     /// allowed. Empty by default: the service fetches nothing it was not told to.
     pub tuf_repo_urls: Vec<String>,
+    /// The fleet (`[fleet]`, or the file `GERMLINE_FLEET_CONFIG` names): this host's log is
+    /// always published as tiles; peers and witnesses only when configured.
+    pub fleet: crate::fleet::FleetConfig,
 }
 
 impl ServiceConfig {
@@ -134,7 +138,13 @@ impl ServiceConfig {
                 bail!("tuf_repo_urls entry {u:?} is not an http(s) URL prefix");
             }
         }
+        let fleet = match env("GERMLINE_FLEET_CONFIG") {
+            Some(p) => crate::fleet::FleetConfig::load(Path::new(&p))?,
+            None => file.fleet.unwrap_or_default(),
+        };
+        fleet.validate()?;
         Ok(ServiceConfig {
+            fleet,
             listen,
             data_dir,
             store_dir,
