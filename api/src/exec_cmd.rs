@@ -96,8 +96,9 @@ pub fn open_ledger(data_dir: &Path) -> anyhow::Result<Arc<Ledger>> {
 pub fn open_ledger_as(data_dir: &Path, origin: Option<String>) -> anyhow::Result<Arc<Ledger>> {
     let dir = data_dir.join("ledger");
     Ok(Arc::new(
-        Ledger::open(&dir, germline_ledger::LedgerConfig { origin, ..Default::default() })
-            .with_context(|| format!("opening the ledger in {} (is another germline process using it?)", dir.display()))?,
+        Ledger::open(&dir, germline_ledger::LedgerConfig { origin, ..Default::default() }).with_context(|| {
+            format!("opening the ledger in {} (is another germline process using it?)", dir.display())
+        })?,
     ))
 }
 
@@ -205,6 +206,12 @@ impl Host {
         }
         after.newly_suppressed = state.suppressed && !before.suppressed;
         after.state = Some(state);
+        if !after.witnesses.is_empty() {
+            // Publish the witness now: peers see a log only up to its signed checkpoint.
+            if let Err(e) = ledger.checkpoint() {
+                tracing::error!("signing a checkpoint after a witness: {e}");
+            }
+        }
         Ok(after)
     }
 }

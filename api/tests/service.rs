@@ -688,3 +688,88 @@ while time.time() < end:
     assert!(!ok, "a response violating its schema must fail the run:\n{out}");
     assert!(out.contains("schema") || out.contains("Schema"), "{out}");
 }
+
+/// `germline fleet keys` of a data directory (creating its keys on first use).
+fn fleet_keys(data: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .args(["fleet", "keys", "--data-dir"])
+        .arg(data)
+        .output()
+        .expect("germline fleet keys");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("keys JSON")
+}
+
+/// Issue 6's fleet acceptance on three `germline serve` hosts: B and C mirror A; a call
+/// on B succeeds before A holds a witness, and once A's verified witness is in its log,
+/// B and C refuse calls to that release (409) without ever having run it leakily.
+#[test]
+fn a_witness_on_one_service_makes_its_peers_refuse_the_release() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (rel, items, policy_line) = mixer_world_declared(dir, true);
+    let admit = publish(dir, &rel);
+    let interval_ms = 500;
+    let host_dir = |h: &str| {
+        let d = dir.join(h);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let a_keys = fleet_keys(&host_dir("a").join("data"));
+    let a = Service::start(&host_dir("a"), &format!("{policy_line}[fleet]\nsync_interval_ms = {interval_ms}\n"));
+    let peer_a = format!(
+        "[fleet]\nsync_interval_ms = {interval_ms}\nrequest_timeout_ms = 2000\n[[fleet.peers]]\nname = \"a\"\nurl = \"http://127.0.0.1:{}\"\ncheckpoint_key = \"{}\"\nwitness_key = \"{}\"\n",
+        a.port,
+        a_keys["checkpoint_key"].as_str().unwrap(),
+        a_keys["witness_key"].as_str().unwrap()
+    );
+    let peers: Vec<Service> =
+        ["b", "c"].iter().map(|h| Service::start(&host_dir(h), &format!("{policy_line}{peer_a}"))).collect();
+    let call = json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[1]}, "items": items});
+    let mut hash = String::new();
+    for svc in std::iter::once(&a).chain(&peers) {
+        let admitted = svc.post("/v1/releases/tuf", Some(&svc.token()), &admit);
+        assert_eq!(admitted.status, 201, "{admitted:?}\n{}", svc.log());
+        hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+    }
+    let calls = format!("/v1/releases/{hash}/calls");
+    // Mechanism off: before A holds a witness, B serves the release.
+    let before = peers[0].post(&calls, Some(&peers[0].token()), &call);
+    assert_eq!(before.status, 200, "{before:?}\n{}", peers[0].log());
+
+    // A's call triggers; its verified witness lands in A's log.
+    let on_a = a.post(&calls, Some(&a.token()), &call);
+    assert_eq!(on_a.status, 200, "{on_a:?}");
+    assert_eq!(on_a.json()["triggers"].as_array().map(Vec::len), Some(1), "{on_a:?}");
+    // Witnesses are verified after the answer is out: wait (bounded) until A's log has it.
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let w = a.get(&format!("/v1/releases/{hash}/witnesses")).json();
+        if w.as_array().is_some_and(|w| !w.is_empty()) {
+            break;
+        }
+        assert!(Instant::now() < end, "A recorded no witness in 60 s: {w}\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let witnessed = Instant::now();
+
+    // Mechanism on: B and C refuse once they mirrored A.
+    for svc in &peers {
+        let end = witnessed + Duration::from_secs(30);
+        let refused = loop {
+            let damp = svc.get(&format!("/v1/releases/{hash}/dampening")).json();
+            if damp["suppressed"] == true {
+                break witnessed.elapsed();
+            }
+            assert!(Instant::now() < end, "not suppressed within 30 s: {damp}\n{}", svc.log());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let r = svc.post(&calls, Some(&svc.token()), &call);
+        assert!(r.client_error(409), "{r:?}");
+        assert!(r.json()["error"].as_str().unwrap().contains("suppressed"), "{r:?}");
+        eprintln!("peer suppressed {} ms after A's witness (sync interval {interval_ms} ms)", refused.as_millis());
+        assert!(refused < Duration::from_millis(4 * interval_ms + 2000), "suppression took {refused:?}");
+        let status = svc.get("/fleet/status").json();
+        assert!(status.to_string().contains("\"ok\""), "peer A is healthy: {status}");
+    }
+}
