@@ -293,8 +293,12 @@ fn witness(
         return Vec::new();
     }
     let mut items = std::collections::BTreeMap::new();
-    for p in &req.items {
-        if let (Ok(name), Ok(bytes)) = (germline_model::ItemName::new(&p.to_string_lossy()), std::fs::read(p)) {
+    // File items: those the host listed and those the call found itself (paths named by
+    // arguments, files the tool declares); the replay checks each against its recorded
+    // SHA-256, so a file changed since the call fails verification instead of lying.
+    let recorded = outcome.evidence.iter().flat_map(|e| &e.items).map(|r| PathBuf::from(r.name.as_str()));
+    for p in req.items.iter().cloned().chain(recorded.filter(|p| p.is_absolute())) {
+        if let (Ok(name), Ok(bytes)) = (germline_model::ItemName::new(&p.to_string_lossy()), std::fs::read(&p)) {
             items.insert(name, bytes);
         }
     }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use germline_executor::call::CallRequest;
+use germline_executor::call::{CallOutcome, CallRequest};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::manifest::{Manifest, MANIFEST_FILE};
 use germline_executor::policy::Policy;
@@ -58,7 +58,9 @@ pub struct WrapArgs {
 
 /// One wrapped release and the MCP session state around it.
 pub struct Front {
-    runtime: Runtime,
+    host: crate::exec_cmd::Host,
+    /// The last call, whose triggers are verified into witnesses once its answer is out.
+    pending: Option<(CallRequest, CallOutcome)>,
     manifest: Manifest,
     consumer: String,
     tools: Option<Value>,
@@ -66,13 +68,36 @@ pub struct Front {
 }
 
 impl Front {
-    /// Starts the release under `kind`.
+    /// Starts the release under `kind`. Germline runtimes use the ledger under the data
+    /// directory (`GERMLINE_DATA_DIR`): a suppressed release (by dampening or by a peer's
+    /// witness) is refused, and triggers become witnesses there, as for `germline call`.
     pub fn start(release: &Path, policy: Policy, kind: RuntimeKind, consumer: String) -> anyhow::Result<Front> {
         let manifest = Manifest::load(release)?;
         let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
         let max_message_bytes = policy.limits.max_message_bytes;
-        let runtime = Runtime::start(kind, release, policy, python)?;
-        Ok(Front { runtime, manifest, consumer, tools: None, max_message_bytes })
+        let mut runtime = Runtime::start(kind, release, policy, python)?;
+        let data_dir = crate::exec_cmd::data_dir();
+        runtime.set_trigger_log(data_dir.join("triggers.jsonl"));
+        let ledger = match &mut runtime {
+            Runtime::Germline(g) => {
+                g.release = crate::exec_cmd::release_id(release)?;
+                Some(crate::exec_cmd::open_ledger(&data_dir)?)
+            }
+            _ => None,
+        };
+        let host = crate::exec_cmd::Host::new(runtime, ledger, data_dir);
+        Ok(Front { host, pending: None, manifest, consumer, tools: None, max_message_bytes })
+    }
+
+    /// Verifies the last call's triggers into witnesses and counts its event (dampening);
+    /// the transports call this once the call's answer is sent. Failures are logged: the
+    /// answer is out, and the trigger itself is already in the trigger log.
+    pub fn after_response(&mut self) {
+        if let Some((req, outcome)) = self.pending.take() {
+            if let Err(e) = self.host.after_call(&req, &outcome) {
+                tracing::error!("recording the call's witnesses and event: {e:#}");
+            }
+        }
     }
 
     /// Largest client message accepted.
@@ -98,6 +123,8 @@ impl Front {
 
     /// Handles one parsed client message.
     pub fn handle(&mut self, msg: Value) -> Option<Value> {
+        // A transport that never reported its answer sent still gets the work done.
+        self.after_response();
         let Value::Object(msg) = msg else {
             return Some(error(Value::Null, INVALID_REQUEST, "expected one JSON-RPC object (no batches)"));
         };
@@ -144,7 +171,7 @@ impl Front {
 
     fn tools_list(&mut self) -> Result<Value, (i64, String)> {
         if self.tools.is_none() {
-            let tools = self.runtime.list_tools().map_err(|e| (INTERNAL_ERROR, format!("tools/list: {e}")))?;
+            let tools = self.host.rt.list_tools().map_err(|e| (INTERNAL_ERROR, format!("tools/list: {e}")))?;
             self.tools = Some(tools);
         }
         Ok(self.tools.clone().unwrap_or_else(|| json!({"tools": []})))
@@ -161,12 +188,14 @@ impl Front {
         };
         let req =
             CallRequest { tool: name.to_owned(), arguments, items: Vec::new(), consumers: vec![self.consumer.clone()] };
-        let outcome = self.runtime.call(&req);
-        match (outcome.result, outcome.error) {
-            (Some(result), _) => Ok(result),
-            (None, Some(e)) => Err(tool_error(&e)),
+        let outcome = self.host.call(&req).map_err(|e| (INTERNAL_ERROR, format!("{e:#}")))?;
+        let answer = match (&outcome.result, &outcome.error) {
+            (Some(result), _) => Ok(result.clone()),
+            (None, Some(e)) => Err(tool_error(e)),
             (None, None) => Err((INTERNAL_ERROR, "the call produced no result".into())),
-        }
+        };
+        self.pending = Some((req, outcome));
+        answer
     }
 }
 
@@ -244,6 +273,7 @@ fn serve_stdio(mut front: Front) -> anyhow::Result<()> {
             out.write_all(b"\n")?;
             out.flush()?;
         }
+        front.after_response();
     }
 }
 

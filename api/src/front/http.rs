@@ -91,6 +91,10 @@ async fn mcp_post(State(st): State<AppState>, body: Body) -> Response {
     if let Ok(h) = HeaderValue::from_str(&st.session) {
         resp.headers_mut().insert(SESSION_HEADER, h);
     }
+    // Witnesses and the dampening event after the answer: the next message waits for the
+    // lock, so no call runs before the previous one is counted.
+    let front = st.front.clone();
+    tokio::task::spawn_blocking(move || front.lock().unwrap_or_else(|p| p.into_inner()).after_response());
     resp
 }
 
