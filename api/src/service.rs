@@ -9,7 +9,7 @@
 
 mod auth;
 pub mod config;
-mod error;
+pub(crate) mod error;
 mod metrics;
 mod releases;
 mod routes;

@@ -379,6 +379,25 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
     mark("get", "/v1/ledger/proofs/consistency");
     assert_eq!(con["new_root"], signed["root"]);
 
+    // The fleet's public log: checkpoint, tiles, lookups, the witness endpoint, status.
+    let note = svc.get("/checkpoint");
+    mark("get", "/checkpoint");
+    assert_eq!(note.status, 200, "{note:?}");
+    assert!(note.body.starts_with(svc.get("/v1/ledger/checkpoint").json()["origin"].as_str().unwrap()), "{note:?}");
+    let tile = http(svc.port, "GET", "/tile/0/000.p/1", None, None);
+    mark("get", "/tile/{path}");
+    assert_eq!(tile.status, 200, "the first leaf hash: {tile:?}");
+    assert!(svc.get("/tile/not-a-tile").client_error(400));
+    let lookup = svc.get(&format!("/lookup/{hash}")).json();
+    mark("get", "/lookup/{release}");
+    assert!(lookup["entries"].as_array().is_some_and(|e| !e.is_empty()), "{lookup}");
+    assert!(svc.get("/lookup/nothex").client_error(400));
+    assert_eq!(svc.get("/fleet/status").json(), json!([]), "no peers configured");
+    mark("get", "/fleet/status");
+    let refused = http(svc.port, "POST", "/add-checkpoint", None, Some(b"old 0\n\nnot a checkpoint\n"));
+    mark("post", "/add-checkpoint");
+    assert!(matches!(refused.status, 400 | 403 | 404), "a stranger's checkpoint is not cosigned: {refused:?}");
+
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
         .unwrap()
@@ -604,6 +623,12 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404",
 [[operations]]
 include-path-regex = "^/v1/ledger/proofs/"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
+
+# A tlog-witness request is a size, a proof and a signed note in one text body; OpenAPI
+# cannot say which texts are well formed, so a malformed one may be refused (400).
+[[operations]]
+include-path-regex = "^/add-checkpoint$"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "403", "404", "409", "422"]
 "#;
 
 /// Runs schemathesis with every check against `url`; (passed, output).

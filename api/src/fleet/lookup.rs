@@ -13,7 +13,7 @@ use germline_model::ReleaseHash;
 use serde::{Deserialize, Serialize};
 
 /// The `/lookup` answer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LookupAnswer {
     /// The release asked about (hex).
     pub release: String,
@@ -24,7 +24,7 @@ pub struct LookupAnswer {
 }
 
 /// One entry with its proof.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LookupEntry {
     /// Position in the log.
     pub index: u64,

@@ -55,7 +55,11 @@ pub fn status_routes(ledger: Arc<Ledger>) -> Router {
     Router::new().route("/fleet/status", get(status)).with_state(ledger)
 }
 
-async fn checkpoint(State(ledger): State<Arc<Ledger>>) -> Result<Response, ApiError> {
+/// The latest signed checkpoint (C2SP tlog-checkpoint signed note).
+#[utoipa::path(get, path = "/checkpoint", tag = "fleet", responses(
+    (status = 200, description = "Signed note, with witness cosignatures once gathered", content_type = "text/plain", body = String),
+    (status = 404, description = "No checkpoint signed yet", body = crate::service::error::ErrorBody)))]
+pub async fn checkpoint(State(ledger): State<Arc<Ledger>>) -> Result<Response, ApiError> {
     // The latest signed checkpoint, with its witnesses' cosignatures once gathered.
     let note = blocking(move || {
         let Some(cp) = ledger.latest_checkpoint()? else { return Ok(None) };
@@ -72,7 +76,15 @@ async fn checkpoint(State(ledger): State<Arc<Ledger>>) -> Result<Response, ApiEr
         .into_response())
 }
 
-async fn tile(State(ledger): State<Arc<Ledger>>, Path(path): Path<String>) -> Result<Response, ApiError> {
+/// A C2SP tlog-tiles tile: `<L>/<N>[.p/<W>]` (hashes) or `entries/<N>[.p/<W>]` (entry bundle).
+#[utoipa::path(get, path = "/tile/{path}", tag = "fleet",
+    params(("path" = String, Path, description = "Tile path below /tile/, e.g. 0/000 or entries/x001/234.p/17",
+        pattern = "^(entries|[0-9]{1,2})/(x[0-9]{3}/)*[0-9]{3}(\\.p/[0-9]{1,3})?$")),
+    responses(
+        (status = 200, description = "Tile bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, description = "Not a tile path", body = crate::service::error::ErrorBody),
+        (status = 404, description = "Beyond the log", body = crate::service::error::ErrorBody)))]
+pub async fn tile(State(ledger): State<Arc<Ledger>>, Path(path): Path<String>) -> Result<Response, ApiError> {
     let full = format!("tile/{path}");
     let req = parse_tile_path(&full)
         .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("{full:?} is not a C2SP tile path")))?;
@@ -86,7 +98,14 @@ async fn tile(State(ledger): State<Arc<Ledger>>, Path(path): Path<String>) -> Re
     Ok(([(header::CONTENT_TYPE, "application/octet-stream"), (header::CACHE_CONTROL, cache)], bytes).into_response())
 }
 
-async fn lookup_release(
+/// A release's entries, each with an inclusion proof to the latest checkpoint.
+#[utoipa::path(get, path = "/lookup/{release}", tag = "fleet",
+    params(("release" = String, Path, description = "Release SHA-256 (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
+    responses(
+        (status = 200, description = "Entries and proofs", body = lookup::LookupAnswer),
+        (status = 400, description = "Not a SHA-256", body = crate::service::error::ErrorBody),
+        (status = 404, description = "No checkpoint signed yet", body = crate::service::error::ErrorBody)))]
+pub async fn lookup_release(
     State(ledger): State<Arc<Ledger>>,
     Path(release): Path<String>,
 ) -> Result<Json<lookup::LookupAnswer>, ApiError> {
@@ -96,7 +115,10 @@ async fn lookup_release(
     Ok(Json(blocking(move || lookup::answer(&ledger, &release)).await?))
 }
 
-async fn status(State(ledger): State<Arc<Ledger>>) -> Result<Json<serde_json::Value>, ApiError> {
+/// This host's view of its peers.
+#[utoipa::path(get, path = "/fleet/status", tag = "fleet", responses(
+    (status = 200, description = "One object per peer: status, message, size, root, processed entries, evidence", body = Vec<serde_json::Value>)))]
+pub async fn status(State(ledger): State<Arc<Ledger>>) -> Result<Json<serde_json::Value>, ApiError> {
     let peers = blocking(move || ledger.peer_records()).await?;
     Ok(Json(serde_json::json!(peers.into_iter().map(|(n, r)| super::status_json(&n, &r)).collect::<Vec<_>>())))
 }

@@ -130,7 +130,19 @@ pub fn witness_routes(service: Arc<WitnessService>) -> Router {
     Router::new().route("/add-checkpoint", post(add_checkpoint)).with_state(service)
 }
 
-async fn add_checkpoint(State(w): State<Arc<WitnessService>>, body: axum::body::Bytes) -> Response {
+/// C2SP tlog-witness `add-checkpoint`: cosigns a configured peer's checkpoint that is
+/// consistent with what this host cosigned before.
+#[utoipa::path(post, path = "/add-checkpoint", tag = "fleet",
+    request_body(content = String, content_type = "text/plain", description = "old size, consistency proof and signed checkpoint"),
+    responses(
+        (status = 200, description = "Cosignature lines", content_type = "text/plain", body = String),
+        (status = 400, description = "Malformed request", body = crate::service::error::ErrorBody),
+        (status = 403, description = "Not signed by a configured peer", body = crate::service::error::ErrorBody),
+        (status = 404, description = "Unknown log", body = crate::service::error::ErrorBody),
+        (status = 409, description = "Old size is not the latest cosigned size", content_type = "text/x.tlog.size", body = String),
+        (status = 413, description = "Request too large", body = crate::service::error::ErrorBody),
+        (status = 422, description = "Inconsistent with the cosigned checkpoint", body = crate::service::error::ErrorBody)))]
+pub async fn add_checkpoint(State(w): State<Arc<WitnessService>>, body: axum::body::Bytes) -> Response {
     let err = |status: StatusCode, msg: String| (status, Json(serde_json::json!({ "error": msg }))).into_response();
     if body.len() > MAX_REQUEST_BYTES {
         return err(StatusCode::PAYLOAD_TOO_LARGE, "request too large".into());

@@ -39,13 +39,16 @@ const MAX_ENTRIES_PAGE: u64 = 1000;
     info(title = "germline", description = "Admit signed MCP tool releases, run their calls under germline, and read the evidence ledger."),
     paths(
         healthz, readyz, metrics, openapi, list_releases, get_release, admit_tuf, admit_sigstore, call, session,
-        witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency
+        witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency,
+        crate::fleet::routes::checkpoint, crate::fleet::routes::tile, crate::fleet::routes::lookup_release,
+        crate::fleet::routes::status, crate::fleet::witness::add_checkpoint
     ),
     modifiers(&BearerAuth),
     tags(
         (name = "operations", description = "Health, readiness, metrics"),
         (name = "releases", description = "Admission, calls, witnesses, dampening"),
-        (name = "ledger", description = "The append-only evidence log")
+        (name = "ledger", description = "The append-only evidence log"),
+        (name = "fleet", description = "C2SP tlog-tiles publishing of the ledger, lookups, the tlog-witness endpoint, peer status")
     )
 )]
 pub struct ApiDoc;
