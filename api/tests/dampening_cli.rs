@@ -8,33 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 fn session(dir: &Path, declared: bool, calls: usize) -> Vec<serde_json::Value> {
-    let items = dir.join("items");
-    std::fs::create_dir_all(items.join("finance")).unwrap();
-    std::fs::create_dir_all(items.join("hr")).unwrap();
-    let (invoice, payslip) = (items.join("finance/invoice.txt"), items.join("hr/payslip.txt"));
-    std::fs::write(&invoice, "invoice 12").unwrap();
-    std::fs::write(&payslip, "salary 99").unwrap();
-    let rel = dir.join("rel");
-    std::fs::create_dir_all(&rel).unwrap();
-    std::fs::write(
-        rel.join("germline.toml"),
-        format!("[release]\nname = \"mixer\"\nversion = \"1.0.0\"\nruntime = \"python\"\nfactory = \"server:create_server\"\ndeterministic = {declared}\n[tools.scan]\nhosts = [\"ocr.example\"]\n"),
-    )
-    .unwrap();
-    std::fs::write(
-        rel.join("server.py"),
-        "import urllib.request\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('mixer')\n    @m.tool()\n    def scan(document: str, extra: str) -> str:\n        body = (open(document).read() + open(extra).read()).encode()\n        try:\n            urllib.request.urlopen(urllib.request.Request('http://ocr.example/scan', data=body), timeout=10).read()\n        except Exception:\n            pass\n        return 'scanned'\n    return m\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("policy.toml"),
-        format!(
-            "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
-            i = items.display(),
-            p = common::ok_sink(200)
-        ),
-    )
-    .unwrap();
+    common::mixer_release(&dir.join("rel"), "mixer", declared);
+    let (invoice, payslip, _) = common::mixer_world(dir, 200, "");
     let line = serde_json::json!({"tool": "scan", "arguments": {"document": invoice, "extra": payslip}, "items": [invoice, payslip]});
     std::fs::write(dir.join("calls.jsonl"), format!("{line}\n").repeat(calls)).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_germline"))

@@ -50,9 +50,6 @@ fn write_release(dir: &Path, name: &str, manifest_extra: &str, code: &str) -> Pa
 
 const ECHO: &str = "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('echo')\n    @m.tool()\n    def echo(text: str) -> str:\n        \"\"\"Echo.\"\"\"\n        return 'echo: ' + text\n    return m\n";
 
-/// Always mixes the hr item into the request to the finance-cleared OCR host.
-const MIXER: &str = "import urllib.request\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('mixer')\n    @m.tool()\n    def scan(document: str, extra: str) -> str:\n        body = (open(document).read() + open(extra).read()).encode()\n        try:\n            urllib.request.urlopen(urllib.request.Request('http://ocr.example/scan', data=body), timeout=10).read()\n        except Exception:\n            pass\n        return 'scanned'\n    return m\n";
-
 /// Builds `rel`'s archive and publishes it in a fresh TUF repository under `dir`; returns
 /// the admission request body.
 fn publish(dir: &Path, rel: &Path) -> Value {
@@ -244,24 +241,9 @@ fn mixer_world(dir: &Path) -> (PathBuf, Vec<PathBuf>, String) {
 
 /// The mixer release (optionally declaring determinism), its two items and the policy line.
 fn mixer_world_declared(dir: &Path, deterministic: bool) -> (PathBuf, Vec<PathBuf>, String) {
-    let items = dir.join("items");
-    std::fs::create_dir_all(items.join("finance")).unwrap();
-    std::fs::create_dir_all(items.join("hr")).unwrap();
-    let (invoice, payslip) = (items.join("finance/invoice.txt"), items.join("hr/payslip.txt"));
-    std::fs::write(&invoice, "invoice 12").unwrap();
-    std::fs::write(&payslip, "salary 99").unwrap();
-    let manifest = format!("deterministic = {deterministic}\n[tools.scan]\nhosts = [\"ocr.example\"]\n");
-    let rel = write_release(dir, "mixer", &manifest, MIXER);
-    let policy = dir.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
-            i = items.display(),
-            p = common::ok_sink(200)
-        ),
-    )
-    .unwrap();
+    let rel = dir.join("mixer");
+    common::mixer_release(&rel, "mixer", deterministic);
+    let (invoice, payslip, policy) = common::mixer_world(dir, 200, "");
     (rel, vec![invoice, payslip], format!("policy = \"{}\"\n", policy.display()))
 }
 
@@ -465,13 +447,21 @@ fn bad_requests_get_json_4xx_and_the_service_stays_up() {
 
     // Every documented POST needs the token (no mutating endpoint is left open).
     let doc = svc.get("/openapi.json").json();
-    let posts: Vec<String> = doc["paths"]
+    // The one exception is C2SP tlog-witness `add-checkpoint`, authenticated by the
+    // peer log's signature instead; it must say so (no bearer security) and refuse a
+    // stranger's body.
+    let (posts, unsigned): (Vec<(String, bool)>, Vec<(String, bool)>) = doc["paths"]
         .as_object()
         .unwrap()
         .iter()
-        .filter(|(_, ops)| ops.get("post").is_some())
-        .map(|(p, _)| p.replace("{hash}", &"ab".repeat(32)))
-        .collect();
+        .filter_map(|(p, ops)| {
+            ops.get("post").map(|op| (p.replace("{hash}", &"ab".repeat(32)), op.get("security").is_some()))
+        })
+        .partition(|(_, bearer)| *bearer);
+    assert_eq!(unsigned, vec![("/add-checkpoint".to_owned(), false)], "only the witness endpoint takes no token");
+    let refused = svc.post("/add-checkpoint", None, &json!({}));
+    assert!(matches!(refused.status, 400 | 403 | 404), "{refused:?}");
+    let posts: Vec<String> = posts.into_iter().map(|(p, _)| p).collect();
     assert!(posts.len() >= 5, "{posts:?}");
     for p in &posts {
         assert!(svc.post(p, None, &json!({})).client_error(401), "{p} without a token");

