@@ -450,7 +450,8 @@ fn bad_requests_get_json_4xx_and_the_service_stays_up() {
     // The one exception is C2SP tlog-witness `add-checkpoint`, authenticated by the
     // peer log's signature instead; it must say so (no bearer security) and refuse a
     // stranger's body.
-    let (posts, unsigned): (Vec<(String, bool)>, Vec<(String, bool)>) = doc["paths"]
+    type Posts = Vec<(String, bool)>;
+    let (posts, unsigned): (Posts, Posts) = doc["paths"]
         .as_object()
         .unwrap()
         .iter()
