@@ -42,6 +42,37 @@ fn key_id(name: &str, public: &[u8; 32]) -> [u8; 4] {
     key_id_for(name, ALG_ED25519, public)
 }
 
+/// Parses `vkey` text `<name>+<hex id>+<base64(alg ‖ public key)>` for signature type
+/// `alg`, checking the name, the type, the key and that the id matches them.
+fn parse_vkey(text: &str, alg: u8, what: &str) -> Result<(String, VerifyingKey, [u8; 4]), NoteError> {
+    let mut parts = text.trim().splitn(3, '+');
+    let (Some(name), Some(id_hex), Some(key_b64)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(NoteError::BadKey("expected name+id+key".into()));
+    };
+    if !valid_name(name) {
+        return Err(NoteError::BadKey(format!("bad key name {name:?}")));
+    }
+    let raw = B64.decode(key_b64).map_err(|e| NoteError::BadKey(format!("key is not base64: {e}")))?;
+    if raw.len() != 33 || raw[0] != alg {
+        return Err(NoteError::BadKey(format!("not an {what} key")));
+    }
+    let public: [u8; 32] = raw[1..].try_into().map_err(|_| NoteError::BadKey("bad key length".into()))?;
+    let key =
+        VerifyingKey::from_bytes(&public).map_err(|e| NoteError::BadKey(format!("bad Ed25519 public key: {e}")))?;
+    let id = key_id_for(name, alg, &public);
+    if hex::encode(id) != id_hex {
+        return Err(NoteError::BadKey("key id does not match key".into()));
+    }
+    Ok((name.to_owned(), key, id))
+}
+
+/// The `vkey` text of `key` for signature type `alg`.
+fn vkey_text(name: &str, alg: u8, key: &VerifyingKey, id: [u8; 4]) -> String {
+    let mut raw = vec![alg];
+    raw.extend_from_slice(key.as_bytes());
+    format!("{name}+{}+{}", hex::encode(id), B64.encode(raw))
+}
+
 /// Key id for signature type `alg` (0x01 note signatures, 0x04 cosignature/v1).
 fn key_id_for(name: &str, alg: u8, public: &[u8; 32]) -> [u8; 4] {
     let mut h = Sha256::new();
@@ -141,33 +172,13 @@ pub struct NoteVerifier {
 impl NoteVerifier {
     /// Parses verifier-key text.
     pub fn from_vkey(text: &str) -> Result<Self, NoteError> {
-        let mut parts = text.trim().splitn(3, '+');
-        let (Some(name), Some(id_hex), Some(key_b64)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(NoteError::BadKey("expected name+id+key".into()));
-        };
-        if !valid_name(name) {
-            return Err(NoteError::BadKey(format!("bad key name {name:?}")));
-        }
-        let raw = B64.decode(key_b64).map_err(|e| NoteError::BadKey(format!("key is not base64: {e}")))?;
-        if raw.len() != 33 || raw[0] != ALG_ED25519 {
-            return Err(NoteError::BadKey("not an Ed25519 verifier key".into()));
-        }
-        let mut public = [0u8; 32];
-        public.copy_from_slice(&raw[1..]);
-        let key =
-            VerifyingKey::from_bytes(&public).map_err(|e| NoteError::BadKey(format!("bad Ed25519 public key: {e}")))?;
-        let id = key_id(name, &public);
-        if hex::encode(id) != id_hex {
-            return Err(NoteError::BadKey("key id does not match key".into()));
-        }
-        Ok(NoteVerifier { name: name.to_owned(), key, id })
+        let (name, key, id) = parse_vkey(text, ALG_ED25519, "Ed25519 verifier")?;
+        Ok(NoteVerifier { name, key, id })
     }
 
     /// The `vkey` text to hand to anyone who checks our checkpoints.
     pub fn to_vkey(&self) -> String {
-        let mut raw = vec![ALG_ED25519];
-        raw.extend_from_slice(self.key.as_bytes());
-        format!("{}+{}+{}", self.name, hex::encode(self.id), B64.encode(raw))
+        vkey_text(&self.name, ALG_ED25519, &self.key, self.id)
     }
 
     /// The key name.
@@ -351,32 +362,13 @@ pub struct CosignatureVerifier {
 impl CosignatureVerifier {
     /// Parses `<name>+<hex id>+<base64(0x04 ‖ public key)>`.
     pub fn from_vkey(text: &str) -> Result<Self, NoteError> {
-        let mut parts = text.trim().splitn(3, '+');
-        let (Some(name), Some(id_hex), Some(key_b64)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(NoteError::BadKey("expected name+id+key".into()));
-        };
-        if !valid_name(name) {
-            return Err(NoteError::BadKey(format!("bad key name {name:?}")));
-        }
-        let raw = B64.decode(key_b64).map_err(|e| NoteError::BadKey(format!("key is not base64: {e}")))?;
-        if raw.len() != 33 || raw[0] != ALG_COSIGNATURE_V1 {
-            return Err(NoteError::BadKey("not an Ed25519 cosignature/v1 key".into()));
-        }
-        let public: [u8; 32] = raw[1..].try_into().map_err(|_| NoteError::BadKey("bad key length".into()))?;
-        let key =
-            VerifyingKey::from_bytes(&public).map_err(|e| NoteError::BadKey(format!("bad Ed25519 public key: {e}")))?;
-        let id = key_id_for(name, ALG_COSIGNATURE_V1, &public);
-        if hex::encode(id) != id_hex {
-            return Err(NoteError::BadKey("key id does not match key".into()));
-        }
-        Ok(CosignatureVerifier { name: name.to_owned(), key, id })
+        let (name, key, id) = parse_vkey(text, ALG_COSIGNATURE_V1, "Ed25519 cosignature/v1")?;
+        Ok(CosignatureVerifier { name, key, id })
     }
 
     /// The `vkey` text.
     pub fn to_vkey(&self) -> String {
-        let mut raw = vec![ALG_COSIGNATURE_V1];
-        raw.extend_from_slice(self.key.as_bytes());
-        format!("{}+{}+{}", self.name, hex::encode(self.id), B64.encode(raw))
+        vkey_text(&self.name, ALG_COSIGNATURE_V1, &self.key, self.id)
     }
 
     /// The cosigner's name.
