@@ -261,25 +261,7 @@ impl ConfinedServer {
     fn request(&mut self, method: &str, params: Value, allowed: &BTreeSet<HostName>) -> Result<Value, ExecutorError> {
         *self.allowed.lock().unwrap_or_else(|p| p.into_inner()) = allowed.clone();
         let pid = self.child.id() as i32;
-        let done = Arc::new(AtomicBool::new(false));
-        let deadline = self.deadline;
-        let watchdog = {
-            let done = done.clone();
-            thread::spawn(move || {
-                let end = Instant::now() + deadline;
-                while !done.load(Ordering::SeqCst) {
-                    if Instant::now() > end {
-                        // SAFETY: signalling our own child.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                        return;
-                    }
-                    thread::sleep(Duration::from_millis(5));
-                }
-            })
-        };
-        let r = self.client.request(method, params);
-        done.store(true, Ordering::SeqCst);
-        let _ = watchdog.join();
+        let r = crate::sigpin::with_deadline(pid, self.deadline, || self.client.request(method, params));
         self.allowed.lock().unwrap_or_else(|p| p.into_inner()).clear();
         r?.map_err(|e| ExecutorError::Copy(format!("tool error: {e}")))
     }

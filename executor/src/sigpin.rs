@@ -76,26 +76,10 @@ impl SigPinRuntime {
                 Err(e) => return CallOutcome::failed(e),
             }
         }
-        let deadline = self.policy.limits.deadline;
         let pid = self.child.id() as i32;
-        let done = Arc::new(AtomicBool::new(false));
-        let watchdog = {
-            let done = done.clone();
-            thread::spawn(move || {
-                let end = Instant::now() + deadline;
-                while !done.load(Ordering::SeqCst) {
-                    if Instant::now() > end {
-                        // SAFETY: signalling our own child.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                        return;
-                    }
-                    thread::sleep(Duration::from_millis(5));
-                }
-            })
-        };
-        let r = self.client.request("tools/call", json!({"name": req.tool, "arguments": req.arguments}));
-        done.store(true, Ordering::SeqCst);
-        let _ = watchdog.join();
+        let r = with_deadline(pid, self.policy.limits.deadline, || {
+            self.client.request("tools/call", json!({"name": req.tool, "arguments": req.arguments}))
+        });
         match r {
             Ok(Ok(v)) => CallOutcome { result: Some(v), label: None, copies: 1, ..Default::default() },
             Ok(Err(e)) => CallOutcome::failed(format!("tool error: {e}")),
@@ -114,6 +98,30 @@ impl Drop for SigPinRuntime {
             let _ = r.join();
         }
     }
+}
+
+/// Runs `f` (one request to the long-lived process `pid`) with `pid` killed if it is not
+/// done within `deadline`: the baselines' equivalent of a copy's budget.
+pub(crate) fn with_deadline<T>(pid: i32, deadline: Duration, f: impl FnOnce() -> T) -> T {
+    let done = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        thread::spawn(move || {
+            let end = Instant::now() + deadline;
+            while !done.load(Ordering::SeqCst) {
+                if Instant::now() > end {
+                    // SAFETY: signalling our own child.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let r = f();
+    done.store(true, Ordering::SeqCst);
+    let _ = watchdog.join();
+    r
 }
 
 /// The command of a long-lived server process for the baselines: the tool host in
