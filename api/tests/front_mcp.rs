@@ -43,6 +43,13 @@ fn fresh_data_dir(home: &Path) -> PathBuf {
     home.join(format!("data-{}", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)))
 }
 
+/// `germline wrap ARGS` with the test's home, its own data directory and the venv.
+fn wrap(args: &[&std::ffi::OsStr], home: &Path, data: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_germline"));
+    c.arg("wrap").args(args).env("GERMLINE_HOME", home).env("GERMLINE_DATA_DIR", data).env("GERMLINE_PYTHON", python());
+    c
+}
+
 fn client(args: &[&str], home: &Path) -> Value {
     let out = Command::new(python())
         .arg(check_script())
@@ -80,11 +87,8 @@ fn sdk_clients_see_wrap_as_the_bare_server() {
     let rel_s = rel.to_string_lossy();
     let mut stdio = client(&["stdio", germline, "wrap", "--", &rel_s], &home);
 
-    let child = Command::new(germline)
-        .args(["wrap", "--listen", "127.0.0.1:0", "--", &rel_s])
-        .env("GERMLINE_HOME", &home)
-        .env("GERMLINE_DATA_DIR", fresh_data_dir(&home))
-        .env("GERMLINE_PYTHON", python())
+    let listen = ["--listen", "127.0.0.1:0", "--"].map(std::ffi::OsStr::new);
+    let child = wrap(&[&listen[..], &[rel.as_os_str()]].concat(), &home, &fresh_data_dir(&home))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -127,15 +131,8 @@ fn malformed_and_oversized_messages_get_json_rpc_errors() {
     let policy = dir.path().join("policy.toml");
     std::fs::write(&policy, "tags = []\n[consumers.agent]\nclearance = []\n[limits]\nmax_message_bytes = 4096\n")
         .expect("policy");
-    let child = Command::new(env!("CARGO_BIN_EXE_germline"))
-        .arg("wrap")
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--")
-        .arg(&rel)
-        .env("GERMLINE_HOME", &home)
-        .env("GERMLINE_DATA_DIR", fresh_data_dir(&home))
-        .env("GERMLINE_PYTHON", python())
+    let args = ["--policy".as_ref(), policy.as_os_str(), "--".as_ref(), rel.as_os_str()];
+    let child = wrap(&args, &home, &fresh_data_dir(&home))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -195,15 +192,7 @@ fn wrap_records_witnesses_and_refuses_a_suppressed_release() {
         common::mixer_release(&rel, "mixer", declared);
         let data = fresh_data_dir(&home);
         let mut child = Killed(
-            Command::new(env!("CARGO_BIN_EXE_germline"))
-                .arg("wrap")
-                .arg("--policy")
-                .arg(&policy)
-                .arg("--")
-                .arg(&rel)
-                .env("GERMLINE_HOME", &home)
-                .env("GERMLINE_DATA_DIR", &data)
-                .env("GERMLINE_PYTHON", python())
+            wrap(&["--policy".as_ref(), policy.as_os_str(), "--".as_ref(), rel.as_os_str()], &home, &data)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
