@@ -179,7 +179,7 @@ impl IfcRuntime {
     fn call_label(&self, req: &CallRequest) -> Result<Label, ExecutorError> {
         let mut label = Label::empty();
         for p in &req.items {
-            label = label.join(&self.policy.label_path(p)?);
+            label = label.join(&self.policy.label_path(&self.policy.canonical_path(p)?)?);
         }
         for arg in req.arguments.keys() {
             if let Some(l) = self.policy.label_argument(&req.tool, arg) {

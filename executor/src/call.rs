@@ -627,22 +627,19 @@ impl PreparedCall {
         let decl = manifest.tool(&req.tool);
         let mut items = Vec::new();
         let mut files = Vec::new();
-        for p in &req.items {
-            if !p.is_absolute() {
-                return Err(ExecutorError::Call(format!("item path {} must be absolute", p.display())));
+        // Every file is named by its canonical path before it is labelled, planned or
+        // handed to a copy: the label is that of the file that will be read.
+        let mut seen: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+        for given in &req.items {
+            let p = policy.canonical_path(given)?;
+            if !seen.insert(p.clone()) {
+                continue;
             }
-            let label = policy.label_path(p)?;
-            let meta = std::fs::metadata(p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
-            if !meta.is_file() || meta.len() > MAX_ITEM_BYTES {
-                return Err(ExecutorError::Call(format!(
-                    "item {} must be a regular file of at most {MAX_ITEM_BYTES} bytes",
-                    p.display()
-                )));
-            }
-            let bytes = std::fs::read(p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            let label = policy.label_path(&p)?;
+            let bytes = read_item(&p, policy.resolves_paths())?;
             let name = ItemName::new(&p.to_string_lossy())?;
             items.push(Item { name: name.clone(), label });
-            files.push((name, p.clone(), bytes));
+            files.push((name, p, bytes));
         }
         // Paths named by arguments (per the policy) and fixed paths the tool declares it
         // reads: every labelled regular file there is an item, whether or not the agent
@@ -651,7 +648,11 @@ impl PreparedCall {
         for (arg, v) in &req.arguments {
             if policy.is_path_argument(&req.tool, arg) {
                 if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
-                    named.push(PathBuf::from(s));
+                    let given = Path::new(s);
+                    if !given.is_absolute() {
+                        return Err(ExecutorError::Call(format!("argument {arg} names a relative path {s:?}")));
+                    }
+                    named.push(given.to_path_buf());
                 }
             }
         }
@@ -661,17 +662,12 @@ impl PreparedCall {
                 .filter(|p| p.starts_with('/') && !p.contains(['*', '?', '[', '{']))
                 .map(PathBuf::from),
         );
-        let mut seen: std::collections::BTreeSet<PathBuf> = files.iter().map(|(_, p, _)| p.clone()).collect();
         for p in named_files(&named, policy)? {
             if !seen.insert(p.clone()) {
                 continue;
             }
             let label = policy.label_path(&p)?;
-            let meta = std::fs::metadata(&p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
-            if meta.len() > MAX_ITEM_BYTES {
-                return Err(ExecutorError::Call(format!("item {} is over {MAX_ITEM_BYTES} bytes", p.display())));
-            }
-            let bytes = std::fs::read(&p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
+            let bytes = read_item(&p, policy.resolves_paths())?;
             let name = ItemName::new(&p.to_string_lossy())?;
             items.push(Item { name: name.clone(), label });
             files.push((name, p, bytes));
@@ -773,27 +769,89 @@ impl PreparedCall {
 /// Most files one named path (a repository) may contribute to a call.
 const MAX_NAMED_FILES: usize = 20_000;
 
-/// The labelled regular files at or under `paths` (absolute; symlinks not followed).
-/// Unlabelled files stay out: they are not user data by the policy's word.
+/// The labelled regular files at or under `paths`, by canonical name. A symlink is
+/// followed to its target, which is an item under the target's own label (a link from one
+/// labelled tree into another does not carry the first tree's label); each directory is
+/// walked once. Unlabelled files stay out: they are not user data by the policy's word.
 fn named_files(paths: &[PathBuf], policy: &Policy) -> Result<Vec<PathBuf>, ExecutorError> {
-    let mut out = Vec::new();
-    let mut stack: Vec<PathBuf> = paths.iter().filter(|p| p.is_absolute()).cloned().collect();
+    let mut out = std::collections::BTreeSet::new();
+    let mut visited = std::collections::BTreeSet::new();
+    let mut stack: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        // A named path that does not exist names no files.
+        if let Ok(c) = policy.canonical_path(p) {
+            stack.push(c);
+        }
+    }
     while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+        let Ok(meta) = std::fs::metadata(&p) else { continue };
         if meta.is_dir() {
+            if !visited.insert(p.clone()) {
+                continue;
+            }
             let rd = std::fs::read_dir(&p).map_err(|e| ExecutorError::Call(format!("item {}: {e}", p.display())))?;
             for e in rd.flatten() {
-                stack.push(e.path());
+                let entry = e.path();
+                let next = if policy.resolves_paths() {
+                    match std::fs::canonicalize(&entry) {
+                        Ok(c) => c,
+                        Err(_) => continue,
+                    }
+                } else if std::fs::symlink_metadata(&entry).map(|m| m.file_type().is_symlink()).unwrap_or(true) {
+                    continue;
+                } else {
+                    entry
+                };
+                stack.push(next);
+            }
+            if visited.len() > MAX_NAMED_FILES {
+                return Err(ExecutorError::Call(format!("more than {MAX_NAMED_FILES} directories named")));
             }
         } else if meta.is_file() && policy.labels_path(&p) {
-            out.push(p);
+            out.insert(p);
             if out.len() > MAX_NAMED_FILES {
                 return Err(ExecutorError::Call(format!("more than {MAX_NAMED_FILES} item files named")));
             }
         }
     }
-    out.sort();
-    Ok(out)
+    Ok(out.into_iter().collect())
+}
+
+/// Reads item `path` (canonical) through a descriptor that is checked to name that very
+/// file, so a symlink swapped in after the path was resolved cannot substitute another.
+fn read_item(path: &Path, check_name: bool) -> Result<Vec<u8>, ExecutorError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |e: std::io::Error| ExecutorError::Call(format!("item {}: {e}", path.display()));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(if check_name { libc::O_NOFOLLOW } else { 0 })
+        .open(path)
+        .map_err(err)?;
+    let meta = f.metadata().map_err(err)?;
+    if !meta.is_file() || meta.len() > MAX_ITEM_BYTES {
+        return Err(ExecutorError::Call(format!(
+            "item {} must be a regular file of at most {MAX_ITEM_BYTES} bytes",
+            path.display()
+        )));
+    }
+    if check_name {
+        use std::os::fd::AsRawFd;
+        let opened = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).map_err(err)?;
+        if opened != path {
+            return Err(ExecutorError::Call(format!(
+                "item {} changed while it was read (now {})",
+                path.display(),
+                opened.display()
+            )));
+        }
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.by_ref().take(MAX_ITEM_BYTES + 1).read_to_end(&mut bytes).map_err(err)?;
+    if bytes.len() as u64 > MAX_ITEM_BYTES {
+        return Err(ExecutorError::Call(format!("item {} is over {MAX_ITEM_BYTES} bytes", path.display())));
+    }
+    Ok(bytes)
 }
 
 /// The host named by a URL or bare host argument.

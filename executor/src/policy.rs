@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use germline_model::{Clearance, ConsumerName, HostName, Label, Tag};
-use globset::{Glob, GlobMatcher};
+use globset::{GlobBuilder, GlobMatcher};
 use serde::Deserialize;
 
 use crate::tls::DeploymentTls;
@@ -28,6 +28,9 @@ pub struct Policy {
     pub limits: Limits,
     tls_extra_roots: Vec<PathBuf>,
     tls: Option<Arc<DeploymentTls>>,
+    /// Test-only: label item paths as the strings they were given (no resolution), the
+    /// mechanism-off twin of the canonical-name tests.
+    raw_path_labels: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -244,6 +247,7 @@ impl Policy {
             limits,
             tls_extra_roots: raw.tls.extra_roots,
             tls: None,
+            raw_path_labels: false,
         })
     }
 
@@ -260,9 +264,39 @@ impl Policy {
         self.tls.as_ref()
     }
 
-    /// The label of a file item, or an error if no rule (or conflicting rules) cover it.
+    /// The file a path names, in canonical form: absolute, `..` and `.` resolved, duplicate
+    /// separators removed, every symlink followed. Labels, plans and copies use this name,
+    /// so a file carries the label of where it is, whatever string named it
+    /// (`/data/finance/../hr/x` is the hr file `/data/hr/x`). Relative paths are refused:
+    /// they would be resolved against a directory the policy knows nothing about.
+    pub fn canonical_path(&self, path: &Path) -> Result<PathBuf, ExecutorError> {
+        if !path.is_absolute() {
+            return Err(ExecutorError::Call(format!("path {} must be absolute", path.display())));
+        }
+        if self.raw_path_labels {
+            return Ok(path.to_path_buf());
+        }
+        std::fs::canonicalize(path).map_err(|e| ExecutorError::Call(format!("path {}: {e}", path.display())))
+    }
+
+    /// Test-only: label paths as given, without resolving them (the raw-string twin that
+    /// shows what canonical names prevent). Never set outside tests.
+    #[doc(hidden)]
+    pub fn label_raw_paths_for_tests(mut self) -> Policy {
+        self.raw_path_labels = true;
+        self
+    }
+
+    /// Whether this policy resolves paths before labelling them (false only in the
+    /// test-only raw twin).
+    pub fn resolves_paths(&self) -> bool {
+        !self.raw_path_labels
+    }
+
+    /// The label of a file item (a canonical path, see [`Policy::canonical_path`]), or an
+    /// error if no rule (or conflicting rules) cover it.
     pub fn label_path(&self, path: &Path) -> Result<Label, ExecutorError> {
-        let hits: Vec<&PathRule> = self.path_rules.iter().filter(|r| r.matcher.is_match(path)).collect();
+        let hits: Vec<&PathRule> = self.path_rules.iter().filter(|r| r.matches(path)).collect();
         match hits.as_slice() {
             [] => Err(ExecutorError::Call(format!("item {} has no label in the policy", path.display()))),
             [first, rest @ ..] => {
@@ -291,7 +325,7 @@ impl Policy {
 
     /// Whether some path rule labels `path`.
     pub fn labels_path(&self, path: &Path) -> bool {
-        self.path_rules.iter().any(|r| r.matcher.is_match(path))
+        self.path_rules.iter().any(|r| r.matches(path))
     }
 
     /// A destination's clearance; an unknown destination may see nothing labelled.
@@ -326,7 +360,12 @@ fn path_rule(glob: &str, label: Label) -> Result<PathRule, ExecutorError> {
     if !glob.starts_with('/') {
         return Err(perr(format!("item path {glob:?} must be absolute")));
     }
-    let matcher = Glob::new(glob).map_err(|e| perr(format!("item path {glob:?}: {e}")))?.compile_matcher();
+    // `*` and `?` never cross a `/`: `/d/hr/*.pdf` is the PDFs in `/d/hr`, not below it.
+    let matcher = GlobBuilder::new(glob)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| perr(format!("item path {glob:?}: {e}")))?
+        .compile_matcher();
     let mut root = PathBuf::from("/");
     for comp in glob.split('/').filter(|c| !c.is_empty()) {
         if comp.contains(['*', '?', '[', '{']) {
@@ -340,10 +379,27 @@ fn path_rule(glob: &str, label: Label) -> Result<PathRule, ExecutorError> {
     if !glob[root.as_os_str().len()..].starts_with('/') {
         root.pop();
     }
-    if root.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(perr(format!("item path {glob:?} must not contain ..")));
+    if glob.split('/').any(|c| c == ".." || c == ".") || glob.contains("//") {
+        return Err(perr(format!("item path {glob:?} must be in canonical form (no `.`, `..` or `//`)")));
     }
     Ok(PathRule { glob: glob.to_owned(), matcher, root, label })
+}
+
+impl PathRule {
+    /// Whether the rule covers `path` (canonical). A rule whose fixed prefix is itself a
+    /// symlink on this host (`/data` → `/srv/data`) also covers the prefix's target, so the
+    /// resolved name keeps the deployer's label.
+    fn matches(&self, path: &Path) -> bool {
+        if self.matcher.is_match(path) {
+            return true;
+        }
+        match std::fs::canonicalize(&self.root) {
+            Ok(real) if real != self.root => {
+                path.strip_prefix(&real).map(|rest| self.matcher.is_match(self.root.join(rest))).unwrap_or(false)
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -398,5 +454,50 @@ mod tests {
         assert!(bad("tags=['a']\n[[items]]\npath='**/x'\nlabel=['a']").contains("absolute"));
         assert!(bad("tags=['a']\n[tls]\nextra_roots=['ca.pem']").contains("absolute"));
         assert!(Policy::parse("tags=['a']\n[tls]\nextra_roots=['/etc/test-ca.pem']").is_ok());
+        for glob in ["/d/../x/**", "/d/./x/**", "/d//x/**"] {
+            assert!(bad(&format!("tags=['a']\n[[items]]\npath='{glob}'\nlabel=['a']")).contains("canonical"), "{glob}");
+        }
+    }
+
+    #[test]
+    fn globs_match_with_literal_separators() {
+        let p = Policy::parse(P).unwrap();
+        assert!(p.labels_path(Path::new("/srv/data/hr/a.pdf")));
+        assert!(!p.labels_path(Path::new("/srv/data/hr/sub/a.pdf")), "`*` must not cross a `/`");
+        assert!(p.labels_path(Path::new("/srv/data/finance/a/b/c")));
+    }
+
+    #[test]
+    fn paths_are_labelled_by_the_file_they_name() {
+        let d = tempfile::tempdir().unwrap();
+        let base = d.path().canonicalize().unwrap();
+        for l in ["finance", "hr"] {
+            std::fs::create_dir_all(base.join(l)).unwrap();
+        }
+        std::fs::write(base.join("hr/payslip.txt"), "x").unwrap();
+        std::os::unix::fs::symlink(base.join("hr"), base.join("finance/link")).unwrap();
+        let text = format!(
+            "tags=['finance','hr']\n[[items]]\npath='{b}/finance/**'\nlabel=['finance']\n[[items]]\npath='{b}/hr/**'\nlabel=['hr']",
+            b = base.display()
+        );
+        let p = Policy::parse(&text).unwrap();
+        let hr = Label::parse(["hr"]).unwrap();
+        let fin = Label::parse(["finance"]).unwrap();
+        let b = base.display();
+        for given in [
+            format!("{b}/finance/../hr/payslip.txt"),
+            format!("{b}/finance//..//hr/payslip.txt"),
+            format!("{b}/finance/./../hr/./payslip.txt"),
+            format!("{b}/finance/link/payslip.txt"),
+        ] {
+            let c = p.canonical_path(Path::new(&given)).unwrap();
+            assert_eq!(c, base.join("hr/payslip.txt"), "{given}");
+            assert_eq!(p.label_path(&c).unwrap(), hr, "{given}");
+            // The raw-string twin labels the same string finance: what resolution prevents.
+            let raw = p.clone().label_raw_paths_for_tests();
+            let r = raw.canonical_path(Path::new(&given)).unwrap();
+            assert_eq!(raw.label_path(&r).unwrap(), fin, "{given}");
+        }
+        assert!(p.canonical_path(Path::new("finance/x")).unwrap_err().to_string().contains("absolute"));
     }
 }
