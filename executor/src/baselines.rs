@@ -226,7 +226,7 @@ impl ConfinedServer {
         let mut readable: Vec<PathBuf> = runtime.read_paths.clone();
         readable.push(release_dir.to_path_buf());
         readable.push(runtime.shim_dir.clone());
-        for p in ["/dev", "/proc"] {
+        for p in ["/dev", "/proc", "/etc"] {
             readable.push(PathBuf::from(p));
         }
         for tool in manifest.tools.values() {

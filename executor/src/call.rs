@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 
 use crate::broker::{serve_copy, CallShared, CopyJob, CopyResult, EgressEvent, ReplayState};
 use crate::cgroup::CgroupLimits;
-use crate::confine::ResourceLimits;
+use crate::confine::{ResourceLimits, SandboxSwitches};
 use crate::evidence::{encode_replies, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
@@ -224,9 +224,21 @@ impl GermlineRuntime {
     /// if the germline does not start or fails G1–G3.
     pub fn start(
         release_dir: &Path,
+        policy: Policy,
+        runtime: PythonRuntime,
+        splitting: Splitting,
+    ) -> Result<GermlineRuntime, ExecutorError> {
+        Self::start_with(release_dir, policy, runtime, splitting, SandboxSwitches::default())
+    }
+
+    /// [`GermlineRuntime::start`] with sandbox mechanisms switched as given; only tests
+    /// switch one off, to show what it prevents.
+    pub fn start_with(
+        release_dir: &Path,
         mut policy: Policy,
         runtime: PythonRuntime,
         splitting: Splitting,
+        switches: SandboxSwitches,
     ) -> Result<GermlineRuntime, ExecutorError> {
         let manifest = Manifest::load(release_dir)?;
         let release = release_dir_hash(release_dir)?;
@@ -249,6 +261,7 @@ impl GermlineRuntime {
                 memory_bytes: policy.limits.memory_bytes,
                 processes: policy.limits.processes,
             }),
+            switches,
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(

@@ -4,17 +4,19 @@
 //! Everything here runs in the child between `fork` and `execve` of the Python tool
 //! host, so nothing the release does later can undo it: new user, mount, network, IPC,
 //! UTS and cgroup namespaces; a fresh root file system holding only the read-only
-//! allowlist and empty data roots (the germline cannot even name user data), all of it
-//! read-only; Landlock (read-only, TCP only to the broker's fixed ports, signal and
-//! abstract-socket scoping); seccomp
-//! closing every inter-copy channel; no-new-privs; every capability dropped; rlimits.
-//! Copies inherit all of it at fork.
+//! allowlist, a minimal `/etc` of its own and an empty tmpfs at every data root (the
+//! germline cannot even name user data, and nothing is ever created on the host), all of
+//! it read-only; an unprivileged host uid and gid when the broker is host root; Landlock
+//! (read-only, TCP only to the broker's fixed ports, signal and abstract-socket scoping);
+//! seccomp closing every inter-copy channel; no-new-privs; every capability dropped;
+//! rlimits. Copies inherit all of it at fork.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use landlock::{
@@ -54,6 +56,86 @@ pub struct Confinement {
     pub data_roots: Vec<PathBuf>,
     /// Process limits.
     pub limits: ResourceLimits,
+    /// Mechanisms on (the default) or off (tests only).
+    pub switches: SandboxSwitches,
+}
+
+/// Sandbox mechanisms a test switches off to show what each one prevents (every security
+/// property has its mechanism-off twin). Everything outside tests uses the default: all on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SandboxSwitches {
+    /// The germline's root holds a minimal `/etc` of its own and an empty tmpfs at every
+    /// data root, and nothing is created on the host. Off: host `/etc` is bound whole and
+    /// data roots are plain directories of the root (so one under a host mount shows the
+    /// host's contents, and a missing one is created on the host).
+    pub minimal_root: bool,
+    /// When the broker runs as host root, the germline and its copies run as the
+    /// unprivileged [`SandboxIds`]. Off: in-namespace root is host root.
+    pub sandbox_ids: bool,
+}
+
+impl Default for SandboxSwitches {
+    fn default() -> Self {
+        SandboxSwitches { minimal_root: true, sandbox_ids: true }
+    }
+}
+
+/// The host uid and gid a germline and its copies run as when the broker is host root
+/// (in-namespace root maps to them), so a file only host root may read stays unreadable
+/// even where the root shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SandboxIds {
+    /// Host uid.
+    pub uid: u32,
+    /// Host gid.
+    pub gid: u32,
+}
+
+/// The environment variable that overrides [`SandboxIds::DEFAULT`], as `uid:gid`.
+pub const SANDBOX_IDS_VAR: &str = "GERMLINE_SANDBOX_IDS";
+
+impl SandboxIds {
+    /// `nobody:nogroup`.
+    pub const DEFAULT: SandboxIds = SandboxIds { uid: 65534, gid: 65534 };
+
+    /// Parses `uid:gid`; host root's uid or gid is refused (copies would read what only
+    /// root may read).
+    pub fn parse(s: &str) -> Result<SandboxIds, ExecutorError> {
+        let bad = |why: &str| ExecutorError::Sandbox(format!("{SANDBOX_IDS_VAR}={s:?}: {why}"));
+        let (u, g) = s.split_once(':').ok_or_else(|| bad("expected uid:gid"))?;
+        let uid: u32 = u.trim().parse().map_err(|_| bad("uid is not a number"))?;
+        let gid: u32 = g.trim().parse().map_err(|_| bad("gid is not a number"))?;
+        if uid == 0 || gid == 0 {
+            return Err(bad("the sandbox may not run as host root (uid or gid 0)"));
+        }
+        if uid == u32::MAX || gid == u32::MAX {
+            return Err(bad("-1 is not an id"));
+        }
+        Ok(SandboxIds { uid, gid })
+    }
+
+    /// [`SANDBOX_IDS_VAR`] if set, else [`SandboxIds::DEFAULT`].
+    pub fn from_env() -> Result<SandboxIds, ExecutorError> {
+        match std::env::var(SANDBOX_IDS_VAR) {
+            Ok(s) => SandboxIds::parse(&s),
+            Err(std::env::VarError::NotPresent) => Ok(SandboxIds::DEFAULT),
+            Err(e) => Err(ExecutorError::Sandbox(format!("{SANDBOX_IDS_VAR}: {e}"))),
+        }
+    }
+
+    fn may_read(&self, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let need = if meta.is_dir() { 0o5 } else { 0o4 };
+        let mode = meta.mode();
+        let bits = if meta.uid() == self.uid {
+            mode >> 6
+        } else if meta.gid() == self.gid {
+            mode >> 3
+        } else {
+            mode
+        };
+        bits & need == need
+    }
 }
 
 /// A prepared sandbox: everything that allocates much is done in the parent, so the
@@ -61,20 +143,54 @@ pub struct Confinement {
 pub struct PreparedSandbox {
     uid_map: CString,
     gid_map: CString,
+    drop_to: Option<SandboxIds>,
+    /// Where the root's tmpfs is mounted (in the germline's mount namespace only).
     stage: CString,
+    /// The directory of that tmpfs the root is built in (`<stage>/root`).
+    tree: CString,
     root_ops: Vec<RootOp>,
     workdir: CString,
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
     control_fd: RawFd,
+    report: OwnedFd,
+    report_rx: Option<OwnedFd>,
+    descriptions: Vec<String>,
 }
 
 /// One step of building the germline's root filesystem under the stage directory.
 enum RootOp {
     Mkdir(CString),
     Touch(CString),
+    Write(CString, Vec<u8>),
     Bind(CString, CString),
     Symlink(CString, CString),
+    /// An empty, read-only tmpfs: what the germline finds at a data root.
+    Empty(CString),
+}
+
+/// What the planned root holds at a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Node {
+    /// A directory of the root's own tmpfs.
+    Dir,
+    /// A file of the root's own tmpfs.
+    File,
+    /// A host directory bound read-only, or one seen through such a bind.
+    HostDir,
+    /// A host file bound read-only.
+    HostFile,
+    /// A symbolic link of the root's own tmpfs.
+    Symlink,
+}
+
+/// The germline's root, planned in the parent as a list of operations on the stage.
+struct RootPlan<'a> {
+    stage: &'a Path,
+    ops: Vec<RootOp>,
+    what: Vec<String>,
+    nodes: BTreeMap<PathBuf, Node>,
+    binds: Vec<PathBuf>,
 }
 
 /// The Landlock ABI germline needs: V6 brings signal and abstract-socket scoping, without
@@ -84,73 +200,383 @@ const LANDLOCK_ABI: ABI = ABI::V6;
 /// Devices a Python process expects; bound read-only except /dev/null.
 const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"];
 
+/// The only host `/etc` entries the germline's root holds: data the interpreter and its
+/// libraries read and that is the same on every host of a distribution, never a secret:
+/// the dynamic linker's cache, the timezone, public CA certificates and OpenSSL's
+/// defaults, the IANA service and protocol tables, and the `alternatives` symlink farm
+/// that `/usr/bin` entries point through. Missing entries are skipped.
+const HOST_ETC: [&str; 8] = [
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/alternatives",
+];
+
+/// The `/etc` files germline writes for the root: the sandbox user is in-namespace root,
+/// named `germline`; `nobody` is how unmapped host ids appear. No resolver: copies reach
+/// hosts only through the broker's proxy, which resolves names itself.
+const SYNTHETIC_ETC: [(&str, &str); 5] = [
+    (
+        "/etc/passwd",
+        "germline:x:0:0:germline sandbox:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    ),
+    ("/etc/group", "germline:x:0:\nnogroup:x:65534:\n"),
+    ("/etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\nservices: files\nprotocols: files\n"),
+    ("/etc/hosts", "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"),
+    ("/etc/resolv.conf", "# germline: no name servers; names are resolved by the broker.\noptions attempts:1 timeout:1\n"),
+];
+
+fn sandbox_err(s: String) -> ExecutorError {
+    ExecutorError::Sandbox(s)
+}
+
+impl<'a> RootPlan<'a> {
+    fn new(stage: &'a Path) -> RootPlan<'a> {
+        let mut nodes = BTreeMap::new();
+        nodes.insert(PathBuf::from("/"), Node::Dir);
+        RootPlan { stage, ops: Vec::new(), what: Vec::new(), nodes, binds: Vec::new() }
+    }
+
+    fn staged(&self, p: &Path) -> Result<CString, ExecutorError> {
+        cstring(&self.stage.join(p.strip_prefix("/").unwrap_or(p)))
+    }
+
+    fn push(&mut self, op: RootOp, what: String) {
+        self.ops.push(op);
+        self.what.push(what);
+    }
+
+    /// The deepest host directory mount at or above `p`, if any.
+    fn host_mount_above<'p>(&self, p: &'p Path) -> Option<&'p Path> {
+        p.ancestors().find(|a| self.nodes.get(*a) == Some(&Node::HostDir))
+    }
+
+    /// Makes `p` a directory of the root. Inside the root's own tmpfs missing directories
+    /// are created; beneath a directory mounted from the host nothing is ever created, so
+    /// every component there must already exist on the host as a directory (not a link).
+    fn ensure_dir(&mut self, p: &Path, what: &str, whole: &Path) -> Result<(), ExecutorError> {
+        let mut acc = PathBuf::from("/");
+        let mut host: Option<PathBuf> = None;
+        for c in p.components().skip(1) {
+            acc.push(c);
+            match self.nodes.get(&acc) {
+                Some(Node::Dir) => {}
+                Some(Node::HostDir) => host = Some(acc.clone()),
+                Some(Node::Symlink) => {
+                    return Err(sandbox_err(format!(
+                        "{what} {}: {} is a symbolic link in the germline's root",
+                        whole.display(),
+                        acc.display()
+                    )))
+                }
+                Some(Node::File | Node::HostFile) => {
+                    return Err(sandbox_err(format!(
+                        "{what} {}: {} is a file in the germline's root",
+                        whole.display(),
+                        acc.display()
+                    )))
+                }
+                None => match &host {
+                    Some(mount) => {
+                        let meta = std::fs::symlink_metadata(&acc).map_err(|e| {
+                            sandbox_err(format!(
+                                "{what} {}: {} cannot be used ({e}); it lies under {}, which is mounted from the \
+                                 host, and germline never creates anything on the host",
+                                whole.display(),
+                                acc.display(),
+                                mount.display()
+                            ))
+                        })?;
+                        if meta.file_type().is_symlink() || !meta.is_dir() {
+                            return Err(sandbox_err(format!(
+                                "{what} {}: {} on the host is {}, not a directory",
+                                whole.display(),
+                                acc.display(),
+                                if meta.file_type().is_symlink() { "a symbolic link" } else { "a file" }
+                            )));
+                        }
+                        self.nodes.insert(acc.clone(), Node::HostDir);
+                    }
+                    None => {
+                        let op = RootOp::Mkdir(self.staged(&acc)?);
+                        self.push(op, format!("creating directory {} in the root", acc.display()));
+                        self.nodes.insert(acc.clone(), Node::Dir);
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds host path `p` (read-only later) at the same place in the root; a symbolic
+    /// link is recreated as a link (it resolves inside the root).
+    fn bind(&mut self, p: &Path, what: &str) -> Result<(), ExecutorError> {
+        if !p.is_absolute() || p.components().any(|c| !matches!(c, Component::RootDir | Component::Normal(_))) {
+            return Err(sandbox_err(format!("{what} {} is not a plain absolute path", p.display())));
+        }
+        let meta = std::fs::symlink_metadata(p).map_err(|e| sandbox_err(format!("{what} {}: {e}", p.display())))?;
+        if let Some(parent) = p.parent() {
+            if self.host_mount_above(parent).is_some() {
+                // Already visible, as it is on the host, through a bind above it.
+                return Ok(());
+            }
+            self.ensure_dir(parent, what, p)?;
+        }
+        if self.nodes.contains_key(p) {
+            return Ok(());
+        }
+        let at = self.staged(p)?;
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(p).map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
+            self.push(RootOp::Symlink(cstring(&target)?, at), format!("linking {} in the root", p.display()));
+            self.nodes.insert(p.to_path_buf(), Node::Symlink);
+        } else if meta.is_dir() {
+            self.push(RootOp::Mkdir(at.clone()), format!("creating directory {} in the root", p.display()));
+            self.push(RootOp::Bind(cstring(p)?, at), format!("binding {} into the root", p.display()));
+            self.nodes.insert(p.to_path_buf(), Node::HostDir);
+            self.binds.push(p.to_path_buf());
+        } else {
+            self.push(RootOp::Touch(at.clone()), format!("creating file {} in the root", p.display()));
+            self.push(RootOp::Bind(cstring(p)?, at), format!("binding {} into the root", p.display()));
+            self.nodes.insert(p.to_path_buf(), Node::HostFile);
+            self.binds.push(p.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, p: &Path, contents: &str) -> Result<(), ExecutorError> {
+        if self.nodes.contains_key(p) {
+            return Ok(());
+        }
+        if let Some(parent) = p.parent() {
+            self.ensure_dir(parent, "file", p)?;
+        }
+        let op = RootOp::Write(self.staged(p)?, contents.as_bytes().to_vec());
+        self.push(op, format!("writing {} in the root", p.display()));
+        self.nodes.insert(p.to_path_buf(), Node::File);
+        Ok(())
+    }
+
+    /// The minimal `/etc`: [`SYNTHETIC_ETC`] and the [`HOST_ETC`] entries present.
+    fn minimal_etc(&mut self) -> Result<(), ExecutorError> {
+        if self.nodes.get(Path::new("/etc")) == Some(&Node::HostDir) {
+            return Err(sandbox_err("read-only path /etc: the germline's root has a minimal /etc of its own".into()));
+        }
+        for (p, contents) in SYNTHETIC_ETC {
+            self.write(Path::new(p), contents)?;
+        }
+        for p in HOST_ETC {
+            if std::fs::symlink_metadata(p).is_ok() {
+                self.bind(Path::new(p), "host /etc entry")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// An empty tmpfs at data root `r`, wherever it sits; created only inside the root's
+    /// own tmpfs, never on the host. A data root that would hide something the germline
+    /// reads is refused.
+    fn empty_data_root(&mut self, r: &Path) -> Result<(), ExecutorError> {
+        if !r.is_absolute() || r.components().any(|c| !matches!(c, Component::RootDir | Component::Normal(_))) {
+            return Err(sandbox_err(format!("data root {} is not a plain absolute path", r.display())));
+        }
+        if r == Path::new("/") {
+            return Err(sandbox_err("data root / would hide the whole root".into()));
+        }
+        if let Some((hidden, _)) = self.nodes.iter().find(|(p, n)| **n != Node::Dir && p.starts_with(r)) {
+            return Err(sandbox_err(format!(
+                "data root {} would hide {}, which the germline reads",
+                r.display(),
+                hidden.display()
+            )));
+        }
+        self.ensure_dir(r, "data root", r)?;
+        let op = RootOp::Empty(self.staged(r)?);
+        self.push(op, format!("mounting an empty tmpfs over data root {}", r.display()));
+        Ok(())
+    }
+
+    /// The data root as a plain directory of the root (mechanism off): every missing
+    /// component is created, on the host if it lies under a host mount.
+    fn plain_data_root(&mut self, r: &Path) -> Result<(), ExecutorError> {
+        let mut acc = PathBuf::from("/");
+        for c in r.components().skip(1) {
+            acc.push(c);
+            if !self.nodes.contains_key(&acc) {
+                let op = RootOp::Mkdir(self.staged(&acc)?);
+                self.push(op, format!("creating directory {}", acc.display()));
+                self.nodes.entry(acc.clone()).or_insert(Node::Dir);
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Confinement {
     /// Plans the germline's root filesystem and compiles seccomp in the parent.
     ///
     /// The germline gets a fresh tmpfs root holding only the read-only paths (bound
-    /// read-only), a few devices, and an empty directory at each data root; nothing else
-    /// of the host exists for it. Landlock then makes that whole root read-only. (A
-    /// Landlock rule on a directory does not reach a file system mounted on it, so the
-    /// view the broker later mounts at a data root inside a copy is covered by the rule
-    /// on `/`.)
+    /// read-only), a few devices, a minimal `/etc`, and an empty tmpfs at each data root;
+    /// nothing else of the host exists for it, and nothing is created on the host. When
+    /// the broker runs as host root, the germline gives up root before it creates its user
+    /// namespace, whose root then maps to the unprivileged [`SandboxIds`]. Landlock then
+    /// makes the whole root read-only. (A Landlock rule on a directory does not reach a
+    /// file system mounted on it, so the view the broker later mounts at a data root
+    /// inside a copy is covered by the rule on `/`.)
+    ///
+    /// A root that cannot be built as planned is refused here, with the path named; the
+    /// germline never starts with a weaker root.
     pub fn prepare(&self, stage: &Path, workdir: &Path, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        // SAFETY: getuid/getgid/geteuid cannot fail.
+        let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
+        let drop_to = if euid == 0 && self.switches.sandbox_ids { Some(SandboxIds::from_env()?) } else { None };
         let seccomp = SeccompPolicy::germline().compile()?;
-        let mut ops = Vec::new();
-        let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
-        let staged = |p: &Path| stage.join(p.strip_prefix("/").unwrap_or(p));
-        let mut mkdirs = |p: &Path, ops: &mut Vec<RootOp>| -> Result<(), ExecutorError> {
-            let mut acc = PathBuf::from("/");
-            for c in p.components().skip(1) {
-                acc.push(c);
-                if made.insert(acc.clone()) {
-                    ops.push(RootOp::Mkdir(cstring(&staged(&acc))?));
-                }
-            }
-            Ok(())
-        };
-        let mut paths: Vec<&PathBuf> = self.read_only.iter().collect();
-        paths.sort();
-        for p in paths {
-            if !p.is_absolute() {
-                return Err(ExecutorError::Sandbox(format!("read-only path {} is not absolute", p.display())));
-            }
-            let meta = std::fs::symlink_metadata(p)
-                .map_err(|e| ExecutorError::Sandbox(format!("read-only path {}: {e}", p.display())))?;
-            if let Some(parent) = p.parent() {
-                mkdirs(parent, &mut ops)?;
-            }
-            if meta.file_type().is_symlink() {
-                let target =
-                    std::fs::read_link(p).map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
-                ops.push(RootOp::Symlink(cstring(&target)?, cstring(&staged(p))?));
-            } else if meta.is_dir() {
-                mkdirs(p, &mut ops)?;
-                ops.push(RootOp::Bind(cstring(p)?, cstring(&staged(p))?));
-            } else {
-                ops.push(RootOp::Touch(cstring(&staged(p))?));
-                ops.push(RootOp::Bind(cstring(p)?, cstring(&staged(p))?));
-            }
+        let tree = stage.join("root");
+        let mut plan = RootPlan::new(&tree);
+        let mut paths: Vec<PathBuf> = self.read_only.clone();
+        if !self.switches.minimal_root {
+            paths.push(PathBuf::from("/etc"));
         }
-        mkdirs(Path::new("/dev"), &mut ops)?;
+        paths.sort();
+        paths.dedup();
+        for p in &paths {
+            plan.bind(p, "read-only path")?;
+        }
+        plan.ensure_dir(Path::new("/dev"), "device", Path::new("/dev"))?;
         for d in DEVICES {
-            ops.push(RootOp::Touch(cstring(&staged(Path::new(d)))?));
-            ops.push(RootOp::Bind(cstring(Path::new(d))?, cstring(&staged(Path::new(d)))?));
+            plan.bind(Path::new(d), "device")?;
+        }
+        if self.switches.minimal_root {
+            plan.minimal_etc()?;
         }
         for r in &self.data_roots {
-            mkdirs(r, &mut ops)?;
+            if self.switches.minimal_root {
+                plan.empty_data_root(r)?;
+            } else {
+                plan.plain_data_root(r)?;
+            }
         }
+        if let Some(ids) = drop_to {
+            for p in &plan.binds {
+                let meta =
+                    std::fs::metadata(p).map_err(|e| sandbox_err(format!("read-only path {}: {e}", p.display())))?;
+                if !ids.may_read(&meta) {
+                    use std::os::unix::fs::MetadataExt;
+                    return Err(sandbox_err(format!(
+                        "read-only path {} (owner {}:{}, mode {:o}) is not readable by the sandbox ids {}:{} the \
+                         germline runs as; make it readable by them or choose other ids with {SANDBOX_IDS_VAR}",
+                        p.display(),
+                        meta.uid(),
+                        meta.gid(),
+                        meta.mode() & 0o7777,
+                        ids.uid,
+                        ids.gid
+                    )));
+                }
+            }
+        }
+        let (map_uid, map_gid) = drop_to.map_or((uid, gid), |ids| (ids.uid, ids.gid));
+        let (report_rx, report) = report_pipe()?;
         Ok(PreparedSandbox {
-            uid_map: CString::new(format!("0 {uid} 1")).map_err(|_| ExecutorError::internal("uid map"))?,
-            gid_map: CString::new(format!("0 {gid} 1")).map_err(|_| ExecutorError::internal("gid map"))?,
+            uid_map: CString::new(format!("0 {map_uid} 1")).map_err(|_| ExecutorError::internal("uid map"))?,
+            gid_map: CString::new(format!("0 {map_gid} 1")).map_err(|_| ExecutorError::internal("gid map"))?,
+            drop_to,
             stage: cstring(stage)?,
-            root_ops: ops,
+            tree: cstring(&tree)?,
+            root_ops: plan.ops,
             workdir: cstring(workdir)?,
             seccomp,
             limits: self.limits.clone(),
             control_fd,
+            report,
+            report_rx: Some(report_rx),
+            descriptions: plan.what,
         })
+    }
+}
+
+/// A close-on-exec pipe on which the child names the step that failed.
+fn report_pipe() -> Result<(OwnedFd, OwnedFd), ExecutorError> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills two fresh descriptors that we take ownership of.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
+        return Err(ExecutorError::io("sandbox report pipe")(io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Fixed steps of the child, reported by code (root operations report their index).
+#[derive(Clone, Copy)]
+#[repr(u32)]
+enum Step {
+    MountNamespace = 0x8000_0000,
+    StageTmpfs,
+    StageDir,
+    SandboxIds,
+    Namespaces,
+    IdMaps,
+    PivotRoot,
+    ReadOnly,
+    Workdir,
+    Limits,
+    Capabilities,
+    NoNewPrivs,
+    Landlock,
+    Seccomp,
+    ControlFd,
+}
+
+const STEPS: [&str; 15] = [
+    "creating the private mount namespace",
+    "mounting the root's tmpfs",
+    "entering the stage directory",
+    "switching to the sandbox ids",
+    "creating the germline's namespaces",
+    "writing the user namespace's id maps",
+    "pivoting into the root",
+    "making the root read-only",
+    "entering the release directory",
+    "setting resource limits",
+    "dropping capabilities",
+    "setting no-new-privileges",
+    "applying Landlock",
+    "applying seccomp",
+    "passing the control socket",
+];
+
+/// Explains a failed germline start by the step the child reported.
+pub struct BuildReport {
+    rx: Option<OwnedFd>,
+    descriptions: Vec<String>,
+}
+
+impl BuildReport {
+    /// The error for a spawn that failed with `e`, naming the failed step (and path).
+    pub fn explain(&self, e: &io::Error) -> String {
+        let mut buf = [0u8; 4];
+        let n = match &self.rx {
+            // SAFETY: non-blocking read into a local buffer from a pipe we own.
+            Some(rx) => unsafe { libc::read(rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) },
+            None => -1,
+        };
+        if n != 4 {
+            return format!("could not start the germline: {e}");
+        }
+        let code = u32::from_le_bytes(buf);
+        let step = if code >= Step::MountNamespace as u32 {
+            STEPS.get((code - Step::MountNamespace as u32) as usize).map(|s| s.to_string())
+        } else {
+            self.descriptions.get(code as usize).cloned()
+        };
+        format!(
+            "could not build the germline's sandbox: {} failed: {e}",
+            step.unwrap_or_else(|| format!("step {code}"))
+        )
     }
 }
 
@@ -190,69 +616,126 @@ fn cstring(p: &Path) -> Result<CString, ExecutorError> {
 pub const GERMLINE_CONTROL_FD: RawFd = 3;
 
 impl PreparedSandbox {
-    /// Installs the sandbox as the command's pre-exec step.
-    pub fn install(mut self, cmd: &mut Command) {
+    /// Installs the sandbox as the command's pre-exec step; the report explains a spawn
+    /// that fails by the step (and path) that failed.
+    pub fn install(mut self, cmd: &mut Command) -> BuildReport {
+        let report = BuildReport { rx: self.report_rx.take(), descriptions: std::mem::take(&mut self.descriptions) };
         // SAFETY: the closure runs in the forked child before exec; it makes syscalls on
         // buffers prepared above, and Landlock's small allocations are safe in a forked
         // child under glibc (malloc is reinitialised at fork).
         unsafe {
             cmd.pre_exec(move || self.apply_in_child());
         }
+        report
     }
 
-    fn build_root(&self) -> io::Result<()> {
+    /// Passes `r` on; on failure first writes `code` to the report pipe.
+    fn step<T>(&self, code: u32, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            let b = code.to_le_bytes();
+            // SAFETY: write of a local buffer to a pipe we own.
+            unsafe { libc::write(self.report.as_raw_fd(), b.as_ptr().cast(), b.len()) };
+        }
+        r
+    }
+
+    /// Mounts the root's tmpfs on the stage and builds the root in it.
+    fn populate_stage(&self) -> io::Result<()> {
         use libc::*;
-        // SAFETY (whole block): mount/mkdir/open/symlink/pivot_root on NUL-terminated
-        // strings prepared in the parent.
+        // SAFETY (whole block): mount/mkdir/open/write/symlink on NUL-terminated strings
+        // and buffers prepared in the parent.
         unsafe {
-            check(mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), MS_REC | MS_PRIVATE, std::ptr::null()))?;
-            check(mount(
+            let rc = mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), MS_REC | MS_PRIVATE, std::ptr::null());
+            self.step(Step::MountNamespace as u32, check(rc))?;
+            let rc = mount(
                 c"germline-root".as_ptr(),
                 self.stage.as_ptr(),
                 c"tmpfs".as_ptr(),
                 MS_NOSUID | MS_NODEV,
                 c"size=1m,mode=0755".as_ptr().cast(),
-            ))?;
-            for op in &self.root_ops {
-                match op {
+            );
+            self.step(Step::StageTmpfs as u32, check(rc))?;
+            self.step(Step::StageTmpfs as u32, check(mkdir(self.tree.as_ptr(), 0o755)))?;
+            for (i, op) in self.root_ops.iter().enumerate() {
+                let r = match op {
                     RootOp::Mkdir(p) => {
                         if mkdir(p.as_ptr(), 0o755) < 0 && *__errno_location() != EEXIST {
-                            return Err(io::Error::last_os_error());
+                            Err(io::Error::last_os_error())
+                        } else {
+                            Ok(())
                         }
                     }
-                    RootOp::Touch(p) => {
-                        let fd = open(p.as_ptr(), O_WRONLY | O_CREAT | O_CLOEXEC, 0o444);
-                        if fd < 0 {
-                            return Err(io::Error::last_os_error());
-                        }
-                        close(fd);
-                    }
+                    RootOp::Touch(p) => create_file(p, &[]),
+                    RootOp::Write(p, bytes) => create_file(p, bytes),
                     RootOp::Bind(src, dst) => {
-                        check(mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()))?;
+                        check(mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()))
                     }
-                    RootOp::Symlink(target, at) => check(symlink(target.as_ptr(), at.as_ptr()))?,
-                }
+                    RootOp::Symlink(target, at) => check(symlink(target.as_ptr(), at.as_ptr())),
+                    RootOp::Empty(at) => check(mount(
+                        c"germline-empty".as_ptr(),
+                        at.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                        c"size=4k,nr_inodes=1,mode=0755".as_ptr().cast(),
+                    )),
+                };
+                self.step(i as u32, r)?;
             }
-            check(chdir(self.stage.as_ptr()))?;
-            check(syscall(SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as c_int)?;
-            check(umount2(c".".as_ptr(), MNT_DETACH))?;
-            check(chdir(c"/".as_ptr()))?;
         }
-        make_tree_read_only()
+        Ok(())
+    }
+
+    /// Makes the built tree (`root` in the current directory, the stage) the root and
+    /// the old root unreachable. The tree is first bound onto itself: a mount copied into
+    /// a less privileged user namespace is locked, and pivot_root refuses a locked new
+    /// root; the bind on top is this namespace's own (what it covers stays locked).
+    /// Relative paths only: the sandbox ids may not be able to walk the stage's path.
+    fn enter_stage(&self) -> io::Result<()> {
+        use libc::*;
+        // SAFETY: mount/chdir/pivot_root/umount2 on constant paths.
+        let r = unsafe {
+            check(mount(c"root".as_ptr(), c"root".as_ptr(), std::ptr::null(), MS_BIND | MS_REC, std::ptr::null()))
+                .and_then(|()| check(chdir(c"root".as_ptr())))
+                .and_then(|()| check(syscall(SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as c_int))
+                .and_then(|()| check(umount2(c".".as_ptr(), MNT_DETACH)))
+                .and_then(|()| check(chdir(c"/".as_ptr())))
+        };
+        self.step(Step::PivotRoot as u32, r)?;
+        self.step(Step::ReadOnly as u32, make_tree_read_only())
     }
 
     fn apply_in_child(&mut self) -> io::Result<()> {
         use libc::*;
-        check(unsafe {
-            // SAFETY: plain syscall.
-            unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
-        })?;
-        write_proc(c"/proc/self/setgroups", c"deny")?;
-        write_proc(c"/proc/self/uid_map", &self.uid_map)?;
-        write_proc(c"/proc/self/gid_map", &self.gid_map)?;
-        self.build_root()?;
+        const NAMESPACES: c_int =
+            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
+        match self.drop_to {
+            Some(ids) => {
+                // As host root: build the root in a private mount namespace while root may
+                // still bind what it needs, give up root for good, and only then create the
+                // user namespace, so its root maps to the sandbox ids. The new mount
+                // namespace copies the built root with every mount locked.
+                // SAFETY: plain syscall.
+                self.step(Step::MountNamespace as u32, check(unsafe { unshare(CLONE_NEWNS) }))?;
+                self.populate_stage()?;
+                // SAFETY: chdir to a prepared path (pivot_root works on the current directory).
+                self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
+                self.step(Step::SandboxIds as u32, become_sandbox_ids(ids))?;
+                // SAFETY: plain syscall.
+                self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
+                self.step(Step::IdMaps as u32, self.write_id_maps())?;
+            }
+            None => {
+                // SAFETY: plain syscall.
+                self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
+                self.step(Step::IdMaps as u32, self.write_id_maps())?;
+                self.populate_stage()?;
+                // SAFETY: chdir to a prepared path.
+                self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
+            }
+        }
+        self.enter_stage()?;
         // SAFETY: chdir to a prepared path.
-        check(unsafe { chdir(self.workdir.as_ptr()) })?;
+        self.step(Step::Workdir as u32, check(unsafe { chdir(self.workdir.as_ptr()) }))?;
         for (res, val) in [
             (RLIMIT_AS, self.limits.memory_bytes),
             (RLIMIT_NPROC, self.limits.processes),
@@ -262,27 +745,78 @@ impl PreparedSandbox {
         ] {
             let lim = rlimit { rlim_cur: val, rlim_max: val };
             // SAFETY: valid pointer to a local rlimit.
-            check(unsafe { setrlimit(res, &lim) })?;
+            self.step(Step::Limits as u32, check(unsafe { setrlimit(res, &lim) }))?;
         }
-        drop_capabilities()?;
+        self.step(Step::Capabilities as u32, drop_capabilities())?;
         // SAFETY: prctl with constant arguments.
-        check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
-        landlock_restrict()?;
+        self.step(Step::NoNewPrivs as u32, check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }))?;
+        self.step(Step::Landlock as u32, landlock_restrict())?;
         for prog in &self.seccomp {
-            seccompiler::apply_filter(prog).map_err(io::Error::other)?;
+            self.step(Step::Seccomp as u32, seccompiler::apply_filter(prog).map_err(io::Error::other))?;
         }
         if self.control_fd != GERMLINE_CONTROL_FD {
             // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
-            check(unsafe { dup2(self.control_fd, GERMLINE_CONTROL_FD) })?;
+            self.step(Step::ControlFd as u32, check(unsafe { dup2(self.control_fd, GERMLINE_CONTROL_FD) }))?;
         } else {
             // SAFETY: clear close-on-exec so the control socket survives exec.
-            check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) })?;
+            self.step(Step::ControlFd as u32, check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) }))?;
         }
         // Nothing else the broker holds (or inherited) may reach the germline.
         // SAFETY: close_range over descriptors above the control socket.
         check(unsafe { syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int })?;
         Ok(())
     }
+
+    fn write_id_maps(&self) -> io::Result<()> {
+        write_proc(c"/proc/self/setgroups", c"deny")?;
+        write_proc(c"/proc/self/uid_map", &self.uid_map)?;
+        write_proc(c"/proc/self/gid_map", &self.gid_map)
+    }
+}
+
+/// Host root gives up root for good: no supplementary groups, then gid, then uid (the
+/// order matters: changing the gid needs the capability the uid change drops). The
+/// process is then made dumpable again so it may write its own user namespace's maps
+/// (execve recomputes that flag anyway).
+fn become_sandbox_ids(ids: SandboxIds) -> io::Result<()> {
+    // SAFETY: id syscalls with plain integer arguments and local out-parameters.
+    unsafe {
+        check(libc::setgroups(0, std::ptr::null()))?;
+        check(libc::setresgid(ids.gid, ids.gid, ids.gid))?;
+        check(libc::setresuid(ids.uid, ids.uid, ids.uid))?;
+        let (mut r, mut e, mut s) = (0, 0, 0);
+        check(libc::getresuid(&mut r, &mut e, &mut s))?;
+        let (mut gr, mut ge, mut gs) = (0, 0, 0);
+        check(libc::getresgid(&mut gr, &mut ge, &mut gs))?;
+        let groups = libc::getgroups(0, std::ptr::null_mut());
+        if [r, e, s] != [ids.uid; 3] || [gr, ge, gs] != [ids.gid; 3] || groups != 0 {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        check(libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+fn create_file(p: &CString, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: open/write/close on a NUL-terminated path and a live buffer.
+    unsafe {
+        let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o444);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut off = 0;
+        while off < bytes.len() {
+            let n = libc::write(fd, bytes[off..].as_ptr().cast(), bytes.len() - off);
+            if n <= 0 {
+                let e = io::Error::last_os_error();
+                libc::close(fd);
+                return Err(e);
+            }
+            off += n as usize;
+        }
+        libc::close(fd);
+    }
+    Ok(())
 }
 
 fn check(rc: libc::c_int) -> io::Result<()> {
@@ -393,4 +927,77 @@ fn drop_capabilities() -> io::Result<()> {
 /// Keeps the raw fd of a socket alive in the parent until the child has execed.
 pub fn raw(fd: &impl AsRawFd) -> RawFd {
     fd.as_raw_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_for(
+        read_only: &[&Path],
+        data_roots: &[&Path],
+        minimal_root: bool,
+    ) -> Result<RootPlan<'static>, ExecutorError> {
+        let mut plan = RootPlan::new(Path::new("/stage"));
+        let mut paths: Vec<PathBuf> = read_only.iter().map(|p| p.to_path_buf()).collect();
+        paths.sort();
+        for p in &paths {
+            plan.bind(p, "read-only path")?;
+        }
+        if minimal_root {
+            plan.minimal_etc()?;
+        }
+        for r in data_roots {
+            if minimal_root {
+                plan.empty_data_root(r)?;
+            } else {
+                plan.plain_data_root(r)?;
+            }
+        }
+        Ok(plan)
+    }
+
+    fn err(r: Result<RootPlan<'static>, ExecutorError>) -> String {
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_minimal_root_has_its_own_etc_and_binds_no_host_secret() {
+        let plan = plan_for(&[Path::new("/usr")], &[Path::new("/etc/app/finance")], true).unwrap();
+        assert_eq!(plan.nodes.get(Path::new("/etc")), Some(&Node::Dir), "/etc is the root's own");
+        assert_eq!(plan.nodes.get(Path::new("/etc/passwd")), Some(&Node::File));
+        assert!(plan.binds.iter().all(|b| !b.starts_with("/etc") || HOST_ETC.iter().any(|h| b.starts_with(h))));
+        assert!(!plan.binds.iter().any(|b| b == Path::new("/etc/shadow") || b == Path::new("/etc")));
+        assert!(plan.what.last().is_some_and(|w| w.contains("empty tmpfs over data root /etc/app/finance")));
+    }
+
+    #[test]
+    fn nothing_is_created_beneath_a_host_mount() {
+        let tmp = tempfile::tempdir().unwrap();
+        let host = tmp.path().join("host");
+        std::fs::create_dir_all(host.join("present")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), host.join("link")).unwrap();
+        let ok = plan_for(&[&host], &[&host.join("present")], true).unwrap();
+        assert!(!ok.ops.iter().any(|op| matches!(op, RootOp::Mkdir(p) if p.to_bytes().ends_with(b"/present"))));
+        let missing = err(plan_for(&[&host], &[&host.join("absent/finance")], true));
+        assert!(missing.contains(&format!("{} cannot be used", host.join("absent").display())), "{missing}");
+        assert!(missing.contains("never creates anything on the host"), "{missing}");
+        assert!(missing.contains(&format!("lies under {}", host.display())), "{missing}");
+        let link = err(plan_for(&[&host], &[&host.join("link/finance")], true));
+        assert!(link.contains(&format!("{} on the host is a symbolic link", host.join("link").display())), "{link}");
+        let hides = err(plan_for(&[&host], &[tmp.path()], true));
+        assert!(hides.contains(&format!("would hide {}", host.display())), "{hides}");
+        // Mechanism off: the plain directory is made wherever it sits.
+        let off = plan_for(&[&host], &[&host.join("absent/finance")], false).unwrap();
+        assert!(off.ops.iter().any(|op| matches!(op, RootOp::Mkdir(p) if p.to_bytes().ends_with(b"/absent/finance"))));
+    }
+
+    #[test]
+    fn sandbox_ids_are_never_root() {
+        assert_eq!(SandboxIds::parse("65534:65534").unwrap(), SandboxIds::DEFAULT);
+        assert_eq!(SandboxIds::parse("1000:100").unwrap(), SandboxIds { uid: 1000, gid: 100 });
+        for bad in ["0:0", "0:65534", "65534:0", "nobody", "1:x", "4294967295:1"] {
+            assert!(SandboxIds::parse(bad).unwrap_err().to_string().contains(SANDBOX_IDS_VAR), "{bad}");
+        }
+    }
 }

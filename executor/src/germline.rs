@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
-use crate::confine::{Confinement, ResourceLimits};
+use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
 
@@ -74,8 +74,9 @@ impl PythonRuntime {
                 read.insert(dir.to_path_buf());
             }
         }
-        // System libraries and configuration the interpreter and its extensions load.
-        for sys in ["/usr", "/lib", "/lib64", "/etc", "/bin", "/sbin"] {
+        // System libraries the interpreter and its extensions load. (Host `/etc` is not
+        // among them: the germline's root has a minimal `/etc` of its own.)
+        for sys in ["/usr", "/lib", "/lib64", "/bin", "/sbin"] {
             if Path::new(sys).exists() {
                 read.insert(PathBuf::from(sys));
             }
@@ -136,6 +137,8 @@ pub struct GermlineSpec {
     pub extra_read: Vec<PathBuf>,
     /// Per-copy cgroup limits, used where the host lets the broker write cgroups.
     pub cgroup_limits: Option<CgroupLimits>,
+    /// Sandbox mechanisms; all on except in tests that show what one prevents.
+    pub switches: SandboxSwitches,
 }
 
 /// Namespaces held by copies alive right now, across every germline of this process.
@@ -171,10 +174,17 @@ impl Germline {
         let mut read_only = spec.runtime.read_paths.clone();
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
-        let confinement = Confinement { read_only, data_roots: spec.data_roots.clone(), limits: spec.limits.clone() };
+        let confinement = Confinement {
+            read_only,
+            data_roots: spec.data_roots.clone(),
+            limits: spec.limits.clone(),
+            switches: spec.switches,
+        };
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
-        let sandbox = confinement.prepare(&stage, &release_dir, theirs.as_raw_fd())?;
+        let sandbox = confinement
+            .prepare(&stage, &release_dir, theirs.as_raw_fd())
+            .map_err(|e| ExecutorError::refused("start", format!("the germline's sandbox cannot be built: {e}")))?;
         let debug_stderr = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         if debug_stderr {
             tracing::warn!("GERMLINE_DEBUG_GERMLINE is set: the germline's stderr stays open (debugging only)");
@@ -203,9 +213,8 @@ impl Germline {
                 cmd.env(var, ca);
             }
         }
-        sandbox.install(&mut cmd);
-        let child =
-            cmd.spawn().map_err(|e| ExecutorError::refused("start", format!("could not start the germline: {e}")))?;
+        let report = sandbox.install(&mut cmd);
+        let child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
         drop(theirs);
         let pid = child.id() as i32;
         let mut g = Germline {
@@ -486,6 +495,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         start_timeout: Duration::from_secs(60),
         extra_read: Vec::new(),
         cgroup_limits: None,
+        switches: SandboxSwitches::default(),
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

@@ -5,7 +5,8 @@
 //! and mount namespaces; maps the copy's ids; brings its loopback up; opens the broker's
 //! listeners there (proxy, MCP channel, slot), so a connection accepted on one of them
 //! provably came from that copy's network namespace; mounts a fresh tmpfs over each data
-//! root holding exactly the copy's view (empty files for out-of-view items), read-only;
+//! root holding exactly the copy's view (empty files for out-of-view items, owned by the
+//! copy's root), read-only;
 //! and passes the listeners back over a socketpair. The helper is forked because
 //! `setns(2)` into a user namespace needs a single-threaded caller; everything it uses is
 //! prepared before the fork, so the child only makes syscalls.
@@ -157,6 +158,13 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         write_file(b'g', &p.uid_map_path, b"0 0 1", false)?;
         write_file(b'h', &p.gid_map_path, b"0 0 1", false)?;
         ck(b'i', setns(user, CLONE_NEWUSER) as c_long)?;
+        // Act as the copy's own root (the germline's sandbox ids on the host), so the view's
+        // files belong to the copy and can be created at all: a file system mounted in the
+        // copy's namespace takes no owner its map lacks (host root is unmapped when the
+        // germline runs as the sandbox ids). Gid first: it needs a capability that a uid
+        // change may drop.
+        ck(b'w', setresgid(0, 0, 0) as c_long)?;
+        ck(b'x', setresuid(0, 0, 0) as c_long)?;
         ck(b'j', setns(net, CLONE_NEWNET) as c_long)?;
         loopback_up()?;
         let mut fds = [0 as c_int; 3];

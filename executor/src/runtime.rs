@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use crate::baselines::{IfcMode, IfcRuntime};
 use crate::call::{CallOutcome, CallRequest, GermlineRuntime, Splitting};
+use crate::confine::SandboxSwitches;
 use crate::germline::PythonRuntime;
 use crate::policy::Policy;
 use crate::sigpin::SigPinRuntime;
@@ -84,13 +85,33 @@ impl Runtime {
         policy: Policy,
         python: PythonRuntime,
     ) -> Result<Runtime, ExecutorError> {
+        Self::start_with(kind, release_dir, policy, python, SandboxSwitches::default())
+    }
+
+    /// [`Runtime::start`] with the germline's sandbox mechanisms switched as given (only
+    /// tests switch one off; the baselines have no such sandbox and ignore them).
+    pub fn start_with(
+        kind: RuntimeKind,
+        release_dir: &Path,
+        policy: Policy,
+        python: PythonRuntime,
+        switches: SandboxSwitches,
+    ) -> Result<Runtime, ExecutorError> {
         Ok(match kind {
-            RuntimeKind::Germline => {
-                Runtime::Germline(Box::new(GermlineRuntime::start(release_dir, policy, python, Splitting::Plan)?))
-            }
-            RuntimeKind::NoSplit => {
-                Runtime::Germline(Box::new(GermlineRuntime::start(release_dir, policy, python, Splitting::None)?))
-            }
+            RuntimeKind::Germline => Runtime::Germline(Box::new(GermlineRuntime::start_with(
+                release_dir,
+                policy,
+                python,
+                Splitting::Plan,
+                switches,
+            )?)),
+            RuntimeKind::NoSplit => Runtime::Germline(Box::new(GermlineRuntime::start_with(
+                release_dir,
+                policy,
+                python,
+                Splitting::None,
+                switches,
+            )?)),
             RuntimeKind::SigPin => Runtime::SigPin(Box::new(SigPinRuntime::start(release_dir, policy, &python)?)),
             RuntimeKind::SigIfc => {
                 Runtime::Ifc(Box::new(IfcRuntime::start(IfcMode::Sig, release_dir, policy, python)?))

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use germline_executor::call::{CallOutcome, CallRequest};
+use germline_executor::confine::SandboxSwitches;
 use germline_executor::germline::PythonRuntime;
 use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
@@ -137,6 +138,18 @@ impl World {
     /// Starts `release` under `kind`.
     pub fn start(&self, kind: RuntimeKind, release: &Path, policy: Policy) -> Result<Runtime, ExecutorError> {
         Runtime::start(kind, release, policy, python(&self.dir.path().join("home")))
+    }
+
+    /// Starts `release` under `kind` with the germline's sandbox mechanisms switched as
+    /// given (a mechanism-off twin).
+    pub fn start_with(
+        &self,
+        kind: RuntimeKind,
+        release: &Path,
+        policy: Policy,
+        switches: SandboxSwitches,
+    ) -> Result<Runtime, ExecutorError> {
+        Runtime::start_with(kind, release, policy, python(&self.dir.path().join("home")), switches)
     }
 }
 
