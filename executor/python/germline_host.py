@@ -367,6 +367,28 @@ def _run_copy(server):
     _run_server(server)
 
 
+def _close_stdio():
+    keep = (2,) if os.environ.get("GERMLINE_KEEP_STDERR") == "1" else ()
+    for fd in (0, 1, 2):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _own_stdio():
+    """Fresh /dev/null descriptions on 0-2 for this copy alone."""
+    keep = (2,) if os.environ.get("GERMLINE_KEEP_STDERR") == "1" else ()
+    for fd in (0, 1, 2):
+        if fd in keep:
+            continue
+        null = os.open("/dev/null", os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+
+
 def germline_main(release_dir):
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     server = _build_server(release_dir)
@@ -375,6 +397,10 @@ def germline_main(release_dir):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     ctid = _tid_field()
+    # G2: the germline holds nothing but its control socket when it forks. stdio would
+    # be one open file description shared with every copy (status flags a copy could set
+    # and a later copy read); each copy opens its own /dev/null instead.
+    _close_stdio()
     ctrl.sendall(b"ready\n")
     while True:
         cmd = ctrl.recv(16)
@@ -388,6 +414,7 @@ def germline_main(release_dir):
             try:
                 ctrl.detach()
                 os.close(CONTROL_FD)
+                _own_stdio()
                 _run_copy(server)
             except BaseException:
                 code = 1

@@ -193,6 +193,9 @@ impl Germline {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
+        if debug_stderr {
+            cmd.env("GERMLINE_KEEP_STDERR", "1");
+        }
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::ExecutorError;
 
@@ -59,6 +60,15 @@ pub fn live_children(pid: i32) -> Result<Vec<i32>, ExecutorError> {
     Ok(out)
 }
 
+/// Test-only switch ("mechanism off"): G2 admits, besides the control socket, `/dev/null`
+/// and read-only regular files, as it did before issue 11. Never set outside tests.
+pub static RELAX_G2_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// The G2 rule, quoted in every refusal.
+pub const G2_RULE: &str = "a germline may hold only its control socket: every other open file description \
+     (regular files and /dev/null included) would be shared with each copy, whose offset, status flags or \
+     options a copy could change and the germline or a later copy read";
+
 /// What a germline may hold open (G2).
 pub struct AllowedFds {
     /// Inode of the germline's end of its control socket.
@@ -82,34 +92,45 @@ pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
     Ok(())
 }
 
-/// G2: no descriptor but the control socket, /dev/null and read-only regular files.
+/// G2, an allowlist: no descriptor but the control socket (and stderr when debugging).
+///
+/// After `fork` the germline and every copy share each open file description the germline
+/// holds, and with it the description's state: a regular file's offset, any file's status
+/// flags (`F_SETFL`), a socket's options. A copy that has seen an item could write that
+/// state and the germline or a later copy read it, so a germline holding anything else —
+/// read-only files and `/dev/null` included — is refused.
 pub fn check_g2(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
+    let relaxed = RELAX_G2_FOR_TESTS.load(Ordering::Relaxed);
     let dir = format!("/proc/{pid}/fd");
     let entries = fs::read_dir(&dir).map_err(ExecutorError::io(format!("listing {dir}")))?;
     for e in entries {
         let e = e.map_err(ExecutorError::io(format!("listing {dir}")))?;
         let fd = e.file_name().to_string_lossy().into_owned();
         let target = fs::read_link(e.path()).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into());
-        if target == format!("socket:[{}]", allowed.control_socket_inode)
-            || target == "/dev/null"
-            || (allowed.debug_stderr && fd == "2")
-        {
+        if target == format!("socket:[{}]", allowed.control_socket_inode) || (allowed.debug_stderr && fd == "2") {
             continue;
         }
-        let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("flags:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        });
-        let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
-        let regular = fs::metadata(e.path()).map(|m| m.file_type().is_file()).unwrap_or(false);
-        let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
-        if !(read_only && regular && !anonymous) {
-            return Err(ExecutorError::refused(
-                "G2",
-                format!("descriptor {fd} -> {target} is not the control socket, /dev/null or a read-only file"),
-            ));
+        if relaxed && relaxed_allowance(pid, &fd, &target, &e.path()) {
+            continue;
         }
+        return Err(ExecutorError::refused("G2", format!("descriptor {fd} -> {target}: {G2_RULE}")));
     }
     Ok(())
+}
+
+/// What G2 admitted before issue 11 (the "mechanism off" twin only): `/dev/null` and
+/// read-only regular files that are not anonymous.
+fn relaxed_allowance(pid: i32, fd: &str, target: &str, path: &std::path::Path) -> bool {
+    if target == "/dev/null" {
+        return true;
+    }
+    let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|s| {
+        s.lines().find_map(|l| l.strip_prefix("flags:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+    });
+    let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
+    let regular = fs::metadata(path).map(|m| m.file_type().is_file()).unwrap_or(false);
+    let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
+    read_only && regular && !anonymous
 }
 
 /// G3: no shared writable mapping, and no shared mapping of anything that could be made
