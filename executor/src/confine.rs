@@ -66,7 +66,7 @@ pub struct PreparedSandbox {
     workdir: CString,
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
-    control_fd: RawFd,
+    control_fd: Option<RawFd>,
 }
 
 /// One step of building the germline's root filesystem under the stage directory.
@@ -93,7 +93,12 @@ impl Confinement {
     /// Landlock rule on a directory does not reach a file system mounted on it, so the
     /// view the broker later mounts at a data root inside a copy is covered by the rule
     /// on `/`.)
-    pub fn prepare(&self, stage: &Path, workdir: &Path, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
+    pub fn prepare(
+        &self,
+        stage: &Path,
+        workdir: &Path,
+        control_fd: Option<RawFd>,
+    ) -> Result<PreparedSandbox, ExecutorError> {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let seccomp = SeccompPolicy::germline().compile()?;
@@ -271,16 +276,24 @@ impl PreparedSandbox {
         for prog in &self.seccomp {
             seccompiler::apply_filter(prog).map_err(io::Error::other)?;
         }
-        if self.control_fd != GERMLINE_CONTROL_FD {
-            // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
-            check(unsafe { dup2(self.control_fd, GERMLINE_CONTROL_FD) })?;
-        } else {
-            // SAFETY: clear close-on-exec so the control socket survives exec.
-            check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) })?;
-        }
+        // The germline's control channel is signals; only the "mechanism off" test of a
+        // shared control socket hands it a descriptor (at GERMLINE_CONTROL_FD).
+        let first_closed = match self.control_fd {
+            Some(fd) if fd != GERMLINE_CONTROL_FD => {
+                // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
+                check(unsafe { dup2(fd, GERMLINE_CONTROL_FD) })?;
+                GERMLINE_CONTROL_FD + 1
+            }
+            Some(_) => {
+                // SAFETY: clear close-on-exec so the control socket survives exec.
+                check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) })?;
+                GERMLINE_CONTROL_FD + 1
+            }
+            None => GERMLINE_CONTROL_FD,
+        };
         // Nothing else the broker holds (or inherited) may reach the germline.
-        // SAFETY: close_range over descriptors above the control socket.
-        check(unsafe { syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int })?;
+        // SAFETY: close_range over descriptors above stdio (and the test's control socket).
+        check(unsafe { syscall(SYS_close_range, first_closed, c_uint::MAX, 0) as c_int })?;
         Ok(())
     }
 }
