@@ -249,6 +249,7 @@ impl GermlineRuntime {
                 memory_bytes: policy.limits.memory_bytes,
                 processes: policy.limits.processes,
             }),
+            require_limits: policy.limits.require_limits,
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(

@@ -13,9 +13,10 @@ use std::collections::BTreeSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -142,6 +143,8 @@ pub struct GermlineSpec {
     pub extra_read: Vec<PathBuf>,
     /// Per-copy cgroup limits, used where the host lets the broker write cgroups.
     pub cgroup_limits: Option<CgroupLimits>,
+    /// Refuse to start where no cgroup enforces `cgroup_limits` (`[limits] require_limits`).
+    pub require_limits: bool,
 }
 
 /// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
@@ -149,12 +152,19 @@ pub struct GermlineSpec {
 /// Never set outside tests.
 pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
+/// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold
+/// only the germline and its live copies. Never set outside tests.
+pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Names each germline's cgroups uniquely within this broker.
+static GERMLINE_COUNTER: AtomicU64 = AtomicU64::new(0);
+
 /// Namespaces held by copies alive right now, across every germline of this process.
 static LIVE_COPY_NAMESPACES: Mutex<BTreeSet<NsId>> = Mutex::new(BTreeSet::new());
 
 /// A running germline.
 pub struct Germline {
-    child: Child,
+    child: Option<Child>,
     pid: i32,
     /// Only with [`SHARED_CONTROL_SOCKET_FOR_TESTS`]: the broker's end, kept open.
     _control: Option<UnixStream>,
@@ -226,23 +236,63 @@ impl Germline {
                 cmd.env(var, ca);
             }
         }
+        let cgroups = CgroupSet::create(
+            &format!("{}-{}", std::process::id(), GERMLINE_COUNTER.fetch_add(1, Ordering::SeqCst)),
+            spec.cgroup_limits,
+        );
+        let support = cgroups.as_ref().map(CgroupSet::support).unwrap_or(crate::cgroup::HostSupport::None);
+        if spec.cgroup_limits.is_some() && !cgroups.as_ref().is_some_and(CgroupSet::enforces_limits) {
+            if spec.require_limits {
+                return Err(ExecutorError::Sandbox(format!(
+                    "[limits] require_limits = true, but this host cannot hold copies to memory and process \
+                     limits: {}",
+                    support.describe()
+                )));
+            }
+            tracing::warn!("per-copy limits: {}", support.describe());
+        }
+        if cgroups.is_none() {
+            tracing::warn!("no cgroup for the germline: processes it leaves behind are neither seen nor killed");
+        }
+        if let Some(cg) = &cgroups {
+            // The germline joins its cgroups before exec, so nothing it ever runs is born
+            // outside them. Runs first among the pre-exec steps (still the broker's user
+            // namespace); writing "0" moves the writer; only syscalls on prepared paths.
+            let files = cg.join_files();
+            // SAFETY: the closure only calls open/write/close on NUL-terminated paths
+            // prepared before fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for f in &files {
+                        let fd = libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        if fd < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        let rc = libc::write(fd, b"0".as_ptr().cast(), 1);
+                        let err = std::io::Error::last_os_error();
+                        libc::close(fd);
+                        if rc != 1 {
+                            return Err(err);
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
         sandbox.install(&mut cmd);
         let child =
             cmd.spawn().map_err(|e| ExecutorError::refused("start", format!("could not start the germline: {e}")))?;
         drop(theirs);
         let pid = child.id() as i32;
         let mut g = Germline {
-            child,
+            child: Some(child),
             pid,
             _control: ours,
             allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr },
             namespaces: Vec::new(),
-            cgroups: spec.cgroup_limits.and_then(|l| CgroupSet::create(&format!("{}-{pid}", std::process::id()), l)),
+            cgroups,
             start_time: Duration::ZERO,
         };
-        if let Some(cg) = &g.cgroups {
-            cg.adopt(pid)?;
-        }
         // The germline stops itself once the release is imported.
         g.wait_stopped(spec.start_timeout)
             .map_err(|e| ExecutorError::refused("start", format!("the release did not finish importing: {e}")))?;
@@ -251,13 +301,51 @@ impl Germline {
         if !inspect::live_children(pid)?.is_empty() {
             return Err(ExecutorError::refused("children", "the germline left a process running at start"));
         }
+        g.account_processes()?;
         g.start_time = t0.elapsed();
         Ok(g)
     }
 
     /// What enforces per-copy limits for this germline (for logs).
     pub fn limits_mechanism(&self) -> &'static str {
-        crate::cgroup::describe(self.cgroups.as_ref())
+        self.cgroups.as_ref().map(CgroupSet::support).unwrap_or(crate::cgroup::HostSupport::None).describe()
+    }
+
+    /// Every process in the germline's cgroups must be the germline or inside a live
+    /// copy's PID namespace; anything else (a relay double-forked in the fork window, a
+    /// child left over from import) is refused, named. Listing and checking repeat until
+    /// two listings agree, so a process that forks and exits meanwhile is still seen.
+    fn account_processes(&self) -> Result<(), ExecutorError> {
+        let Some(cg) = &self.cgroups else {
+            return Ok(());
+        };
+        if PROCESS_ACCOUNTING_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut seen = cg.processes();
+        for _ in 0..8 {
+            for &p in &seen {
+                if p != self.pid && !inspect::in_live_copy(p, &live_pid_namespaces()) {
+                    // Gone already: the next listing decides.
+                    if std::path::Path::new(&format!("/proc/{p}")).exists() {
+                        return Err(ExecutorError::refused(
+                            "processes",
+                            format!(
+                                "stray process {p} ({}) in the germline's cgroup: every process there must be \
+                                 the germline or inside a copy the broker made",
+                                inspect::comm(p)
+                            ),
+                        ));
+                    }
+                }
+            }
+            let again = cg.processes();
+            if again == seen {
+                return Ok(());
+            }
+            seen = again;
+        }
+        Err(ExecutorError::refused("processes", "the germline's cgroups did not settle (processes keep appearing)"))
     }
 
     /// The germline's pid (in the broker's PID namespace).
@@ -331,6 +419,7 @@ impl Germline {
     /// refused, and the copy (if any) is killed before it holds data.
     pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
         inspect::check_germline(self.pid, &self.allowed)?;
+        self.account_processes()?;
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.enter_copy(self.pid)?),
             None => None,
@@ -395,16 +484,32 @@ impl Germline {
             }
             live.extend(ns.iter().copied());
         }
-        Ok(CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup })
+        let copy = CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup };
+        // Before the copy holds any data: nothing else came out of the fork window.
+        self.account_processes()?;
+        Ok(copy)
     }
 }
 
 impl Drop for Germline {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill();
         let _ = self.signal(libc::SIGCONT);
-        let _ = self.child.wait();
+        // Reaping the germline and killing whatever is left in its cgroups (strays
+        // included) happens off the caller's path.
+        let cgroups = self.cgroups.take();
+        std::thread::spawn(move || {
+            let _ = child.wait();
+            drop(cgroups);
+        });
     }
+}
+
+fn live_pid_namespaces() -> BTreeSet<NsId> {
+    LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 fn kill_all(pids: &[i32]) {
@@ -516,6 +621,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         start_timeout: Duration::from_secs(60),
         extra_read: Vec::new(),
         cgroup_limits: None,
+        require_limits: false,
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;
