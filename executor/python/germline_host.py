@@ -3,7 +3,7 @@
 Runs in one of two modes:
 
   germline  (inside the Rust-built sandbox) import the release, build its MCP server
-            object, then wait on the control socket (fd 3) for "fork" commands. Each
+            object, stop, then fork once per SIGUSR1 the broker sends. Each
             fork makes a copy in fresh user/PID/net/IPC/mount namespaces; the copy
             connects to the broker's channel in its own network namespace, receives its
             twin inputs and slot, and continues the server's own stdio loop there.
@@ -367,36 +367,60 @@ def _run_copy(server):
     _run_server(server)
 
 
+def _close_stdio():
+    keep = (2,) if os.environ.get("GERMLINE_KEEP_STDERR") == "1" else ()
+    for fd in (0, 1, 2):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _own_stdio():
+    """Fresh /dev/null descriptions on 0-2 for this copy alone."""
+    keep = (2,) if os.environ.get("GERMLINE_KEEP_STDERR") == "1" else ()
+    for fd in (0, 1, 2):
+        if fd in keep:
+            continue
+        null = os.open("/dev/null", os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+
+
 def germline_main(release_dir):
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     server = _build_server(release_dir)
     _preload()
-    ctrl = socket.socket(fileno=CONTROL_FD)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     ctid = _tid_field()
-    ctrl.sendall(b"ready\n")
+    # The control channel is signals: SIGUSR1 (blocked, waited for) asks for one fork;
+    # the germline stops itself when ready and after each fork, and the broker reads the
+    # outcome from /proc. No descriptor is held across a fork (G2): stdio would be open
+    # file descriptions shared with every copy, so each copy opens its own /dev/null.
+    wake = {signal.SIGUSR1}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wake)
+    _close_stdio()
+    me = os.getpid()
+    os.kill(me, signal.SIGSTOP)
     while True:
-        cmd = ctrl.recv(16)
-        if not cmd:
-            os._exit(0)
-        if cmd != b"fork\n":
-            continue
+        signal.sigwait(wake)
         pid = _clone(libc, ctid)
         if pid == 0:
             code = 0
             try:
-                ctrl.detach()
-                os.close(CONTROL_FD)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, wake)
+                if os.environ.get("GERMLINE_SHARED_CONTROL") == "1":
+                    os.close(CONTROL_FD)  # only a "mechanism off" test hands one over
+                _own_stdio()
                 _run_copy(server)
             except BaseException:
                 code = 1
             finally:
                 os._exit(code)
-        elif pid < 0:
-            ctrl.sendall(b"error %d\n" % ctypes.get_errno())
-        else:
-            ctrl.sendall(b"forked\n")
+        os.kill(me, signal.SIGSTOP)
 
 
 def serve_main(release_dir):

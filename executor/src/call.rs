@@ -262,6 +262,7 @@ impl GermlineRuntime {
                 processes: policy.limits.processes,
             }),
             switches,
+            require_limits: policy.limits.require_limits,
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(

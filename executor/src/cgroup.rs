@@ -1,125 +1,340 @@
-//! Per-copy resource limits through cgroup v1 (`memory`, `pids`) where the host lets us
-//! write them (root on this kind of machine); otherwise the rlimits set on the germline
-//! before exec are what applies, per process, inside each copy's own user namespace.
+//! The germline's cgroups: every process it or its copies make is born inside them, so
+//! the broker can account for each one (no process it did not make), kill all of them,
+//! and hold each copy to memory and process limits.
+//!
+//! cgroup v1 (`memory` and `pids` hierarchies) where the host has them writable; else a
+//! cgroup v2 hierarchy (the unified one), with limits where its `memory` and `pids`
+//! controllers can be enabled for our subtree and accounting only where they cannot.
+//! Where neither can be written, per-process rlimits are all that applies: the germline
+//! start warns every time, `/readyz` says so, and `[limits] require_limits = true` refuses.
 //!
 //! A copy must start inside its cgroup, or its first children could escape the limit.
 //! Since the germline forks the copy, the broker moves the (stopped) germline into the
 //! copy's fresh cgroup just before letting it fork, and back into its own right after:
-//! the copy and everything it spawns are born inside. Charges do not move with a task in
-//! cgroup v1, so the germline's own memory is never billed to a copy.
+//! the copy and everything it spawns are born inside. Charges do not move with a task,
+//! so the germline's own memory is never billed to a copy.
 
+use std::ffi::CString;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::ExecutorError;
 
 const V1_ROOT: &str = "/sys/fs/cgroup";
 
+/// Test-only switch: behave as on a host with no writable cgroup hierarchy.
+pub static NO_CGROUPS_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+/// Test-only switch: use the cgroup v2 hierarchy even where v1 is available.
+pub static PREFER_V2_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
 /// Limits applied to each copy's cgroup.
 #[derive(Clone, Copy, Debug)]
 pub struct CgroupLimits {
-    /// `memory.limit_in_bytes`.
+    /// Memory limit in bytes (`memory.limit_in_bytes` / `memory.max`).
     pub memory_bytes: u64,
     /// `pids.max`.
     pub processes: u64,
 }
 
+#[derive(Debug)]
+enum Backend {
+    /// v1: the germline sits in `memory` and `pids`; copies in `copy-N` below each.
+    V1 { memory: PathBuf, pids: PathBuf },
+    /// v2: `root/germline` holds the germline and `root/copy-N` each copy (a v2 cgroup
+    /// with processes cannot hand controllers to children, so `root` itself stays empty).
+    V2 { root: PathBuf, limits: bool },
+}
+
 /// The cgroups of one germline: its own, and a fresh one per copy.
 #[derive(Debug)]
 pub struct CgroupSet {
-    memory: PathBuf,
-    pids: PathBuf,
-    limits: CgroupLimits,
+    backend: Backend,
+    limits: Option<CgroupLimits>,
     next: AtomicU64,
 }
 
-/// What enforces per-copy limits on this host, for the log.
-pub fn describe(set: Option<&CgroupSet>) -> &'static str {
-    if set.is_some() {
-        "cgroup v1 memory and pids per copy, plus rlimits per process"
-    } else {
-        "rlimits per process in each copy's user namespace (no writable cgroup hierarchy)"
+/// What this host offers for per-copy limits and process accounting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostSupport {
+    /// cgroup v1 memory and pids.
+    V1,
+    /// cgroup v2; `limits` says whether memory and pids controllers are available.
+    V2 {
+        /// Memory and pids controllers can be enabled below our cgroup.
+        limits: bool,
+    },
+    /// No writable hierarchy.
+    None,
+}
+
+impl HostSupport {
+    /// Whether per-copy memory and process limits are enforced by a cgroup.
+    pub fn limits(&self) -> bool {
+        matches!(self, HostSupport::V1 | HostSupport::V2 { limits: true })
+    }
+
+    /// One line for logs and `/readyz`.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            HostSupport::V1 => "cgroup v1 memory and pids per copy, plus rlimits per process",
+            HostSupport::V2 { limits: true } => "cgroup v2 memory.max and pids.max per copy, plus rlimits per process",
+            HostSupport::V2 { limits: false } => {
+                "NO per-copy cgroup limits (cgroup v2 without memory/pids controllers): rlimits per process only"
+            }
+            HostSupport::None => "NO per-copy cgroup limits (no writable cgroup hierarchy): rlimits per process only",
+        }
     }
 }
 
+/// Probes the host without changing anything.
+pub fn host_support() -> HostSupport {
+    if NO_CGROUPS_FOR_TESTS.load(Ordering::SeqCst) {
+        return HostSupport::None;
+    }
+    if !PREFER_V2_FOR_TESTS.load(Ordering::SeqCst) && v1_available() {
+        return HostSupport::V1;
+    }
+    match v2_base() {
+        Some(base) if writable(&base) => HostSupport::V2 { limits: v2_controllers(&base) },
+        _ if v1_available() => HostSupport::V1,
+        _ => HostSupport::None,
+    }
+}
+
+fn writable(p: &Path) -> bool {
+    let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: access on a NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
+fn v1_available() -> bool {
+    ["memory", "pids"].iter().all(|c| writable(&Path::new(V1_ROOT).join(c).join("cgroup.procs")))
+}
+
+/// The broker's own cgroup in the unified hierarchy.
+fn v2_base() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mounts.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next() == Some("cgroup2")).then(|| pre.split_whitespace().nth(4).map(PathBuf::from))?
+    })?;
+    let own = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(mount.join(rel.trim_start_matches('/')))
+}
+
+fn v2_controllers(base: &Path) -> bool {
+    fs::read_to_string(base.join("cgroup.controllers"))
+        .map(|c| c.split_whitespace().any(|x| x == "memory") && c.split_whitespace().any(|x| x == "pids"))
+        .unwrap_or(false)
+}
+
 impl CgroupSet {
-    /// Creates `germline-<broker pid>-<n>` under the v1 memory and pids hierarchies, or
-    /// `None` where they are absent or not writable.
-    pub fn create(name: &str, limits: CgroupLimits) -> Option<CgroupSet> {
-        let memory = Path::new(V1_ROOT).join("memory").join("germline").join(name);
-        let pids = Path::new(V1_ROOT).join("pids").join("germline").join(name);
-        if !Path::new(V1_ROOT).join("memory/cgroup.procs").exists()
-            || !Path::new(V1_ROOT).join("pids/cgroup.procs").exists()
-        {
-            return None;
+    /// Creates `germline/<name>` under the hierarchy [`host_support`] finds, or `None`
+    /// where there is none.
+    pub fn create(name: &str, limits: Option<CgroupLimits>) -> Option<CgroupSet> {
+        let backend = match host_support() {
+            HostSupport::V1 => {
+                let memory = Path::new(V1_ROOT).join("memory").join("germline").join(name);
+                let pids = Path::new(V1_ROOT).join("pids").join("germline").join(name);
+                fs::create_dir_all(&memory).ok()?;
+                fs::create_dir_all(&pids).ok()?;
+                Backend::V1 { memory, pids }
+            }
+            HostSupport::V2 { limits: wanted } => {
+                let base = v2_base()?;
+                let parent = base.join("germline");
+                fs::create_dir_all(&parent).ok()?;
+                let root = parent.join(name);
+                fs::create_dir_all(root.join("germline")).ok()?;
+                // Controllers pass down level by level; our own cgroup may hold processes
+                // (then the kernel refuses, and copies get accounting without limits).
+                let enable = |d: &Path| fs::write(d.join("cgroup.subtree_control"), "+memory +pids").is_ok();
+                let limits = wanted && enable(&base) && enable(&parent) && enable(&root);
+                Backend::V2 { root, limits }
+            }
+            HostSupport::None => return None,
+        };
+        Some(CgroupSet { backend, limits, next: AtomicU64::new(0) })
+    }
+
+    /// Whether this set holds copies to memory and process limits.
+    pub fn enforces_limits(&self) -> bool {
+        self.limits.is_some() && self.support().limits()
+    }
+
+    /// What this set offers, for logs.
+    pub fn support(&self) -> HostSupport {
+        match self.backend {
+            Backend::V1 { .. } => HostSupport::V1,
+            Backend::V2 { limits, .. } => HostSupport::V2 { limits },
         }
-        fs::create_dir_all(&memory).ok()?;
-        fs::create_dir_all(&pids).ok()?;
-        Some(CgroupSet { memory, pids, limits, next: AtomicU64::new(0) })
+    }
+
+    /// The `cgroup.procs` files the germline joins (by writing "0") before it execs.
+    pub fn join_files(&self) -> Vec<CString> {
+        self.own_dirs()
+            .iter()
+            .filter_map(|d| CString::new(d.join("cgroup.procs").as_os_str().as_encoded_bytes()).ok())
+            .collect()
+    }
+
+    fn own_dirs(&self) -> Vec<PathBuf> {
+        match &self.backend {
+            Backend::V1 { memory, pids } => vec![memory.clone(), pids.clone()],
+            Backend::V2 { root, .. } => vec![root.join("germline")],
+        }
+    }
+
+    /// Where membership is read: the directory whose subtree holds every process.
+    fn accounting_root(&self) -> &Path {
+        match &self.backend {
+            Backend::V1 { pids, .. } => pids,
+            Backend::V2 { root, .. } => root,
+        }
+    }
+
+    /// Every process in the germline's cgroups and its copies' (sorted).
+    pub fn processes(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        collect_procs(self.accounting_root(), 0, &mut out);
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Puts `pid` (the stopped germline) into a fresh per-copy cgroup.
     pub fn enter_copy(&self, pid: i32) -> Result<CopyCgroup, ExecutorError> {
         let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let mem = self.memory.join(format!("copy-{n}"));
-        let pids = self.pids.join(format!("copy-{n}"));
         let io = |p: &Path| ExecutorError::io(format!("cgroup {}", p.display()));
-        fs::create_dir_all(&mem).map_err(io(&mem))?;
-        fs::create_dir_all(&pids).map_err(io(&pids))?;
-        fs::write(mem.join("memory.limit_in_bytes"), self.limits.memory_bytes.to_string()).map_err(io(&mem))?;
-        let _ = fs::write(mem.join("memory.memsw.limit_in_bytes"), self.limits.memory_bytes.to_string());
-        fs::write(pids.join("pids.max"), self.limits.processes.to_string()).map_err(io(&pids))?;
-        fs::write(mem.join("cgroup.procs"), pid.to_string()).map_err(io(&mem))?;
-        fs::write(pids.join("cgroup.procs"), pid.to_string()).map_err(io(&pids))?;
-        Ok(CopyCgroup { dirs: [mem, pids] })
+        let dirs = match &self.backend {
+            Backend::V1 { memory, pids } => {
+                let mem = memory.join(format!("copy-{n}"));
+                let pids = pids.join(format!("copy-{n}"));
+                fs::create_dir_all(&mem).map_err(io(&mem))?;
+                fs::create_dir_all(&pids).map_err(io(&pids))?;
+                if let Some(l) = &self.limits {
+                    fs::write(mem.join("memory.limit_in_bytes"), l.memory_bytes.to_string()).map_err(io(&mem))?;
+                    let _ = fs::write(mem.join("memory.memsw.limit_in_bytes"), l.memory_bytes.to_string());
+                    fs::write(pids.join("pids.max"), l.processes.to_string()).map_err(io(&pids))?;
+                }
+                vec![mem, pids]
+            }
+            Backend::V2 { root, limits } => {
+                let dir = root.join(format!("copy-{n}"));
+                fs::create_dir_all(&dir).map_err(io(&dir))?;
+                if let (true, Some(l)) = (*limits, &self.limits) {
+                    fs::write(dir.join("memory.max"), l.memory_bytes.to_string()).map_err(io(&dir))?;
+                    let _ = fs::write(dir.join("memory.swap.max"), "0");
+                    fs::write(dir.join("pids.max"), l.processes.to_string()).map_err(io(&dir))?;
+                }
+                vec![dir]
+            }
+        };
+        for d in &dirs {
+            fs::write(d.join("cgroup.procs"), pid.to_string()).map_err(io(d))?;
+        }
+        Ok(CopyCgroup { dirs, v2: matches!(self.backend, Backend::V2 { .. }) })
     }
 
     /// Puts `pid` back into the germline's own cgroups.
     pub fn leave_copy(&self, pid: i32) -> Result<(), ExecutorError> {
-        for dir in [&self.memory, &self.pids] {
+        for dir in self.own_dirs() {
             fs::write(dir.join("cgroup.procs"), pid.to_string())
                 .map_err(ExecutorError::io(format!("cgroup {}", dir.display())))?;
         }
         Ok(())
     }
+}
 
-    /// Puts `pid` into the germline's own cgroups (at start).
-    pub fn adopt(&self, pid: i32) -> Result<(), ExecutorError> {
-        self.leave_copy(pid)
+fn collect_procs(dir: &Path, depth: usize, out: &mut Vec<i32>) {
+    if let Ok(s) = fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    }
+    if depth >= 8 {
+        return;
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_procs(&e.path(), depth + 1, out);
+            }
+        }
+    }
+}
+
+/// Kills every process in `dir`'s subtree (`cgroup.kill` on v2) and removes the
+/// directories, deepest first; bounded in time.
+fn kill_and_remove(dir: &Path, v2: bool) {
+    if v2 {
+        let _ = fs::write(dir.join("cgroup.kill"), "1");
+    }
+    for _ in 0..200 {
+        let mut pids = Vec::new();
+        collect_procs(dir, 0, &mut pids);
+        if pids.is_empty() {
+            break;
+        }
+        for p in pids {
+            // SAFETY: SIGKILL to a process in a cgroup only germline processes can enter.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    remove_tree(dir, 0);
+}
+
+fn remove_tree(dir: &Path, depth: usize) {
+    if depth < 8 {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&e.path(), depth + 1);
+                }
+            }
+        }
+    }
+    for _ in 0..50 {
+        if fs::remove_dir(dir).is_ok() || !dir.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 
 impl Drop for CgroupSet {
     fn drop(&mut self) {
-        let _ = fs::remove_dir(&self.memory);
-        let _ = fs::remove_dir(&self.pids);
+        match &self.backend {
+            Backend::V1 { memory, pids } => {
+                kill_and_remove(pids, false);
+                kill_and_remove(memory, false);
+            }
+            Backend::V2 { root, .. } => kill_and_remove(root, true),
+        }
     }
 }
 
-/// A copy's cgroups; removed once the copy is gone.
+/// A copy's cgroups; emptied and removed once the copy is gone.
 #[derive(Debug)]
 pub struct CopyCgroup {
-    dirs: [PathBuf; 2],
+    dirs: Vec<PathBuf>,
+    v2: bool,
 }
 
 impl CopyCgroup {
     /// Peak memory the copy used, where the kernel reports it.
     pub fn peak_memory(&self) -> Option<u64> {
-        fs::read_to_string(self.dirs[0].join("memory.max_usage_in_bytes")).ok()?.trim().parse().ok()
+        let file = if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
+        fs::read_to_string(self.dirs[0].join(file)).ok()?.trim().parse().ok()
     }
 }
 
 impl Drop for CopyCgroup {
     fn drop(&mut self) {
+        // Whatever is left inside (the copy is dead by now) is killed with it.
         for d in &self.dirs {
-            // A killed copy may take a moment to leave; try a few times, bounded.
-            for _ in 0..50 {
-                if fs::remove_dir(d).is_ok() || !d.exists() {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
+            kill_and_remove(d, self.v2);
         }
     }
 }

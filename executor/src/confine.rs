@@ -152,7 +152,7 @@ pub struct PreparedSandbox {
     workdir: CString,
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
-    control_fd: RawFd,
+    control_fd: Option<RawFd>,
     report: OwnedFd,
     report_rx: Option<OwnedFd>,
     descriptions: Vec<String>,
@@ -430,7 +430,12 @@ impl Confinement {
     ///
     /// A root that cannot be built as planned is refused here, with the path named; the
     /// germline never starts with a weaker root.
-    pub fn prepare(&self, stage: &Path, workdir: &Path, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
+    pub fn prepare(
+        &self,
+        stage: &Path,
+        workdir: &Path,
+        control_fd: Option<RawFd>,
+    ) -> Result<PreparedSandbox, ExecutorError> {
         // SAFETY: getuid/getgid/geteuid cannot fail.
         let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
         let drop_to = if euid == 0 && self.switches.sandbox_ids { Some(SandboxIds::from_env()?) } else { None };
@@ -754,16 +759,24 @@ impl PreparedSandbox {
         for prog in &self.seccomp {
             self.step(Step::Seccomp as u32, seccompiler::apply_filter(prog).map_err(io::Error::other))?;
         }
-        if self.control_fd != GERMLINE_CONTROL_FD {
-            // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
-            self.step(Step::ControlFd as u32, check(unsafe { dup2(self.control_fd, GERMLINE_CONTROL_FD) }))?;
-        } else {
-            // SAFETY: clear close-on-exec so the control socket survives exec.
-            self.step(Step::ControlFd as u32, check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) }))?;
-        }
+        // The germline's control channel is signals; only the "mechanism off" test of a
+        // shared control socket hands it a descriptor (at GERMLINE_CONTROL_FD).
+        let first_closed = match self.control_fd {
+            Some(fd) if fd != GERMLINE_CONTROL_FD => {
+                // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
+                self.step(Step::ControlFd as u32, check(unsafe { dup2(fd, GERMLINE_CONTROL_FD) }))?;
+                GERMLINE_CONTROL_FD + 1
+            }
+            Some(_) => {
+                // SAFETY: clear close-on-exec so the control socket survives exec.
+                self.step(Step::ControlFd as u32, check(unsafe { fcntl(GERMLINE_CONTROL_FD, F_SETFD, 0) }))?;
+                GERMLINE_CONTROL_FD + 1
+            }
+            None => GERMLINE_CONTROL_FD,
+        };
         // Nothing else the broker holds (or inherited) may reach the germline.
-        // SAFETY: close_range over descriptors above the control socket.
-        check(unsafe { syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int })?;
+        // SAFETY: close_range over descriptors above stdio (and the test's control socket).
+        check(unsafe { syscall(SYS_close_range, first_closed, c_uint::MAX, 0) as c_int })?;
         Ok(())
     }
 

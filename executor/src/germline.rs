@@ -2,14 +2,21 @@
 //! which every copy is forked. The broker treats it as hostile (DESIGN §5): it stops the
 //! germline with SIGSTOP whenever it is not forking, checks G1–G3 from `/proc` before and
 //! after every fork, and identifies the copy and its namespaces by what the kernel shows.
+//!
+//! The control channel is signals, not a descriptor: the germline stops itself when it
+//! is ready and after each fork, and the broker asks for a fork with SIGUSR1 + SIGCONT.
+//! Any descriptor the germline held at a fork would be one open file description shared
+//! with the copy, whose options and queue a copy that has seen an item could change and
+//! the germline or a later copy read; so the germline holds none (G2).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -139,16 +146,31 @@ pub struct GermlineSpec {
     pub cgroup_limits: Option<CgroupLimits>,
     /// Sandbox mechanisms; all on except in tests that show what one prevents.
     pub switches: SandboxSwitches,
+    /// Refuse to start where no cgroup enforces `cgroup_limits` (`[limits] require_limits`).
+    pub require_limits: bool,
 }
+
+/// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
+/// it keeps across forks, as before issue 11, so every copy shares its options and queue.
+/// Never set outside tests.
+pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold
+/// only the germline and its live copies. Never set outside tests.
+pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Names each germline's cgroups uniquely within this broker.
+static GERMLINE_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Namespaces held by copies alive right now, across every germline of this process.
 static LIVE_COPY_NAMESPACES: Mutex<BTreeSet<NsId>> = Mutex::new(BTreeSet::new());
 
 /// A running germline.
 pub struct Germline {
-    child: Child,
+    child: Option<Child>,
     pid: i32,
-    control: UnixStream,
+    /// Only with [`SHARED_CONTROL_SOCKET_FOR_TESTS`]: the broker's end, kept open.
+    _control: Option<UnixStream>,
     allowed: AllowedFds,
     namespaces: Vec<NsId>,
     cgroups: Option<CgroupSet>,
@@ -167,10 +189,15 @@ impl Germline {
             .map_err(ExecutorError::io(format!("release directory {}", spec.release_dir.display())))?;
         // Data roots need not exist on the host: the germline's root holds them empty, and
         // each copy gets its view mounted there.
-        let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("control socketpair"))?;
-        let control_inode = std::fs::metadata(format!("/proc/self/fd/{}", theirs.as_raw_fd()))
-            .map(|m| m.ino())
-            .map_err(ExecutorError::io("control socket inode"))?;
+        let (ours, theirs, control_inode) = if SHARED_CONTROL_SOCKET_FOR_TESTS.load(Ordering::SeqCst) {
+            let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("control socketpair"))?;
+            let inode = std::fs::metadata(format!("/proc/self/fd/{}", theirs.as_raw_fd()))
+                .map(|m| m.ino())
+                .map_err(ExecutorError::io("control socket inode"))?;
+            (Some(ours), Some(theirs), Some(inode))
+        } else {
+            (None, None, None)
+        };
         let mut read_only = spec.runtime.read_paths.clone();
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
@@ -183,7 +210,7 @@ impl Germline {
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
         let sandbox = confinement
-            .prepare(&stage, &release_dir, theirs.as_raw_fd())
+            .prepare(&stage, &release_dir, theirs.as_ref().map(AsRawFd::as_raw_fd))
             .map_err(|e| ExecutorError::refused("start", format!("the germline's sandbox cannot be built: {e}")))?;
         let debug_stderr = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         if debug_stderr {
@@ -203,6 +230,12 @@ impl Germline {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
+        if debug_stderr {
+            cmd.env("GERMLINE_KEEP_STDERR", "1");
+        }
+        if theirs.is_some() {
+            cmd.env("GERMLINE_SHARED_CONTROL", "1");
+        }
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);
@@ -213,41 +246,115 @@ impl Germline {
                 cmd.env(var, ca);
             }
         }
+        let cgroups = CgroupSet::create(
+            &format!("{}-{}", std::process::id(), GERMLINE_COUNTER.fetch_add(1, Ordering::SeqCst)),
+            spec.cgroup_limits,
+        );
+        let support = cgroups.as_ref().map(CgroupSet::support).unwrap_or(crate::cgroup::HostSupport::None);
+        if spec.cgroup_limits.is_some() && !cgroups.as_ref().is_some_and(CgroupSet::enforces_limits) {
+            if spec.require_limits {
+                return Err(ExecutorError::Sandbox(format!(
+                    "[limits] require_limits = true, but this host cannot hold copies to memory and process \
+                     limits: {}",
+                    support.describe()
+                )));
+            }
+            tracing::warn!("per-copy limits: {}", support.describe());
+        }
+        if cgroups.is_none() {
+            tracing::warn!("no cgroup for the germline: processes it leaves behind are neither seen nor killed");
+        }
+        if let Some(cg) = &cgroups {
+            // The germline joins its cgroups before exec, so nothing it ever runs is born
+            // outside them. Runs first among the pre-exec steps (still the broker's user
+            // namespace); writing "0" moves the writer; only syscalls on prepared paths.
+            let files = cg.join_files();
+            // SAFETY: the closure only calls open/write/close on NUL-terminated paths
+            // prepared before fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for f in &files {
+                        let fd = libc::open(f.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        if fd < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        let rc = libc::write(fd, b"0".as_ptr().cast(), 1);
+                        let err = std::io::Error::last_os_error();
+                        libc::close(fd);
+                        if rc != 1 {
+                            return Err(err);
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
         let report = sandbox.install(&mut cmd);
         let child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
         drop(theirs);
         let pid = child.id() as i32;
         let mut g = Germline {
-            child,
+            child: Some(child),
             pid,
-            control: ours,
+            _control: ours,
             allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr },
             namespaces: Vec::new(),
-            cgroups: spec.cgroup_limits.and_then(|l| CgroupSet::create(&format!("{}-{pid}", std::process::id()), l)),
+            cgroups,
             start_time: Duration::ZERO,
         };
-        if let Some(cg) = &g.cgroups {
-            cg.adopt(pid)?;
-        }
-        let line = g
-            .read_control(spec.start_timeout)
+        // The germline stops itself once the release is imported.
+        g.wait_stopped(spec.start_timeout)
             .map_err(|e| ExecutorError::refused("start", format!("the release did not finish importing: {e}")))?;
-        if line != "ready" {
-            return Err(ExecutorError::refused("start", format!("unexpected message {line:?}")));
-        }
-        g.stop()?;
         g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
         inspect::check_germline(pid, &g.allowed)?;
         if !inspect::live_children(pid)?.is_empty() {
             return Err(ExecutorError::refused("children", "the germline left a process running at start"));
         }
+        g.account_processes()?;
         g.start_time = t0.elapsed();
         Ok(g)
     }
 
     /// What enforces per-copy limits for this germline (for logs).
     pub fn limits_mechanism(&self) -> &'static str {
-        crate::cgroup::describe(self.cgroups.as_ref())
+        self.cgroups.as_ref().map(CgroupSet::support).unwrap_or(crate::cgroup::HostSupport::None).describe()
+    }
+
+    /// Every process in the germline's cgroups must be the germline or inside a live
+    /// copy's PID namespace; anything else (a relay double-forked in the fork window, a
+    /// child left over from import) is refused, named. Listing and checking repeat until
+    /// two listings agree, so a process that forks and exits meanwhile is still seen.
+    fn account_processes(&self) -> Result<(), ExecutorError> {
+        let Some(cg) = &self.cgroups else {
+            return Ok(());
+        };
+        if PROCESS_ACCOUNTING_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut seen = cg.processes();
+        for _ in 0..8 {
+            for &p in &seen {
+                if p != self.pid && !inspect::in_live_copy(p, &live_pid_namespaces()) {
+                    // Gone already: the next listing decides.
+                    if std::path::Path::new(&format!("/proc/{p}")).exists() {
+                        return Err(ExecutorError::refused(
+                            "processes",
+                            format!(
+                                "stray process {p} ({}) in the germline's cgroup: every process there must be \
+                                 the germline or inside a copy the broker made",
+                                inspect::comm(p)
+                            ),
+                        ));
+                    }
+                }
+            }
+            let again = cg.processes();
+            if again == seen {
+                return Ok(());
+            }
+            seen = again;
+        }
+        Err(ExecutorError::refused("processes", "the germline's cgroups did not settle (processes keep appearing)"))
     }
 
     /// The germline's pid (in the broker's PID namespace).
@@ -255,26 +362,40 @@ impl Germline {
         self.pid
     }
 
-    fn read_control(&mut self, timeout: Duration) -> Result<String, ExecutorError> {
-        self.control.set_read_timeout(Some(timeout)).map_err(ExecutorError::io("control timeout"))?;
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
+    /// Waits until the germline has stopped (itself or by us), without reaping it: a
+    /// stop the broker has not yet continued from is reported again, and a SIGCONT clears it.
+    fn wait_stopped(&self, timeout: Duration) -> Result<(), String> {
+        let until = Instant::now() + timeout;
+        let mut nap = Duration::from_micros(20);
         loop {
-            use std::io::Read;
-            let n =
-                (&self.control).read(&mut byte).map_err(ExecutorError::io("reading the germline's control socket"))?;
-            if n == 0 {
-                return Err(ExecutorError::refused("start", "the germline exited"));
+            // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waitid on our own child, WNOWAIT leaves it for `Child` to reap.
+            let rc = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    self.pid as libc::id_t,
+                    &mut info,
+                    libc::WSTOPPED | libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                )
+            };
+            if rc < 0 {
+                return Err(format!("waiting for the germline: {}", std::io::Error::last_os_error()));
             }
-            if byte[0] == b'\n' {
-                break;
+            // SAFETY: si_pid is valid for SIGCHLD-style siginfo filled by waitid (0 if none).
+            if unsafe { info.si_pid() } == self.pid {
+                return match info.si_code {
+                    libc::CLD_STOPPED => Ok(()),
+                    libc::CLD_EXITED | libc::CLD_KILLED | libc::CLD_DUMPED => Err("the germline exited".into()),
+                    _ => Err("the germline is traced".into()),
+                };
             }
-            line.push(byte[0]);
-            if line.len() > 64 {
-                return Err(ExecutorError::refused("start", "oversized control message"));
+            if Instant::now() > until {
+                return Err(format!("the germline did not stop within {timeout:?}"));
             }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_micros(200));
         }
-        Ok(String::from_utf8_lossy(&line).into_owned())
     }
 
     fn signal(&self, sig: i32) -> Result<(), ExecutorError> {
@@ -307,28 +428,26 @@ impl Germline {
     /// refused, and the copy (if any) is killed before it holds data.
     pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
         inspect::check_germline(self.pid, &self.allowed)?;
-        // Drain anything a previous copy wrote into the inherited control socket.
-        self.control.set_nonblocking(true).map_err(ExecutorError::io("control socket"))?;
-        let mut junk = [0u8; 4096];
-        while matches!(std::io::Read::read(&mut &self.control, &mut junk), Ok(n) if n > 0) {}
-        self.control.set_nonblocking(false).map_err(ExecutorError::io("control socket"))?;
-
+        self.account_processes()?;
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.enter_copy(self.pid)?),
             None => None,
         };
+        // SIGUSR1 stays pending (the germline blocks it and waits for it) until SIGCONT
+        // lets the germline run; it forks once and stops itself.
+        self.signal(libc::SIGUSR1)?;
         self.signal(libc::SIGCONT)?;
-        (&self.control).write_all(b"fork\n").map_err(ExecutorError::io("asking the germline to fork"))?;
-        let reply = self.read_control(Duration::from_secs(5));
-        self.stop()?;
+        let forked = self.wait_stopped(Duration::from_secs(5));
+        if forked.is_err() {
+            self.stop()?;
+        }
         if let Some(cg) = &self.cgroups {
             cg.leave_copy(self.pid)?;
         }
         let children = inspect::live_children(self.pid)?;
-        let reply = reply?;
-        if reply != "forked" {
+        if let Err(e) = forked {
             kill_all(&children);
-            return Err(ExecutorError::Copy(format!("germline could not fork: {reply}")));
+            return Err(ExecutorError::Copy(format!("germline could not fork: {e}")));
         }
         let copy_pid = match children.as_slice() {
             [one] => *one,
@@ -374,16 +493,32 @@ impl Germline {
             }
             live.extend(ns.iter().copied());
         }
-        Ok(CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup })
+        let copy = CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup };
+        // Before the copy holds any data: nothing else came out of the fork window.
+        self.account_processes()?;
+        Ok(copy)
     }
 }
 
 impl Drop for Germline {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill();
         let _ = self.signal(libc::SIGCONT);
-        let _ = self.child.wait();
+        // Reaping the germline and killing whatever is left in its cgroups (strays
+        // included) happens off the caller's path.
+        let cgroups = self.cgroups.take();
+        std::thread::spawn(move || {
+            let _ = child.wait();
+            drop(cgroups);
+        });
     }
+}
+
+fn live_pid_namespaces() -> BTreeSet<NsId> {
+    LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 fn kill_all(pids: &[i32]) {
@@ -496,6 +631,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         extra_read: Vec::new(),
         cgroup_limits: None,
         switches: SandboxSwitches::default(),
+        require_limits: false,
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::ExecutorError;
 
@@ -59,10 +60,19 @@ pub fn live_children(pid: i32) -> Result<Vec<i32>, ExecutorError> {
     Ok(out)
 }
 
+/// Test-only switch ("mechanism off"): G2 admits, besides the control socket, `/dev/null`
+/// and read-only regular files, as it did before issue 11. Never set outside tests.
+pub static RELAX_G2_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// The G2 rule, quoted in every refusal.
+pub const G2_RULE: &str = "a germline may hold no descriptor (its control channel is signals): any open file \
+     description, regular files, /dev/null and sockets included, would be shared with each copy, whose offset, \
+     status flags or options a copy could change and the germline or a later copy read";
+
 /// What a germline may hold open (G2).
 pub struct AllowedFds {
-    /// Inode of the germline's end of its control socket.
-    pub control_socket_inode: u64,
+    /// Only in the "mechanism off" test of a shared control socket: its inode.
+    pub control_socket_inode: Option<u64>,
     /// Debugging only (`GERMLINE_DEBUG_GERMLINE`): stderr left open to the terminal.
     pub debug_stderr: bool,
 }
@@ -82,34 +92,46 @@ pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
     Ok(())
 }
 
-/// G2: no descriptor but the control socket, /dev/null and read-only regular files.
+/// G2, an allowlist: no descriptor at all (stderr only when debugging).
+///
+/// After `fork` the germline and every copy share each open file description the germline
+/// holds, and with it the description's state: a regular file's offset, any file's status
+/// flags (`F_SETFL`), a socket's options. A copy that has seen an item could write that
+/// state and the germline or a later copy read it, so a germline holding anything else —
+/// read-only files and `/dev/null` included — is refused.
 pub fn check_g2(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
+    let relaxed = RELAX_G2_FOR_TESTS.load(Ordering::Relaxed);
     let dir = format!("/proc/{pid}/fd");
     let entries = fs::read_dir(&dir).map_err(ExecutorError::io(format!("listing {dir}")))?;
     for e in entries {
         let e = e.map_err(ExecutorError::io(format!("listing {dir}")))?;
         let fd = e.file_name().to_string_lossy().into_owned();
         let target = fs::read_link(e.path()).map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into());
-        if target == format!("socket:[{}]", allowed.control_socket_inode)
-            || target == "/dev/null"
-            || (allowed.debug_stderr && fd == "2")
-        {
+        let control = allowed.control_socket_inode.is_some_and(|i| target == format!("socket:[{i}]"));
+        if control || (allowed.debug_stderr && fd == "2") {
             continue;
         }
-        let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("flags:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        });
-        let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
-        let regular = fs::metadata(e.path()).map(|m| m.file_type().is_file()).unwrap_or(false);
-        let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
-        if !(read_only && regular && !anonymous) {
-            return Err(ExecutorError::refused(
-                "G2",
-                format!("descriptor {fd} -> {target} is not the control socket, /dev/null or a read-only file"),
-            ));
+        if relaxed && relaxed_allowance(pid, &fd, &target, &e.path()) {
+            continue;
         }
+        return Err(ExecutorError::refused("G2", format!("descriptor {fd} -> {target}: {G2_RULE}")));
     }
     Ok(())
+}
+
+/// What G2 admitted before issue 11 (the "mechanism off" twin only): `/dev/null` and
+/// read-only regular files that are not anonymous.
+fn relaxed_allowance(pid: i32, fd: &str, target: &str, path: &std::path::Path) -> bool {
+    if target == "/dev/null" {
+        return true;
+    }
+    let flags = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|s| {
+        s.lines().find_map(|l| l.strip_prefix("flags:")).and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+    });
+    let read_only = flags.is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32);
+    let regular = fs::metadata(path).map(|m| m.file_type().is_file()).unwrap_or(false);
+    let anonymous = target.ends_with(" (deleted)") || target.starts_with("/memfd:");
+    read_only && regular && !anonymous
 }
 
 /// G3: no shared writable mapping, and no shared mapping of anything that could be made
@@ -145,6 +167,35 @@ pub fn check_germline(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorErro
     check_g3(pid)
 }
 
+/// The command name of `pid` (for naming a stray process), or `?`.
+pub fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_owned()).unwrap_or_else(|_| "?".into())
+}
+
+/// Whether `pid` lives in one of `namespaces` (PID namespaces of live copies) or in a PID
+/// namespace nested below one of them. False for a process that is gone.
+pub fn in_live_copy(pid: i32, namespaces: &std::collections::BTreeSet<NsId>) -> bool {
+    let Ok(mut f) = fs::File::open(format!("/proc/{pid}/ns/pid")) else {
+        return false;
+    };
+    for _ in 0..33 {
+        let Ok(m) = f.metadata() else {
+            return false;
+        };
+        if namespaces.contains(&(m.dev(), m.ino())) {
+            return true;
+        }
+        // SAFETY: NS_GET_PARENT on a namespace descriptor we own returns a new descriptor.
+        let parent = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::NS_GET_PARENT) };
+        if parent < 0 {
+            return false;
+        }
+        // SAFETY: `parent` is a fresh descriptor owned by nobody else.
+        f = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(parent) };
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,7 +218,8 @@ mod tests {
         let mut fds = [0; 2];
         // SAFETY: pipe2 into a local array.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let err = check_g2(me, &AllowedFds { control_socket_inode: 0, debug_stderr: false }).unwrap_err().to_string();
+        let err =
+            check_g2(me, &AllowedFds { control_socket_inode: None, debug_stderr: false }).unwrap_err().to_string();
         assert!(err.contains("G2"), "{err}");
         // SAFETY: closing the descriptors just made.
         unsafe {

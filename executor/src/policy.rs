@@ -62,6 +62,9 @@ pub struct Limits {
     pub cpu_seconds: u64,
     /// Largest MCP message or HTTP request/response the broker accepts, in bytes.
     pub max_message_bytes: usize,
+    /// Refuse to start a germline where no cgroup holds copies to `memory_bytes` and
+    /// `processes` (rather than run with per-process rlimits only, with a warning).
+    pub require_limits: bool,
 }
 
 impl Default for Limits {
@@ -72,6 +75,7 @@ impl Default for Limits {
             processes: 128,
             cpu_seconds: 60,
             max_message_bytes: 8 << 20,
+            require_limits: false,
         }
     }
 }
@@ -136,6 +140,7 @@ struct RawLimits {
     processes: Option<u64>,
     cpu_seconds: Option<u64>,
     max_message_bytes: Option<usize>,
+    require_limits: Option<bool>,
 }
 
 fn perr(s: impl Into<String>) -> ExecutorError {
@@ -228,6 +233,7 @@ impl Policy {
             processes: l.processes.unwrap_or(d.processes),
             cpu_seconds: l.cpu_seconds.unwrap_or(d.cpu_seconds),
             max_message_bytes: l.max_message_bytes.unwrap_or(d.max_message_bytes),
+            require_limits: l.require_limits.unwrap_or(d.require_limits),
         };
         if limits.deadline.is_zero() || limits.max_message_bytes < 1024 {
             return Err(perr("limits: deadline must be positive and max_message_bytes at least 1024"));

@@ -32,6 +32,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         extra_read: vec![],
         cgroup_limits: None,
         switches: Default::default(),
+        require_limits: false,
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);

@@ -70,6 +70,10 @@ impl Modify for BearerAuth {
 pub struct Health {
     /// `ok`, `ready`, `starting` or `shutting_down`.
     status: String,
+    /// `/readyz` only: what holds each copy to its memory and process limits on this
+    /// host; starts with `NO per-copy cgroup limits` where only rlimits apply.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per_copy_limits: Option<String>,
 }
 
 /// A release, its germline and its dampening.
@@ -485,19 +489,21 @@ impl AppState {
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "The process serves requests", body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok".into() })
+    Json(Health { status: "ok".into(), per_copy_limits: None })
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
     (status = 200, description = "Ledger open and admitted germlines started", body = Health),
     (status = 503, description = "Starting or shutting down", body = Health)))]
 pub async fn readyz(State(st): State<AppState>) -> (StatusCode, Json<Health>) {
+    let limits = Some(germline_executor::cgroup::host_support().describe().to_owned());
+    let health = |status: &str| Json(Health { status: status.into(), per_copy_limits: limits.clone() });
     if st.in_flight.closed.load(Ordering::SeqCst) {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status: "shutting_down".into() }))
+        (StatusCode::SERVICE_UNAVAILABLE, health("shutting_down"))
     } else if st.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, Json(Health { status: "ready".into() }))
+        (StatusCode::OK, health("ready"))
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(Health { status: "starting".into() }))
+        (StatusCode::SERVICE_UNAVAILABLE, health("starting"))
     }
 }
 
