@@ -38,6 +38,8 @@ class _Twin:
     active = False
     clock = 0.0
     counter = 0
+    counted_only = False
+    real_start_ns = 0
     stream = b""
     stream_counter = 0
 
@@ -58,9 +60,33 @@ _real = {
 }
 
 
+# The twin monotonic clock (time.monotonic, perf_counter and their _ns forms, one clock):
+# a frozen base of 1 s plus a deterministic model of elapsed time — 1 us per read, plus
+# exactly the duration each time.sleep asked for — so every copy and every probe or control
+# replay of the same code path reads the same values, and
+# `while time.monotonic() < deadline: time.sleep(0.05)` ends after as many rounds as it
+# would unprotected. The model never falls more than _TWIN_SLACK_NS behind real time since
+# the twin inputs were activated: waits the model does not see (asyncio.sleep, Event.wait,
+# select, long computation) still end, at most that slack late. Only then do readings
+# depend on real time; a release that sends such readings to a host is nondeterministic in
+# the replay model, which its control replay shows (unverified, never an item witness).
+_TWIN_BASE_NS = 1_000_000_000
+_TWIN_SLACK_NS = 250_000_000
+
+
 def _tick_ns():
     _twin.counter += 1000
-    return int(1_000_000_000 + _twin.counter)
+    if not _twin.counted_only:
+        floor = _real["monotonic_ns"]() - _twin.real_start_ns - _TWIN_SLACK_NS
+        if _twin.counter < floor:
+            _twin.counter = floor
+    return int(_TWIN_BASE_NS + _twin.counter)
+
+
+def _twin_sleep(secs):
+    if _twin.active and not _twin.counted_only and secs > 0:
+        _twin.counter += int(secs * 1e9)
+    _real_sleep(secs)
 
 
 def _patch_time():
@@ -95,6 +121,7 @@ def _patch_time():
         return _real["strftime"](fmt, localtime() if tt is None else tt)
 
     time.time, time.time_ns = t, t_ns
+    time.sleep = _twin_sleep
     time.monotonic, time.monotonic_ns = mono, mono_ns
     time.perf_counter, time.perf_counter_ns = perf, perf_ns
     time.localtime, time.gmtime, time.ctime, time.strftime = localtime, gmtime, ctime, strftime
@@ -145,6 +172,7 @@ def _patch_random():
 def _activate_twin(twin):
     _twin.clock = float(twin["clock"])
     _twin.counter = 0
+    _twin.real_start_ns = _real["monotonic_ns"]()
     _twin.stream = bytes.fromhex(twin["seed"])
     _twin.stream_counter = 0
     _twin.active = True
@@ -353,6 +381,9 @@ def _run_copy(server):
     if preamble.get("trace"):
         print("copy: connected after %.2f ms, preamble after %.2f ms" % ((t1 - t0) * 1e3, (_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
     if preamble.get("twin") is not None:
+        # "counted" (a test switch, EvidenceSwitches::counted_twin_clock): the earlier
+        # clock that advanced 1 us per read only, which hangs polling loops.
+        _twin.counted_only = preamble.get("twin_clock") == "counted"
         _activate_twin(preamble["twin"])
     import germline_slot
 

@@ -211,11 +211,15 @@ pub struct EvidenceSwitches {
     pub twin_inputs: bool,
     /// Compare request sequences and record triggers (the tripwire).
     pub sequence_comparison: bool,
+    /// Tests only: the earlier twin monotonic clock, advancing 1 µs per read and ignoring
+    /// sleeps, under which a polling loop never ends (the "mechanism off" twin of the
+    /// sleep-aware clock).
+    pub counted_twin_clock: bool,
 }
 
 impl Default for EvidenceSwitches {
     fn default() -> Self {
-        EvidenceSwitches { twin_inputs: true, sequence_comparison: true }
+        EvidenceSwitches { twin_inputs: true, sequence_comparison: true, counted_twin_clock: false }
     }
 }
 
@@ -537,7 +541,10 @@ impl GermlineRuntime {
         let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         let twin = if self.evidence_switches.twin_inputs { json!(twin) } else { Value::Null };
-        let preamble = json!({"twin": twin, "slot": slot_values, "trace": trace});
+        let mut preamble = json!({"twin": twin, "slot": slot_values, "trace": trace});
+        if self.evidence_switches.counted_twin_clock {
+            preamble["twin_clock"] = json!("counted");
+        }
         let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
         let job = CopyJob {
             group_index: gi,

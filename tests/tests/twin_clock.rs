@@ -1,0 +1,130 @@
+//! Issue 11, point 6: the twin clock keeps replays comparable without hanging honest code.
+//! A polling loop finishes under germline within 1.5× its unprotected time (plus a small
+//! constant), and is killed at its deadline under the earlier counted clock; copies of one
+//! call read equal monotonic values around a sleep, so they send equal requests.
+
+use std::time::{Duration, Instant};
+
+use germline_executor::call::GermlineRuntime;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::sink::{Sink, SinkBehaviour};
+use germline_tests::world::{request, result_text, World};
+use serde_json::json;
+
+fn germline(rt: &mut Runtime) -> &mut GermlineRuntime {
+    match rt {
+        Runtime::Germline(g) => g,
+        _ => panic!("not a germline runtime"),
+    }
+}
+
+const POLL: &str = r#"
+import asyncio
+def create_server():
+    m = FastMCP("poll")
+    @m.tool()
+    def poll(seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        rounds = 0
+        while time.monotonic() < deadline and rounds < 10000:
+            time.sleep(0.05)
+            rounds += 1
+        return str(rounds)
+    @m.tool()
+    async def apoll(seconds: float) -> str:
+        deadline = time.perf_counter() + seconds
+        rounds = 0
+        while time.perf_counter() < deadline and rounds < 10000:
+            await asyncio.sleep(0.05)
+            rounds += 1
+        return str(rounds)
+    return m
+"#;
+
+/// Seconds a call took, with its result text or error.
+fn timed(rt: &mut Runtime, tool: &str) -> (Duration, String) {
+    let t0 = Instant::now();
+    let o = rt.call(&request(tool, json!({"seconds": 1.0}), &[]));
+    let took = t0.elapsed();
+    let text = result_text(&o);
+    (took, o.error.unwrap_or(text))
+}
+
+#[test]
+fn a_polling_loop_finishes_within_one_and_a_half_times_its_unprotected_time() {
+    let w = World::new();
+    let rel = w.release("poll", "", POLL);
+    let policy = || w.policy(&[], &[("agent", &[])], "[limits]\ndeadline_ms = 3000\n");
+    let mut unprotected = w.start(RuntimeKind::SigPin, &rel, policy()).unwrap();
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy()).unwrap();
+    for tool in ["poll", "apoll"] {
+        // Warm both (imports, first fork), then measure.
+        let _ = timed(&mut unprotected, tool);
+        let (base, text) = timed(&mut unprotected, tool);
+        assert!(text.parse::<u32>().is_ok_and(|n| (15..=20).contains(&n)), "unprotected {tool}: {text}");
+        let bound = base.mul_f64(1.5) + Duration::from_millis(500);
+
+        germline(&mut rt).evidence_switches.counted_twin_clock = false;
+        let _ = timed(&mut rt, tool);
+        let (took, text) = timed(&mut rt, tool);
+        assert!(took <= bound, "germline {tool}: {took:?} against {base:?} unprotected ({text})");
+        if tool == "poll" {
+            // The sleep-aware model: exactly 1 s / 0.05 s rounds, in every copy and replay.
+            assert_eq!(text, "20", "germline {tool}");
+        } else {
+            // asyncio.sleep is outside the model: the clock follows real time, at most
+            // 0.25 s behind, so at most five more rounds.
+            assert!(text.parse::<u32>().is_ok_and(|n| (15..=25).contains(&n)), "germline {tool}: {text}");
+        }
+
+        // Mechanism off: the counted clock (1 µs per read) never reaches the deadline.
+        germline(&mut rt).evidence_switches.counted_twin_clock = true;
+        let (took, text) = timed(&mut rt, tool);
+        assert!(text.contains("deadline of 3000 ms"), "counted clock {tool}: killed at the deadline ({text})");
+        assert!(took > bound, "counted clock {tool}: {took:?} exceeds {bound:?}");
+    }
+}
+
+/// The copy holding the payslip and the one that does not both measure a sleep with the
+/// twin clock and send the reading to the OCR host: equal readings, no trigger. With twin
+/// inputs off the real clock's readings differ and every call triggers.
+const ELAPSED: &str = r#"
+def create_server():
+    m = FastMCP("elapsed")
+    @m.tool()
+    def scan(document: str, extra: str) -> str:
+        t0 = time.perf_counter_ns()
+        m0 = time.monotonic()
+        time.sleep(0.02)
+        open(extra).read()
+        body = "%s|%d|%.9f" % (open(document).read(), time.perf_counter_ns() - t0, time.monotonic() - m0)
+        return str(post("http://ocr.example/scan", body)[0])
+    return m
+"#;
+
+#[test]
+fn copies_of_one_call_read_the_same_twin_monotonic_clock() {
+    for twin in [false, true] {
+        let w = World::new();
+        let invoice = w.item("finance", "invoice.txt", "invoice 12");
+        let payslip = w.item("hr", "payslip.txt", "salary 99");
+        let sink = Sink::start(SinkBehaviour::default());
+        let rel = w.release("elapsed", "[tools.scan]\nhosts = [\"ocr.example\"]\n", ELAPSED);
+        let policy =
+            w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
+        let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+        germline(&mut rt).evidence_switches.twin_inputs = twin;
+        let mut triggers = 0;
+        for _ in 0..5 {
+            let o = rt.call(&request("scan", json!({"document": invoice, "extra": payslip}), &[&invoice, &payslip]));
+            assert!(o.error.is_none(), "twin={twin}: {:?}", o.error);
+            assert_eq!(o.copies, 2, "two groups");
+            triggers += o.triggers.len();
+        }
+        assert_eq!(triggers, if twin { 0 } else { 5 }, "twin={twin}: {}", String::from_utf8_lossy(&sink.received()));
+        if twin {
+            let got = String::from_utf8_lossy(&sink.received()).into_owned();
+            assert!(got.contains("|20002000|0.020002000"), "the modelled sleep, 1 µs per read: {got}");
+        }
+    }
+}
