@@ -45,9 +45,29 @@ pub struct CallRequest {
     pub consumers: Vec<String>,
 }
 
+/// How a call ended, as the host decided it: never inferred from text a copy produced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallStatus {
+    /// The first consumer received a tool result.
+    Answered,
+    /// The call ran (or tried to) and produced no result: a tool error, a deadline, bad
+    /// call metadata. The default: an outcome nobody marked answered is not one.
+    #[default]
+    Failed,
+    /// The host refused to run the call (the release's germline was refused, or a result
+    /// was withheld from a consumer not cleared for its label).
+    Refused,
+    /// The release is suppressed (dampening, or a peer's verified witness): no copy ran.
+    Suppressed,
+}
+
 /// What a call produced, as printed by `germline call`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CallOutcome {
+    /// How the call ended (set by the host, never read from a copy's answer).
+    #[serde(default)]
+    pub status: CallStatus,
     /// The tool result for the first consumer (with the label in `_meta`).
     pub result: Option<Value>,
     /// Its output label.
@@ -100,7 +120,23 @@ impl From<EgressEvent> for EgressEventOut {
 impl CallOutcome {
     /// A call that failed before any copy ran.
     pub fn failed(e: impl ToString) -> Self {
-        CallOutcome { error: Some(e.to_string()), ..Default::default() }
+        CallOutcome { status: CallStatus::Failed, error: Some(e.to_string()), ..Default::default() }
+    }
+
+    /// A call the host refused to run (or whose result it withheld).
+    pub fn refused(e: impl ToString) -> Self {
+        CallOutcome { status: CallStatus::Refused, error: Some(e.to_string()), ..Default::default() }
+    }
+
+    /// A call refused because the release is suppressed; `why` names the penalty or the
+    /// peer's witness.
+    pub fn suppressed(why: impl ToString) -> Self {
+        CallOutcome { status: CallStatus::Suppressed, error: Some(why.to_string()), ..Default::default() }
+    }
+
+    /// A call answered with `result` by one copy (baselines).
+    pub fn answered(result: Value) -> Self {
+        CallOutcome { status: CallStatus::Answered, result: Some(result), copies: 1, ..Default::default() }
     }
 }
 
@@ -278,7 +314,7 @@ impl GermlineRuntime {
     /// Runs one call. Never panics on hostile input; errors come back in the outcome.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
         if let Some(why) = &self.refused {
-            return CallOutcome::failed(format!("release refused: {why}"));
+            return CallOutcome::refused(format!("release refused: {why}"));
         }
         match self.call_inner(req) {
             Ok(o) => o,
@@ -286,6 +322,7 @@ impl GermlineRuntime {
                 if matches!(e, ExecutorError::GermlineRefused { .. }) {
                     self.refused = Some(e.to_string());
                     self.germline = None;
+                    return CallOutcome::refused(e);
                 }
                 CallOutcome::failed(e)
             }
@@ -373,6 +410,7 @@ impl GermlineRuntime {
                 outcome.result = cr.result.clone();
                 outcome.label = cr.label.clone();
                 outcome.error = cr.error.clone();
+                outcome.status = if cr.result.is_some() { CallStatus::Answered } else { CallStatus::Failed };
             }
         }
         if per_consumer.len() > 1 {
