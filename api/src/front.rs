@@ -44,9 +44,21 @@ pub struct WrapArgs {
     /// `germline` (default), `nosplit` or `sig-pin`.
     #[arg(long, default_value = "germline")]
     pub runtime: RuntimeKind,
-    /// Serve Streamable HTTP on this address (path `/mcp`) instead of stdio.
+    /// Serve Streamable HTTP on this address (IP and port; path `/mcp`) instead of stdio.
     #[arg(long)]
     pub listen: Option<String>,
+    /// Allow `--listen` on an address other than loopback.
+    #[arg(long)]
+    pub listen_non_loopback: bool,
+    /// A `Host` name the HTTP front also answers to (repeatable; the listen address always).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// A browser `Origin` allowed to call the HTTP front (repeatable; none by default).
+    #[arg(long = "allowed-origin")]
+    pub allowed_origins: Vec<String>,
+    /// A file holding the bearer token the HTTP front requires (or set GERMLINE_FRONT_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// The consumer the results go to.
     #[arg(long, default_value = "agent")]
     pub consumer: String,
@@ -239,11 +251,33 @@ fn release_dir(target: &[String]) -> anyhow::Result<PathBuf> {
 pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
     let release = release_dir(&args.target)?;
     let policy = load_policy(args.policy.as_deref())?;
+    // The HTTP front's settings are checked before the release starts.
+    let listen = match &args.listen {
+        Some(addr) => Some((http::listen_address(addr, args.listen_non_loopback)?, guard_config(&args)?)),
+        None => None,
+    };
     let front = Front::start(&release, policy, args.runtime, args.consumer)?;
-    match args.listen {
-        Some(addr) => http::serve(front, &addr),
+    match listen {
+        Some((addr, guard)) => http::serve(front, addr, guard),
         None => serve_stdio(front),
     }
+}
+
+fn guard_config(args: &WrapArgs) -> anyhow::Result<http::GuardConfig> {
+    let token = match (&args.token_file, std::env::var("GERMLINE_FRONT_TOKEN")) {
+        (Some(p), _) => Some(std::fs::read_to_string(p).with_context(|| format!("--token-file {}", p.display()))?),
+        (None, Ok(t)) => Some(t),
+        (None, Err(_)) => None,
+    };
+    let token = token.map(|t| t.trim().to_owned());
+    if token.as_deref().is_some_and(str::is_empty) {
+        bail!("the front's bearer token is empty");
+    }
+    Ok(http::GuardConfig {
+        allowed_hosts: args.allowed_hosts.clone(),
+        allowed_origins: args.allowed_origins.clone(),
+        token,
+    })
 }
 
 /// Newline-delimited JSON-RPC on stdin/stdout, one message at a time, until stdin closes.
