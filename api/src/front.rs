@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use germline_executor::call::{CallOutcome, CallRequest};
+use germline_executor::call::{attach_label, CallOutcome, CallRequest, LABEL_META_KEY};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::manifest::{Manifest, MANIFEST_FILE};
 use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_model::{Clearance, ConsumerName, Label};
 use serde_json::{json, Map, Value};
 
 /// Protocol versions the front speaks; a client asking for another gets the newest.
@@ -75,6 +76,7 @@ pub struct Front {
     pending: Option<(CallRequest, CallOutcome)>,
     manifest: Manifest,
     consumer: String,
+    clearance: Clearance,
     tools: Option<Value>,
     max_message_bytes: usize,
 }
@@ -85,6 +87,7 @@ impl Front {
     /// witness) is refused, and triggers become witnesses there, as for `germline call`.
     pub fn start(release: &Path, policy: Policy, kind: RuntimeKind, consumer: String) -> anyhow::Result<Front> {
         let manifest = Manifest::load(release)?;
+        let clearance = policy.consumer_clearance(&ConsumerName::new(&consumer)?)?;
         let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
         let max_message_bytes = policy.limits.max_message_bytes;
         let mut runtime = Runtime::start(kind, release, policy, python)?;
@@ -98,7 +101,7 @@ impl Front {
             _ => None,
         };
         let host = crate::exec_cmd::Host::new(runtime, ledger, data_dir);
-        Ok(Front { host, pending: None, manifest, consumer, tools: None, max_message_bytes })
+        Ok(Front { host, pending: None, manifest, consumer, clearance, tools: None, max_message_bytes })
     }
 
     /// Verifies the last call's triggers into witnesses and counts its event (dampening);
@@ -153,13 +156,31 @@ impl Front {
             return Some(error(Value::Null, INVALID_REQUEST, "id must be a string or a number"));
         }
         let params = msg.get("params").cloned().unwrap_or_else(|| json!({}));
-        Some(match self.request(method, &params) {
-            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            Err((code, message)) => error(id, code, &message),
+        let (answer, label) = self.request(method, &params);
+        Some(match answer {
+            Ok(mut result) => {
+                attach_label(&mut result, &label);
+                json!({"jsonrpc": "2.0", "id": id, "result": result})
+            }
+            Err((code, message)) => labelled_error(id, code, &message, &label),
         })
     }
 
-    fn request(&mut self, method: &str, params: &Value) -> Result<Value, (i64, String)> {
+    /// The answer to one request and its label: the call's for `tools/call`, empty for what
+    /// the front answers itself or from a data-free copy. An answer whose label the
+    /// consumer's clearance does not cover is replaced by an error that names nothing.
+    fn request(&mut self, method: &str, params: &Value) -> (Result<Value, (i64, String)>, Label) {
+        if method != "tools/call" {
+            return (self.request_data_free(method, params), Label::empty());
+        }
+        let (answer, label) = self.tools_call(params);
+        if labels_enforced() && !label.flows_to(&self.clearance) {
+            return (Err((INTERNAL_ERROR, WITHHELD.to_owned())), Label::empty());
+        }
+        (answer, label)
+    }
+
+    fn request_data_free(&mut self, method: &str, params: &Value) -> Result<Value, (i64, String)> {
         match method {
             "initialize" => {
                 let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("");
@@ -173,7 +194,6 @@ impl Front {
             }
             "ping" | "logging/setLevel" => Ok(json!({})),
             "tools/list" => self.tools_list(),
-            "tools/call" => self.tools_call(params),
             "resources/list" => Ok(json!({"resources": []})),
             "resources/templates/list" => Ok(json!({"resourceTemplates": []})),
             "prompts/list" => Ok(json!({"prompts": []})),
@@ -181,7 +201,12 @@ impl Front {
         }
     }
 
+    /// `tools/list` from a data-free copy (germline); a baseline's list comes from a
+    /// process that may hold data, so it is refused rather than labelled data-free.
     fn tools_list(&mut self) -> Result<Value, (i64, String)> {
+        if !matches!(self.host.rt, Runtime::Germline(_)) && labels_enforced() {
+            return Err((INTERNAL_ERROR, "tools/list: this runtime has no data-free copy to list tools".into()));
+        }
         if self.tools.is_none() {
             let tools = self.host.rt.list_tools().map_err(|e| (INTERNAL_ERROR, format!("tools/list: {e}")))?;
             self.tools = Some(tools);
@@ -189,25 +214,29 @@ impl Front {
         Ok(self.tools.clone().unwrap_or_else(|| json!({"tools": []})))
     }
 
-    fn tools_call(&mut self, params: &Value) -> Result<Value, (i64, String)> {
+    fn tools_call(&mut self, params: &Value) -> (Result<Value, (i64, String)>, Label) {
         let Some(name) = params.get("name").and_then(Value::as_str) else {
-            return Err((INVALID_PARAMS, "tools/call needs a tool name".into()));
+            return (Err((INVALID_PARAMS, "tools/call needs a tool name".into())), Label::empty());
         };
         let arguments = match params.get("arguments") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
-            Some(_) => return Err((INVALID_PARAMS, "arguments must be an object".into())),
+            Some(_) => return (Err((INVALID_PARAMS, "arguments must be an object".into())), Label::empty()),
         };
         let req =
             CallRequest { tool: name.to_owned(), arguments, items: Vec::new(), consumers: vec![self.consumer.clone()] };
-        let outcome = self.host.call(&req).map_err(|e| (INTERNAL_ERROR, format!("{e:#}")))?;
+        let outcome = match self.host.call(&req) {
+            Ok(o) => o,
+            Err(e) => return (Err((INTERNAL_ERROR, format!("{e:#}"))), Label::empty()),
+        };
+        let label = outcome.label.clone().unwrap_or_default();
         let answer = match (&outcome.result, &outcome.error) {
             (Some(result), _) => Ok(result.clone()),
             (None, Some(e)) => Err(tool_error(e)),
             (None, None) => Err((INTERNAL_ERROR, "the call produced no result".into())),
         };
         self.pending = Some((req, outcome));
-        answer
+        (answer, label)
     }
 }
 
@@ -224,8 +253,32 @@ fn tool_error(e: &str) -> (i64, String) {
     (INTERNAL_ERROR, e.to_owned())
 }
 
+/// What a consumer gets instead of an answer its clearance does not cover.
+const WITHHELD: &str = "the tool's answer is withheld: its label is not covered by this consumer's clearance";
+
+/// Whether answers carry labels and are held to the consumer's clearance: always in
+/// release builds; debug builds (tests) may turn it off with
+/// `GERMLINE_TEST_FRONT_LABELS_OFF=1` to show what it stops.
+fn labels_enforced() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_FRONT_LABELS_OFF").is_some_and(|v| v == "1") {
+        return false;
+    }
+    true
+}
+
+/// A JSON-RPC error the front itself raises: it holds no data, so its label is empty.
 fn error(id: Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+    labelled_error(id, code, message, &Label::empty())
+}
+
+/// A JSON-RPC error carrying `label` in its `data` (the release's own `data` is dropped).
+fn labelled_error(id: Value, code: i64, message: &str, label: &Label) -> Value {
+    let mut e = json!({"code": code, "message": message});
+    if labels_enforced() {
+        e["data"] = json!({ LABEL_META_KEY: label });
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": e})
 }
 
 fn load_policy(path: Option<&Path>) -> anyhow::Result<Policy> {

@@ -26,6 +26,12 @@ use crate::ExecutorError;
 /// The reverse-DNS key under which a result's `_meta` carries its output label.
 pub const LABEL_META_KEY: &str = "dev.germline/label";
 
+/// Where a result's `_meta` keeps a release's own `_meta` that was not an object.
+pub const RELEASE_META_KEY: &str = "dev.germline/release_meta";
+
+/// Where a result that was not a JSON object is kept, inside the object germline labels.
+pub const RELEASE_RESULT_KEY: &str = "dev.germline/release_result";
+
 /// Largest item file the broker reads into a copy's view.
 const MAX_ITEM_BYTES: u64 = 64 << 20;
 
@@ -365,15 +371,16 @@ impl GermlineRuntime {
                     Err(e) => tracing::warn!("slot write refused: {e}"),
                 }
             }
+            // A result and an error alike come from the copy: both carry its label.
             let mut cr = ConsumerResult::default();
             match result {
                 Ok(mut v) => {
                     attach_label(&mut v, &final_label);
                     cr.result = Some(v);
-                    cr.label = Some(final_label);
                 }
                 Err(e) => cr.error = Some(e),
             }
+            cr.label = Some(final_label);
             for c in &group.consumers {
                 per_consumer.insert(c.to_string(), cr.clone());
             }
@@ -617,12 +624,23 @@ struct GroupRun {
     received: BTreeMap<HostName, Vec<Vec<u8>>>,
 }
 
-fn attach_label(v: &mut Value, label: &Label) {
-    if let Some(obj) = v.as_object_mut() {
-        let meta = obj.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(m) = meta.as_object_mut() {
-            m.insert(LABEL_META_KEY.to_owned(), json!(label));
-        }
+/// Puts `label` in a result's `_meta` under [`LABEL_META_KEY`], whatever the release put
+/// there: a `_meta` that is not an object (null, a string, an array) becomes one, its value
+/// kept under [`RELEASE_META_KEY`]; a result that is not an object is wrapped likewise
+/// under [`RELEASE_RESULT_KEY`]. A label the release wrote itself is overwritten.
+pub fn attach_label(v: &mut Value, label: &Label) {
+    if !v.is_object() {
+        let inner = std::mem::take(v);
+        *v = json!({ RELEASE_RESULT_KEY: inner });
+    }
+    let Some(obj) = v.as_object_mut() else { return };
+    let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        let inner = std::mem::take(meta);
+        *meta = json!({ RELEASE_META_KEY: inner });
+    }
+    if let Some(m) = meta.as_object_mut() {
+        m.insert(LABEL_META_KEY.to_owned(), json!(label));
     }
 }
 
@@ -846,6 +864,28 @@ fn host_of(v: &str) -> Option<HostName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_result_shape_is_labelled() {
+        let label: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        for (release, kept_meta) in [
+            (json!({"content": [], "_meta": null}), Some(Value::Null)),
+            (json!({"content": [], "_meta": "x"}), Some(json!("x"))),
+            (json!({"content": [], "_meta": [1]}), Some(json!([1]))),
+            (json!({"content": [], "_meta": {"dev.germline/label": [], "k": 1}}), None),
+            (json!({"content": []}), None),
+        ] {
+            let mut v = release.clone();
+            attach_label(&mut v, &label);
+            assert_eq!(v["_meta"][LABEL_META_KEY], json!(["hr"]), "{release} -> {v}");
+            if let Some(kept) = kept_meta {
+                assert_eq!(v["_meta"][RELEASE_META_KEY], kept, "{release} -> {v}");
+            }
+        }
+        let mut v = json!("bare");
+        attach_label(&mut v, &label);
+        assert_eq!(v, json!({RELEASE_RESULT_KEY: "bare", "_meta": {LABEL_META_KEY: ["hr"]}}));
+    }
 
     #[test]
     fn host_of_urls() {
