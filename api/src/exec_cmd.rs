@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use germline_executor::call::{CallOutcome, CallRequest};
+use germline_executor::call::{CallOutcome, CallRequest, CallStatus};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
@@ -144,13 +144,13 @@ impl Host {
                 })
                 .collect();
             if !fleet.is_empty() {
-                return Ok(CallOutcome::failed(format!(
+                return Ok(CallOutcome::suppressed(format!(
                     "release {release} is suppressed: a peer's verified witness ({})",
                     fleet.join(", ")
                 )));
             }
-            return Ok(CallOutcome::failed(format!(
-                "release {release} {SUPPRESSED}: dampening penalty {:.0} (suppressed at 2000, usable again below 750); witnesses: {}",
+            return Ok(CallOutcome::suppressed(format!(
+                "release {release} is suppressed: dampening penalty {:.0} (suppressed at 2000, usable again below 750); witnesses: {}",
                 after.penalty,
                 if witnesses.is_empty() { "none".to_string() } else { witnesses.join(", ") }
             )));
@@ -164,7 +164,8 @@ impl Host {
         let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, self.ledger.as_deref()) else {
             return Ok(AfterCall::default());
         };
-        if outcome.error.as_deref().is_some_and(|e| e.contains(SUPPRESSED)) {
+        if refused_as_suppressed(outcome) {
+            // Counted when it was refused; no copy ran, so nothing to witness.
             return Ok(AfterCall::default());
         }
         let release = g.release;
@@ -227,8 +228,18 @@ pub struct AfterCall {
     pub state: Option<germline_ledger::DampeningState>,
 }
 
-/// The phrase a refused call's error carries.
-pub const SUPPRESSED: &str = "is suppressed";
+/// Whether the host refused the call because the release is suppressed: the status the
+/// host set, never the error text (which may be whatever a copy answered).
+///
+/// Debug builds only: `GERMLINE_TEST_TYPED_OUTCOMES_OFF=1` decides by the text match this
+/// replaced, so a test can show the release that dodges it.
+pub fn refused_as_suppressed(outcome: &CallOutcome) -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_TYPED_OUTCOMES_OFF").is_some_and(|v| v == "1") {
+        return outcome.error.as_deref().is_some_and(|e| e.contains("is suppressed"));
+    }
+    outcome.status == CallStatus::Suppressed
+}
 
 pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
     let policy = Policy::load(&target.policy)?;

@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use germline_executor::call::{CallOutcome, CallRequest};
+use germline_executor::call::{attach_label, CallOutcome, CallRequest, LABEL_META_KEY};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::manifest::{Manifest, MANIFEST_FILE};
 use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_model::{Clearance, ConsumerName, Label};
 use serde_json::{json, Map, Value};
 
 /// Protocol versions the front speaks; a client asking for another gets the newest.
@@ -44,9 +45,21 @@ pub struct WrapArgs {
     /// `germline` (default), `nosplit` or `sig-pin`.
     #[arg(long, default_value = "germline")]
     pub runtime: RuntimeKind,
-    /// Serve Streamable HTTP on this address (path `/mcp`) instead of stdio.
+    /// Serve Streamable HTTP on this address (IP and port; path `/mcp`) instead of stdio.
     #[arg(long)]
     pub listen: Option<String>,
+    /// Allow `--listen` on an address other than loopback.
+    #[arg(long)]
+    pub listen_non_loopback: bool,
+    /// A `Host` name the HTTP front also answers to (repeatable; the listen address always).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// A browser `Origin` allowed to call the HTTP front (repeatable; none by default).
+    #[arg(long = "allowed-origin")]
+    pub allowed_origins: Vec<String>,
+    /// A file holding the bearer token the HTTP front requires (or set GERMLINE_FRONT_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// The consumer the results go to.
     #[arg(long, default_value = "agent")]
     pub consumer: String,
@@ -63,6 +76,7 @@ pub struct Front {
     pending: Option<(CallRequest, CallOutcome)>,
     manifest: Manifest,
     consumer: String,
+    clearance: Clearance,
     tools: Option<Value>,
     max_message_bytes: usize,
 }
@@ -73,6 +87,7 @@ impl Front {
     /// witness) is refused, and triggers become witnesses there, as for `germline call`.
     pub fn start(release: &Path, policy: Policy, kind: RuntimeKind, consumer: String) -> anyhow::Result<Front> {
         let manifest = Manifest::load(release)?;
+        let clearance = policy.consumer_clearance(&ConsumerName::new(&consumer)?)?;
         let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
         let max_message_bytes = policy.limits.max_message_bytes;
         let mut runtime = Runtime::start(kind, release, policy, python)?;
@@ -86,7 +101,7 @@ impl Front {
             _ => None,
         };
         let host = crate::exec_cmd::Host::new(runtime, ledger, data_dir);
-        Ok(Front { host, pending: None, manifest, consumer, tools: None, max_message_bytes })
+        Ok(Front { host, pending: None, manifest, consumer, clearance, tools: None, max_message_bytes })
     }
 
     /// Verifies the last call's triggers into witnesses and counts its event (dampening);
@@ -141,13 +156,31 @@ impl Front {
             return Some(error(Value::Null, INVALID_REQUEST, "id must be a string or a number"));
         }
         let params = msg.get("params").cloned().unwrap_or_else(|| json!({}));
-        Some(match self.request(method, &params) {
-            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            Err((code, message)) => error(id, code, &message),
+        let (answer, label) = self.request(method, &params);
+        Some(match answer {
+            Ok(mut result) => {
+                attach_label(&mut result, &label);
+                json!({"jsonrpc": "2.0", "id": id, "result": result})
+            }
+            Err((code, message)) => labelled_error(id, code, &message, &label),
         })
     }
 
-    fn request(&mut self, method: &str, params: &Value) -> Result<Value, (i64, String)> {
+    /// The answer to one request and its label: the call's for `tools/call`, empty for what
+    /// the front answers itself or from a data-free copy. An answer whose label the
+    /// consumer's clearance does not cover is replaced by an error that names nothing.
+    fn request(&mut self, method: &str, params: &Value) -> (Result<Value, (i64, String)>, Label) {
+        if method != "tools/call" {
+            return (self.request_data_free(method, params), Label::empty());
+        }
+        let (answer, label) = self.tools_call(params);
+        if labels_enforced() && !label.flows_to(&self.clearance) {
+            return (Err((INTERNAL_ERROR, WITHHELD.to_owned())), Label::empty());
+        }
+        (answer, label)
+    }
+
+    fn request_data_free(&mut self, method: &str, params: &Value) -> Result<Value, (i64, String)> {
         match method {
             "initialize" => {
                 let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("");
@@ -161,7 +194,6 @@ impl Front {
             }
             "ping" | "logging/setLevel" => Ok(json!({})),
             "tools/list" => self.tools_list(),
-            "tools/call" => self.tools_call(params),
             "resources/list" => Ok(json!({"resources": []})),
             "resources/templates/list" => Ok(json!({"resourceTemplates": []})),
             "prompts/list" => Ok(json!({"prompts": []})),
@@ -169,7 +201,12 @@ impl Front {
         }
     }
 
+    /// `tools/list` from a data-free copy (germline); a baseline's list comes from a
+    /// process that may hold data, so it is refused rather than labelled data-free.
     fn tools_list(&mut self) -> Result<Value, (i64, String)> {
+        if !matches!(self.host.rt, Runtime::Germline(_)) && labels_enforced() {
+            return Err((INTERNAL_ERROR, "tools/list: this runtime has no data-free copy to list tools".into()));
+        }
         if self.tools.is_none() {
             let tools = self.host.rt.list_tools().map_err(|e| (INTERNAL_ERROR, format!("tools/list: {e}")))?;
             self.tools = Some(tools);
@@ -177,25 +214,29 @@ impl Front {
         Ok(self.tools.clone().unwrap_or_else(|| json!({"tools": []})))
     }
 
-    fn tools_call(&mut self, params: &Value) -> Result<Value, (i64, String)> {
+    fn tools_call(&mut self, params: &Value) -> (Result<Value, (i64, String)>, Label) {
         let Some(name) = params.get("name").and_then(Value::as_str) else {
-            return Err((INVALID_PARAMS, "tools/call needs a tool name".into()));
+            return (Err((INVALID_PARAMS, "tools/call needs a tool name".into())), Label::empty());
         };
         let arguments = match params.get("arguments") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
-            Some(_) => return Err((INVALID_PARAMS, "arguments must be an object".into())),
+            Some(_) => return (Err((INVALID_PARAMS, "arguments must be an object".into())), Label::empty()),
         };
         let req =
             CallRequest { tool: name.to_owned(), arguments, items: Vec::new(), consumers: vec![self.consumer.clone()] };
-        let outcome = self.host.call(&req).map_err(|e| (INTERNAL_ERROR, format!("{e:#}")))?;
+        let outcome = match self.host.call(&req) {
+            Ok(o) => o,
+            Err(e) => return (Err((INTERNAL_ERROR, format!("{e:#}"))), Label::empty()),
+        };
+        let label = outcome.label.clone().unwrap_or_default();
         let answer = match (&outcome.result, &outcome.error) {
             (Some(result), _) => Ok(result.clone()),
             (None, Some(e)) => Err(tool_error(e)),
             (None, None) => Err((INTERNAL_ERROR, "the call produced no result".into())),
         };
         self.pending = Some((req, outcome));
-        answer
+        (answer, label)
     }
 }
 
@@ -212,8 +253,32 @@ fn tool_error(e: &str) -> (i64, String) {
     (INTERNAL_ERROR, e.to_owned())
 }
 
+/// What a consumer gets instead of an answer its clearance does not cover.
+const WITHHELD: &str = "the tool's answer is withheld: its label is not covered by this consumer's clearance";
+
+/// Whether answers carry labels and are held to the consumer's clearance: always in
+/// release builds; debug builds (tests) may turn it off with
+/// `GERMLINE_TEST_FRONT_LABELS_OFF=1` to show what it stops.
+fn labels_enforced() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_FRONT_LABELS_OFF").is_some_and(|v| v == "1") {
+        return false;
+    }
+    true
+}
+
+/// A JSON-RPC error the front itself raises: it holds no data, so its label is empty.
 fn error(id: Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+    labelled_error(id, code, message, &Label::empty())
+}
+
+/// A JSON-RPC error carrying `label` in its `data` (the release's own `data` is dropped).
+fn labelled_error(id: Value, code: i64, message: &str, label: &Label) -> Value {
+    let mut e = json!({"code": code, "message": message});
+    if labels_enforced() {
+        e["data"] = json!({ LABEL_META_KEY: label });
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": e})
 }
 
 fn load_policy(path: Option<&Path>) -> anyhow::Result<Policy> {
@@ -239,11 +304,33 @@ fn release_dir(target: &[String]) -> anyhow::Result<PathBuf> {
 pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
     let release = release_dir(&args.target)?;
     let policy = load_policy(args.policy.as_deref())?;
+    // The HTTP front's settings are checked before the release starts.
+    let listen = match &args.listen {
+        Some(addr) => Some((http::listen_address(addr, args.listen_non_loopback)?, guard_config(&args)?)),
+        None => None,
+    };
     let front = Front::start(&release, policy, args.runtime, args.consumer)?;
-    match args.listen {
-        Some(addr) => http::serve(front, &addr),
+    match listen {
+        Some((addr, guard)) => http::serve(front, addr, guard),
         None => serve_stdio(front),
     }
+}
+
+fn guard_config(args: &WrapArgs) -> anyhow::Result<http::GuardConfig> {
+    let token = match (&args.token_file, std::env::var("GERMLINE_FRONT_TOKEN")) {
+        (Some(p), _) => Some(std::fs::read_to_string(p).with_context(|| format!("--token-file {}", p.display()))?),
+        (None, Ok(t)) => Some(t),
+        (None, Err(_)) => None,
+    };
+    let token = token.map(|t| t.trim().to_owned());
+    if token.as_deref().is_some_and(str::is_empty) {
+        bail!("the front's bearer token is empty");
+    }
+    Ok(http::GuardConfig {
+        allowed_hosts: args.allowed_hosts.clone(),
+        allowed_origins: args.allowed_origins.clone(),
+        token,
+    })
 }
 
 /// Newline-delimited JSON-RPC on stdin/stdout, one message at a time, until stdin closes.

@@ -122,7 +122,7 @@ impl IfcRuntime {
                 .and_then(|c| self.policy.consumer_clearance(&c));
             match cleared {
                 Ok(c) if label.flows_to(&c) => {}
-                Ok(_) => return CallOutcome::failed(format!("result labelled {label} withheld from consumer {n}")),
+                Ok(_) => return CallOutcome::refused(format!("result labelled {label} withheld from consumer {n}")),
                 Err(e) => return CallOutcome::failed(e),
             }
         }
@@ -166,7 +166,7 @@ impl IfcRuntime {
             self.confined = None;
         }
         match r {
-            Ok(v) => CallOutcome { result: Some(v), copies: 1, ..Default::default() },
+            Ok(v) => CallOutcome::answered(v),
             Err(e) => {
                 if !matches!(e, ExecutorError::Copy(_)) {
                     self.confined = None;

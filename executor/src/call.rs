@@ -26,6 +26,12 @@ use crate::ExecutorError;
 /// The reverse-DNS key under which a result's `_meta` carries its output label.
 pub const LABEL_META_KEY: &str = "dev.germline/label";
 
+/// Where a result's `_meta` keeps a release's own `_meta` that was not an object.
+pub const RELEASE_META_KEY: &str = "dev.germline/release_meta";
+
+/// Where a result that was not a JSON object is kept, inside the object germline labels.
+pub const RELEASE_RESULT_KEY: &str = "dev.germline/release_result";
+
 /// Largest item file the broker reads into a copy's view.
 const MAX_ITEM_BYTES: u64 = 64 << 20;
 
@@ -45,9 +51,29 @@ pub struct CallRequest {
     pub consumers: Vec<String>,
 }
 
+/// How a call ended, as the host decided it: never inferred from text a copy produced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallStatus {
+    /// The first consumer received a tool result.
+    Answered,
+    /// The call ran (or tried to) and produced no result: a tool error, a deadline, bad
+    /// call metadata. The default: an outcome nobody marked answered is not one.
+    #[default]
+    Failed,
+    /// The host refused to run the call (the release's germline was refused, or a result
+    /// was withheld from a consumer not cleared for its label).
+    Refused,
+    /// The release is suppressed (dampening, or a peer's verified witness): no copy ran.
+    Suppressed,
+}
+
 /// What a call produced, as printed by `germline call`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct CallOutcome {
+    /// How the call ended (set by the host, never read from a copy's answer).
+    #[serde(default)]
+    pub status: CallStatus,
     /// The tool result for the first consumer (with the label in `_meta`).
     pub result: Option<Value>,
     /// Its output label.
@@ -100,7 +126,23 @@ impl From<EgressEvent> for EgressEventOut {
 impl CallOutcome {
     /// A call that failed before any copy ran.
     pub fn failed(e: impl ToString) -> Self {
-        CallOutcome { error: Some(e.to_string()), ..Default::default() }
+        CallOutcome { status: CallStatus::Failed, error: Some(e.to_string()), ..Default::default() }
+    }
+
+    /// A call the host refused to run (or whose result it withheld).
+    pub fn refused(e: impl ToString) -> Self {
+        CallOutcome { status: CallStatus::Refused, error: Some(e.to_string()), ..Default::default() }
+    }
+
+    /// A call refused because the release is suppressed; `why` names the penalty or the
+    /// peer's witness.
+    pub fn suppressed(why: impl ToString) -> Self {
+        CallOutcome { status: CallStatus::Suppressed, error: Some(why.to_string()), ..Default::default() }
+    }
+
+    /// A call answered with `result` by one copy (baselines).
+    pub fn answered(result: Value) -> Self {
+        CallOutcome { status: CallStatus::Answered, result: Some(result), copies: 1, ..Default::default() }
     }
 }
 
@@ -296,7 +338,7 @@ impl GermlineRuntime {
     /// Runs one call. Never panics on hostile input; errors come back in the outcome.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
         if let Some(why) = &self.refused {
-            return CallOutcome::failed(format!("release refused: {why}"));
+            return CallOutcome::refused(format!("release refused: {why}"));
         }
         match self.call_inner(req) {
             Ok(o) => o,
@@ -304,6 +346,7 @@ impl GermlineRuntime {
                 if matches!(e, ExecutorError::GermlineRefused { .. }) {
                     self.refused = Some(e.to_string());
                     self.germline = None;
+                    return CallOutcome::refused(e);
                 }
                 CallOutcome::failed(e)
             }
@@ -346,15 +389,16 @@ impl GermlineRuntime {
                     Err(e) => tracing::warn!("slot write refused: {e}"),
                 }
             }
+            // A result and an error alike come from the copy: both carry its label.
             let mut cr = ConsumerResult::default();
             match result {
                 Ok(mut v) => {
                     attach_label(&mut v, &final_label);
                     cr.result = Some(v);
-                    cr.label = Some(final_label);
                 }
                 Err(e) => cr.error = Some(e),
             }
+            cr.label = Some(final_label);
             for c in &group.consumers {
                 per_consumer.insert(c.to_string(), cr.clone());
             }
@@ -391,6 +435,7 @@ impl GermlineRuntime {
                 outcome.result = cr.result.clone();
                 outcome.label = cr.label.clone();
                 outcome.error = cr.error.clone();
+                outcome.status = if cr.result.is_some() { CallStatus::Answered } else { CallStatus::Failed };
             }
         }
         if per_consumer.len() > 1 {
@@ -600,12 +645,23 @@ struct GroupRun {
     received: BTreeMap<HostName, Vec<Vec<u8>>>,
 }
 
-fn attach_label(v: &mut Value, label: &Label) {
-    if let Some(obj) = v.as_object_mut() {
-        let meta = obj.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(m) = meta.as_object_mut() {
-            m.insert(LABEL_META_KEY.to_owned(), json!(label));
-        }
+/// Puts `label` in a result's `_meta` under [`LABEL_META_KEY`], whatever the release put
+/// there: a `_meta` that is not an object (null, a string, an array) becomes one, its value
+/// kept under [`RELEASE_META_KEY`]; a result that is not an object is wrapped likewise
+/// under [`RELEASE_RESULT_KEY`]. A label the release wrote itself is overwritten.
+pub fn attach_label(v: &mut Value, label: &Label) {
+    if !v.is_object() {
+        let inner = std::mem::take(v);
+        *v = json!({ RELEASE_RESULT_KEY: inner });
+    }
+    let Some(obj) = v.as_object_mut() else { return };
+    let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        let inner = std::mem::take(meta);
+        *meta = json!({ RELEASE_META_KEY: inner });
+    }
+    if let Some(m) = meta.as_object_mut() {
+        m.insert(LABEL_META_KEY.to_owned(), json!(label));
     }
 }
 
@@ -887,6 +943,28 @@ fn host_of(v: &str) -> Option<HostName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_result_shape_is_labelled() {
+        let label: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        for (release, kept_meta) in [
+            (json!({"content": [], "_meta": null}), Some(Value::Null)),
+            (json!({"content": [], "_meta": "x"}), Some(json!("x"))),
+            (json!({"content": [], "_meta": [1]}), Some(json!([1]))),
+            (json!({"content": [], "_meta": {"dev.germline/label": [], "k": 1}}), None),
+            (json!({"content": []}), None),
+        ] {
+            let mut v = release.clone();
+            attach_label(&mut v, &label);
+            assert_eq!(v["_meta"][LABEL_META_KEY], json!(["hr"]), "{release} -> {v}");
+            if let Some(kept) = kept_meta {
+                assert_eq!(v["_meta"][RELEASE_META_KEY], kept, "{release} -> {v}");
+            }
+        }
+        let mut v = json!("bare");
+        attach_label(&mut v, &label);
+        assert_eq!(v, json!({RELEASE_RESULT_KEY: "bare", "_meta": {LABEL_META_KEY: ["hr"]}}));
+    }
 
     #[test]
     fn host_of_urls() {

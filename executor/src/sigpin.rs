@@ -81,7 +81,7 @@ impl SigPinRuntime {
             self.client.request("tools/call", json!({"name": req.tool, "arguments": req.arguments}))
         });
         match r {
-            Ok(Ok(v)) => CallOutcome { result: Some(v), label: None, copies: 1, ..Default::default() },
+            Ok(Ok(v)) => CallOutcome::answered(v),
             Ok(Err(e)) => CallOutcome::failed(format!("tool error: {e}")),
             Err(e) => CallOutcome::failed(e),
         }

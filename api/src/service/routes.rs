@@ -24,7 +24,7 @@ use super::error::{ApiError, ErrorBody};
 use super::metrics::{self, CallLabels};
 use super::releases::{GermlineStatus, ReleaseSlot};
 use super::AppState;
-use crate::exec_cmd::SUPPRESSED;
+use crate::exec_cmd::refused_as_suppressed;
 
 const MAX_TOOL_NAME: usize = 256;
 const MAX_ITEMS: usize = 256;
@@ -191,6 +191,9 @@ impl CallBody {
 /// What a call produced.
 #[derive(Serialize, ToSchema)]
 pub struct CallResponse {
+    /// How the call ended, as the host decided it.
+    #[schema(pattern = "^(answered|failed|refused|suppressed)$")]
+    status: String,
     /// The tool result for the first consumer (with the label in `_meta`).
     result: Option<Value>,
     /// Its output label (tags).
@@ -214,6 +217,7 @@ impl CallResponse {
     fn new(o: &CallOutcome, latency: Duration) -> CallResponse {
         let v = |x: &dyn erased::Ser| x.value();
         CallResponse {
+            status: v(&o.status).as_str().unwrap_or("failed").to_owned(),
             result: o.result.clone(),
             label: o.label.as_ref().map(|l| v(l)),
             copies: o.copies as u64,
@@ -724,7 +728,7 @@ async fn run_calls(
                     }
                 };
                 let latency = t0.elapsed();
-                let refused = outcome.error.as_deref().is_some_and(|e| e.contains(SUPPRESSED));
+                let refused = refused_as_suppressed(&outcome);
                 record_call(&st2, &slot.hash, &outcome, latency, refused);
                 span.record("copies", outcome.copies);
                 span.record("triggers", outcome.triggers.len());
