@@ -6,8 +6,8 @@
 //! UTS and cgroup namespaces; a fresh root file system holding only the read-only
 //! allowlist and empty data roots (the germline cannot even name user data), all of it
 //! read-only; Landlock (read-only, TCP only to the broker's fixed ports, signal and
-//! abstract-socket scoping); seccomp
-//! closing every inter-copy channel; no-new-privs; every capability dropped; rlimits.
+//! abstract-socket scoping); a seccomp
+//! allowlist (with arguments) that leaves no inter-copy channel; no-new-privs; every capability dropped; rlimits.
 //! Copies inherit all of it at fork.
 
 use std::ffi::CString;
@@ -54,6 +54,8 @@ pub struct Confinement {
     pub data_roots: Vec<PathBuf>,
     /// Process limits.
     pub limits: ResourceLimits,
+    /// The syscall filter (the allowlist unless a test turns it off).
+    pub seccomp: SeccompPolicy,
 }
 
 /// A prepared sandbox: everything that allocates much is done in the parent, so the
@@ -96,7 +98,7 @@ impl Confinement {
     pub fn prepare(&self, stage: &Path, workdir: &Path, control_fd: RawFd) -> Result<PreparedSandbox, ExecutorError> {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let seccomp = SeccompPolicy::germline().compile()?;
+        let seccomp = self.seccomp.compile()?;
         let mut ops = Vec::new();
         let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
         let staged = |p: &Path| stage.join(p.strip_prefix("/").unwrap_or(p));
@@ -267,10 +269,6 @@ impl PreparedSandbox {
         drop_capabilities()?;
         // SAFETY: prctl with constant arguments.
         check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
-        landlock_restrict()?;
-        for prog in &self.seccomp {
-            seccompiler::apply_filter(prog).map_err(io::Error::other)?;
-        }
         if self.control_fd != GERMLINE_CONTROL_FD {
             // SAFETY: dup2 onto a fixed descriptor number; the result is checked.
             check(unsafe { dup2(self.control_fd, GERMLINE_CONTROL_FD) })?;
@@ -281,6 +279,13 @@ impl PreparedSandbox {
         // Nothing else the broker holds (or inherited) may reach the germline.
         // SAFETY: close_range over descriptors above the control socket.
         check(unsafe { syscall(SYS_close_range, GERMLINE_CONTROL_FD + 1, c_uint::MAX, 0) as c_int })?;
+        landlock_restrict()?;
+        // Last, right before exec: the allowlist allows neither seccomp(2) itself (so it
+        // is the last of the stacked filters) nor most of the set-up above; only execve
+        // follows.
+        for prog in &self.seccomp {
+            seccompiler::apply_filter(prog).map_err(io::Error::other)?;
+        }
         Ok(())
     }
 }

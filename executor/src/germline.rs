@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
+use crate::seccomp::SeccompPolicy;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
 
 /// The Python tool host and helper module, shipped inside the binary.
@@ -136,6 +137,8 @@ pub struct GermlineSpec {
     pub extra_read: Vec<PathBuf>,
     /// Per-copy cgroup limits, used where the host lets the broker write cgroups.
     pub cgroup_limits: Option<CgroupLimits>,
+    /// The syscall filter: [`SeccompPolicy::germline`] except in "mechanism off" tests.
+    pub seccomp: SeccompPolicy,
 }
 
 /// Namespaces held by copies alive right now, across every germline of this process.
@@ -171,7 +174,12 @@ impl Germline {
         let mut read_only = spec.runtime.read_paths.clone();
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
-        let confinement = Confinement { read_only, data_roots: spec.data_roots.clone(), limits: spec.limits.clone() };
+        let confinement = Confinement {
+            read_only,
+            data_roots: spec.data_roots.clone(),
+            limits: spec.limits.clone(),
+            seccomp: spec.seccomp.clone(),
+        };
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
         let sandbox = confinement.prepare(&stage, &release_dir, theirs.as_raw_fd())?;
@@ -486,6 +494,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         start_timeout: Duration::from_secs(60),
         extra_read: Vec::new(),
         cgroup_limits: None,
+        seccomp: SeccompPolicy::germline(),
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

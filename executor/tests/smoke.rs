@@ -31,6 +31,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         start_timeout: Duration::from_secs(30),
         extra_read: vec![],
         cgroup_limits: None,
+        seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);
