@@ -21,6 +21,7 @@ use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
 use crate::outside::{prepare_copy, CopyFile};
 use crate::policy::Policy;
+use crate::seccomp::SeccompPolicy;
 use crate::ExecutorError;
 
 /// The reverse-DNS key under which a result's `_meta` carries its output label.
@@ -309,6 +310,7 @@ impl GermlineRuntime {
             }),
             switches,
             require_limits: policy.limits.require_limits,
+            seccomp: SeccompPolicy::germline(),
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(
@@ -547,6 +549,16 @@ impl GermlineRuntime {
         }
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
         Ok(sh.replay.as_mut().and_then(|r| r.sent.remove(&ev.host)).unwrap_or_default())
+    }
+
+    /// Tests only ("mechanism off"): replaces the germline's syscall filter; the germline
+    /// restarts under it at the next call.
+    pub fn set_seccomp_policy(&mut self, seccomp: SeccompPolicy) {
+        if !seccomp.is_allowlist() {
+            tracing::warn!(release = %self.release, "the germline runs without the seccomp allowlist (tests only)");
+        }
+        self.spec.seccomp = seccomp;
+        self.germline = None;
     }
 
     fn germline_mut(&mut self) -> Result<&mut Germline, ExecutorError> {

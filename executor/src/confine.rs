@@ -8,7 +8,7 @@
 //! germline cannot even name user data, and nothing is ever created on the host), all of
 //! it read-only; an unprivileged host uid and gid when the broker is host root; Landlock
 //! (read-only, TCP only to the broker's fixed ports, signal and abstract-socket scoping);
-//! seccomp closing every inter-copy channel; no-new-privs; every capability dropped;
+//! a seccomp allowlist (with arguments) that leaves no inter-copy channel; no-new-privs; every capability dropped;
 //! rlimits. Copies inherit all of it at fork.
 
 use std::collections::BTreeMap;
@@ -136,6 +136,8 @@ impl SandboxIds {
         };
         bits & need == need
     }
+    /// The syscall filter (the allowlist unless a test turns it off).
+    pub seccomp: SeccompPolicy,
 }
 
 /// A prepared sandbox: everything that allocates much is done in the parent, so the
@@ -439,7 +441,7 @@ impl Confinement {
         // SAFETY: getuid/getgid/geteuid cannot fail.
         let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
         let drop_to = if euid == 0 && self.switches.sandbox_ids { Some(SandboxIds::from_env()?) } else { None };
-        let seccomp = SeccompPolicy::germline().compile()?;
+        let seccomp = self.seccomp.compile()?;
         let tree = stage.join("root");
         let mut plan = RootPlan::new(&tree);
         let mut paths: Vec<PathBuf> = self.read_only.clone();
@@ -755,10 +757,6 @@ impl PreparedSandbox {
         self.step(Step::Capabilities as u32, drop_capabilities())?;
         // SAFETY: prctl with constant arguments.
         self.step(Step::NoNewPrivs as u32, check(unsafe { prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }))?;
-        self.step(Step::Landlock as u32, landlock_restrict())?;
-        for prog in &self.seccomp {
-            self.step(Step::Seccomp as u32, seccompiler::apply_filter(prog).map_err(io::Error::other))?;
-        }
         // The germline's control channel is signals; only the "mechanism off" test of a
         // shared control socket hands it a descriptor (at GERMLINE_CONTROL_FD).
         let first_closed = match self.control_fd {
@@ -775,8 +773,28 @@ impl PreparedSandbox {
             None => GERMLINE_CONTROL_FD,
         };
         // Nothing else the broker holds (or inherited) may reach the germline.
-        // SAFETY: close_range over descriptors above stdio (and the test's control socket).
-        check(unsafe { syscall(SYS_close_range, first_closed, c_uint::MAX, 0) as c_int })?;
+        // SAFETY: close_range over descriptors above stdio (and the test's control socket),
+        // sparing only the close-on-exec report pipe, which exec closes.
+        let report = self.report.as_raw_fd() as c_uint;
+        let first = first_closed as c_uint;
+        if report >= first {
+            if report > first {
+                // SAFETY: close_range over a range of descriptor numbers.
+                check(unsafe { syscall(SYS_close_range, first, report - 1, 0) as c_int })?;
+            }
+            // SAFETY: as above.
+            check(unsafe { syscall(SYS_close_range, report + 1, c_uint::MAX, 0) as c_int })?;
+        } else {
+            // SAFETY: as above.
+            check(unsafe { syscall(SYS_close_range, first, c_uint::MAX, 0) as c_int })?;
+        }
+        self.step(Step::Landlock as u32, landlock_restrict())?;
+        // Last, right before exec: the allowlist allows neither seccomp(2) itself (so it
+        // is the last of the stacked filters) nor most of the set-up above; only the
+        // report write on failure and execve follow.
+        for prog in &self.seccomp {
+            self.step(Step::Seccomp as u32, seccompiler::apply_filter(prog).map_err(io::Error::other))?;
+        }
         Ok(())
     }
 

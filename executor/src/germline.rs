@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
+use crate::seccomp::SeccompPolicy;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
 
 /// The Python tool host and helper module, shipped inside the binary.
@@ -148,6 +149,8 @@ pub struct GermlineSpec {
     pub switches: SandboxSwitches,
     /// Refuse to start where no cgroup enforces `cgroup_limits` (`[limits] require_limits`).
     pub require_limits: bool,
+    /// The syscall filter: [`SeccompPolicy::germline`] except in "mechanism off" tests.
+    pub seccomp: SeccompPolicy,
 }
 
 /// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
@@ -206,6 +209,7 @@ impl Germline {
             data_roots: spec.data_roots.clone(),
             limits: spec.limits.clone(),
             switches: spec.switches,
+            seccomp: spec.seccomp.clone(),
         };
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
@@ -632,6 +636,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         cgroup_limits: None,
         switches: SandboxSwitches::default(),
         require_limits: false,
+        seccomp: SeccompPolicy::germline(),
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

@@ -1,190 +1,755 @@
-//! The seccomp policy of the germline and every copy: it closes each channel through which
-//! two copies alive at the same time could exchange a byte (DESIGN §5), and each way out
-//! of the sandbox the kernel offers besides.
+//! The seccomp policy of the germline and every copy: an allowlist of the syscalls (and of
+//! the `fcntl`, `ioctl`, `prctl`, `madvise`, `futex` and `socket` arguments) a Python MCP
+//! server needs, so that no kernel object two copies alive at the same time could both
+//! reach is left to carry a bit between them (DESIGN §5). Everything else fails with EPERM.
 //!
-//! Four stacked filters, because one seccompiler filter has one match action:
-//! denied outright (EPERM), faked success (file locks: a lock that is never taken cannot
-//! be observed by another copy, and SQLite still works), ENOSYS for `clone3` (its flags
-//! sit behind a pointer seccomp cannot read; glibc falls back to `clone`), and sockets
-//! other than TCP over IPv4/IPv6 (EACCES). `socketpair` stays: an unnamed pair is shared
-//! only by inheritance (asyncio needs one), and G2 refuses a germline that holds one.
+//! Next to each allowed group stands why it cannot carry data between copies. The reasons
+//! lean on the rest of the sandbox: every copy is PID 1 of fresh user, PID, network, IPC,
+//! mount and UTS namespaces; every file system it can name is read-only (mount flags and
+//! Landlock), except `/dev/null`; Landlock scopes signals and abstract sockets to the copy.
+//!
+//! Three stacked filters, because one seccompiler filter has one match action; the
+//! allowlist is installed last and allows the calls the two others answer themselves:
+//! faked success for file locks (a lock never taken cannot be observed by another copy,
+//! and SQLite still works), ENOSYS for `clone3` (its flags sit behind a pointer seccomp
+//! cannot read; glibc falls back to `clone`). Only x86_64 is allowed: seccompiler's
+//! architecture check kills a process calling through another ABI (i386 `int 0x80`), and
+//! an instruction spliced in front of the allowlist refuses the x32 ABI (numbers with
+//! bit 0x40000000), whatever the kernel supports.
 
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
 };
 
 use crate::ExecutorError;
 
+/// Which filter a germline gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Allowlist,
+    DenylistOnly,
+}
+
 /// The germline's seccomp policy, as data that tests can inspect.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeccompPolicy {
-    /// Syscalls that fail with EPERM.
-    pub denied: Vec<(&'static str, i64)>,
-    /// Set to false only by "mechanism off" tests.
-    pub enabled: bool,
+    kind: Kind,
+}
+
+/// One group of unconditionally allowed syscalls, with why none of them reaches a kernel
+/// object that another copy can also reach.
+struct Group {
+    why: &'static str,
+    calls: &'static [(&'static str, i64)],
 }
 
 macro_rules! sys {
-    ($($name:ident),* $(,)?) => { vec![$((stringify!($name), libc::$name)),*] };
+    ($($name:ident),* $(,)?) => { &[$((stringify!($name), libc::$name)),*] };
 }
 
+const ALLOWED: &[Group] = &[
+    Group {
+        why: "the caller's own address space; G3 refuses a germline holding a shared \
+              writable mapping at every fork, every file is read-only (so a file mapping \
+              cannot be written), and a new shared anonymous mapping reaches only the \
+              copy's own descendants",
+        calls: sys![SYS_brk, SYS_mmap, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mseal],
+    },
+    Group {
+        why: "descriptors and read-only files: every file system a copy can name is mounted \
+              read-only and under a read-only Landlock rule (only /dev/null takes writes, and \
+              keeps nothing); what a copy writes goes to its own pipes, sockets and memfds, \
+              which no other copy holds; reading a shared file moves at most its page-cache \
+              residency (a timing channel, see SECURITY.md) and never its atime (noatime)",
+        calls: sys![
+            SYS_read,
+            SYS_write,
+            SYS_readv,
+            SYS_writev,
+            SYS_pread64,
+            SYS_pwrite64,
+            SYS_preadv,
+            SYS_pwritev,
+            SYS_preadv2,
+            SYS_pwritev2,
+            SYS_open,
+            SYS_openat,
+            SYS_close,
+            SYS_close_range,
+            SYS_lseek,
+            SYS_dup,
+            SYS_dup2,
+            SYS_dup3,
+            SYS_pipe,
+            SYS_pipe2,
+            SYS_stat,
+            SYS_fstat,
+            SYS_lstat,
+            SYS_newfstatat,
+            SYS_statx,
+            SYS_statfs,
+            SYS_fstatfs,
+            SYS_access,
+            SYS_faccessat,
+            SYS_faccessat2,
+            SYS_readlink,
+            SYS_readlinkat,
+            SYS_getdents64,
+            SYS_getcwd,
+            SYS_chdir,
+            SYS_fchdir,
+            SYS_umask,
+            SYS_fsync,
+            SYS_fdatasync,
+            SYS_ftruncate,
+            SYS_sendfile,
+            SYS_copy_file_range,
+            SYS_getxattr,
+            SYS_lgetxattr,
+            SYS_fgetxattr,
+            SYS_listxattr,
+            SYS_llistxattr,
+            SYS_flistxattr,
+            SYS_memfd_create,
+        ],
+    },
+    Group {
+        why: "waiting on the caller's own descriptors, timers and signals; epoll and \
+              eventfd instances are unnamed and shared only by inheritance",
+        calls: sys![
+            SYS_poll,
+            SYS_ppoll,
+            SYS_select,
+            SYS_pselect6,
+            SYS_epoll_create,
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_epoll_pwait,
+            SYS_epoll_pwait2,
+            SYS_eventfd,
+            SYS_eventfd2,
+            SYS_nanosleep,
+            SYS_clock_nanosleep,
+            SYS_sched_yield,
+            SYS_restart_syscall,
+        ],
+    },
+    Group {
+        why: "reading clocks and the kernel's entropy (timing channels are out of scope and \
+              bounded in SECURITY.md; setting clocks is not allowed)",
+        calls: sys![
+            SYS_clock_gettime,
+            SYS_clock_getres,
+            SYS_gettimeofday,
+            SYS_time,
+            SYS_getrandom,
+            SYS_getitimer,
+            SYS_setitimer,
+            SYS_alarm,
+        ],
+    },
+    Group {
+        why: "processes, threads and signals: a copy is PID 1 of its own PID namespace, so \
+              kill, wait, pidfds and prlimit name only its own descendants; Landlock scopes \
+              signals to the copy's domain; namespaces made by clone belong to the caller",
+        calls: sys![
+            SYS_clone,
+            SYS_clone3,
+            SYS_fork,
+            SYS_vfork,
+            SYS_execve,
+            SYS_exit,
+            SYS_exit_group,
+            SYS_wait4,
+            SYS_waitid,
+            SYS_set_tid_address,
+            SYS_set_robust_list,
+            SYS_rseq,
+            SYS_arch_prctl,
+            SYS_getpid,
+            SYS_getppid,
+            SYS_gettid,
+            SYS_getpgrp,
+            SYS_getpgid,
+            SYS_setpgid,
+            SYS_getsid,
+            SYS_setsid,
+            SYS_getuid,
+            SYS_geteuid,
+            SYS_getgid,
+            SYS_getegid,
+            SYS_getresuid,
+            SYS_getresgid,
+            SYS_getgroups,
+            SYS_prlimit64,
+            SYS_getrlimit,
+            SYS_setrlimit,
+            SYS_getrusage,
+            SYS_times,
+            SYS_sched_getaffinity,
+            SYS_uname,
+            SYS_pidfd_open,
+            SYS_pidfd_send_signal,
+            SYS_kill,
+            SYS_tkill,
+            SYS_tgkill,
+            SYS_rt_sigaction,
+            SYS_rt_sigprocmask,
+            SYS_rt_sigreturn,
+            SYS_rt_sigsuspend,
+            SYS_rt_sigpending,
+            SYS_rt_sigtimedwait,
+            SYS_sigaltstack,
+            SYS_pause,
+        ],
+    },
+    Group {
+        why: "sockets the caller already holds: each copy's network namespace holds only the \
+              broker's listeners, Landlock allows TCP connect only to the broker's ports, and \
+              socketpairs are unnamed (binding, listening and accepting are not allowed)",
+        calls: sys![
+            SYS_connect,
+            SYS_getsockname,
+            SYS_getpeername,
+            SYS_setsockopt,
+            SYS_getsockopt,
+            SYS_sendto,
+            SYS_recvfrom,
+            SYS_sendmsg,
+            SYS_recvmsg,
+            SYS_sendmmsg,
+            SYS_recvmmsg,
+            SYS_shutdown,
+        ],
+    },
+    Group {
+        why: "confining the caller further (a copy's own Landlock layer): a ruleset only \
+              narrows what its creator may do",
+        calls: sys![SYS_landlock_create_ruleset, SYS_landlock_add_rule, SYS_landlock_restrict_self],
+    },
+];
+
+/// `fcntl` commands a Python server uses on its own descriptors. Not among them: F_NOTIFY
+/// (dnotify: a copy would learn when another copy reads a shared directory), F_SETLEASE and
+/// F_GETLEASE (a lease on a shared read-only file is visible to every other opener),
+/// F_SETOWN/F_SETOWN_EX/F_SETSIG and their getters (signal-driven I/O delivers signals to
+/// processes the caller names), F_SETPIPE_SZ (pipe buffers count against a per-user quota
+/// every copy shares), the read/write hints (inode state).
+const FCNTL_COMMANDS: [i32; 14] = [
+    libc::F_DUPFD,
+    libc::F_DUPFD_CLOEXEC,
+    libc::F_GETFD,
+    libc::F_SETFD,
+    libc::F_GETFL,
+    libc::F_GETLK,
+    libc::F_SETLK,
+    libc::F_SETLKW,
+    libc::F_OFD_GETLK,
+    libc::F_OFD_SETLK,
+    libc::F_OFD_SETLKW,
+    libc::F_GETPIPE_SZ,
+    libc::F_GET_SEALS,
+    libc::F_ADD_SEALS,
+];
+
+/// Lock commands whose success is faked: the lock is never taken.
+const FAKED_LOCKS: [i32; 4] = [libc::F_SETLK, libc::F_SETLKW, libc::F_OFD_SETLK, libc::F_OFD_SETLKW];
+
+/// `ioctl` requests on the caller's own descriptors: terminal probes (`isatty`, window
+/// size), non-blocking and close-on-exec switches, bytes ready. Not FIOASYNC (signal-driven
+/// I/O) nor anything that changes a device or a file system.
+const IOCTL_REQUESTS: [u64; 7] =
+    [libc::TCGETS, libc::TIOCGWINSZ, libc::TIOCGPGRP, libc::FIONREAD, libc::FIONBIO, libc::FIOCLEX, libc::FIONCLEX];
+
+/// `prctl` options that read or name the caller itself or narrow it (no-new-privs).
+const PRCTL_OPTIONS: [i32; 9] = [
+    libc::PR_SET_NAME,
+    libc::PR_GET_NAME,
+    libc::PR_SET_PDEATHSIG,
+    libc::PR_GET_PDEATHSIG,
+    libc::PR_GET_DUMPABLE,
+    libc::PR_GET_SECCOMP,
+    libc::PR_CAPBSET_READ,
+    libc::PR_SET_NO_NEW_PRIVS,
+    libc::PR_GET_NO_NEW_PRIVS,
+];
+
+/// `madvise` advice on the caller's own memory. Not MADV_MERGEABLE (KSM merges equal pages
+/// across processes, and a write to a merged page is slow), MADV_COLD/MADV_PAGEOUT and
+/// MADV_WILLNEED (they move shared page cache), nor the poisoning and collapsing advice.
+const MADVISE_ADVICE: [i32; 13] = [
+    libc::MADV_NORMAL,
+    libc::MADV_RANDOM,
+    libc::MADV_SEQUENTIAL,
+    libc::MADV_DONTNEED,
+    libc::MADV_FREE,
+    libc::MADV_DONTFORK,
+    libc::MADV_DOFORK,
+    libc::MADV_HUGEPAGE,
+    libc::MADV_NOHUGEPAGE,
+    libc::MADV_DONTDUMP,
+    libc::MADV_DODUMP,
+    18, // MADV_WIPEONFORK
+    19, // MADV_KEEPONFORK
+];
+
+/// `futex` operations (without flags) a process may use on futexes keyed by file (shared
+/// futexes): waiting only. A shared futex on a page of a read-only file that two copies
+/// map is one kernel object, so waking one would be a channel; glibc wakes shared futexes
+/// only for process-shared locks, which a Python server does not use.
+const SHARED_FUTEX_OPS: [i32; 2] = [libc::FUTEX_WAIT, libc::FUTEX_WAIT_BITSET];
+
+/// The x32 ABI's syscall-number bit.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// `cachestat(2)` (451 on x86_64): page-cache residency of a file, denied by name in the
+/// denylist (the allowlist never names it).
+const SYS_CACHESTAT: i64 = 451;
+
 impl SeccompPolicy {
-    /// The policy every germline gets.
+    /// The policy every germline gets: the allowlist.
     pub fn germline() -> Self {
-        let denied = sys![
-            // entering or building other namespaces' mounts, and leaving the sandbox
-            SYS_setns,
-            SYS_mount,
-            SYS_umount2,
-            SYS_pivot_root,
-            SYS_chroot,
-            SYS_move_mount,
-            SYS_open_tree,
-            SYS_fsopen,
-            SYS_fsconfig,
-            SYS_fsmount,
-            SYS_fspick,
-            SYS_mount_setattr,
-            // reading or writing another process
-            SYS_ptrace,
-            SYS_process_vm_readv,
-            SYS_process_vm_writev,
-            SYS_pidfd_getfd,
-            SYS_process_madvise,
-            SYS_kcmp,
-            // SysV and POSIX IPC (also isolated by the IPC namespace)
-            SYS_shmget,
-            SYS_shmat,
-            SYS_shmctl,
-            SYS_msgget,
-            SYS_msgsnd,
-            SYS_msgrcv,
-            SYS_msgctl,
-            SYS_semget,
-            SYS_semop,
-            SYS_semtimedop,
-            SYS_semctl,
-            SYS_mq_open,
-            SYS_mq_unlink,
-            SYS_mq_timedsend,
-            SYS_mq_timedreceive,
-            SYS_mq_notify,
-            SYS_mq_getsetattr,
-            // watching what other copies touch
-            SYS_inotify_init,
-            SYS_inotify_init1,
-            SYS_inotify_add_watch,
-            SYS_fanotify_init,
-            SYS_fanotify_mark,
-            SYS_mincore,
-            // kernel facilities shared across the machine
-            SYS_keyctl,
-            SYS_add_key,
-            SYS_request_key,
-            SYS_bpf,
-            SYS_perf_event_open,
-            SYS_userfaultfd,
-            SYS_io_uring_setup,
-            SYS_io_uring_enter,
-            SYS_io_uring_register,
-            SYS_kexec_load,
-            SYS_kexec_file_load,
-            SYS_init_module,
-            SYS_finit_module,
-            SYS_delete_module,
-            SYS_acct,
-            SYS_swapon,
-            SYS_swapoff,
-            SYS_reboot,
-            SYS_syslog,
-            SYS_quotactl,
-            SYS_name_to_handle_at,
-            SYS_open_by_handle_at,
-            SYS_lookup_dcookie,
-            SYS_vhangup,
-            SYS_settimeofday,
-            SYS_clock_settime,
-            SYS_adjtimex,
-        ];
-        SeccompPolicy { denied, enabled: true }
+        SeccompPolicy { kind: Kind::Allowlist }
     }
 
-    /// Compiles the stacked filters for x86_64.
+    /// Tests only ("mechanism off"): the earlier filter, which named the syscalls to deny
+    /// and checked `fcntl` only for lock commands. dnotify, leases, F_SETOWN and the x32
+    /// ABI get through it.
+    pub fn denylist_only() -> Self {
+        SeccompPolicy { kind: Kind::DenylistOnly }
+    }
+
+    /// Whether this is the allowlist every germline gets by default.
+    pub fn is_allowlist(&self) -> bool {
+        self.kind == Kind::Allowlist
+    }
+
+    /// The unconditionally allowed syscalls, by name (for tests and review).
+    pub fn allowed_names() -> impl Iterator<Item = &'static str> {
+        ALLOWED.iter().flat_map(|g| g.calls.iter().map(|(n, _)| *n))
+    }
+
+    /// Compiles the stacked filters for x86_64, in the order they must be installed.
     pub fn compile(&self) -> Result<Vec<BpfProgram>, ExecutorError> {
-        if !self.enabled {
-            return Ok(Vec::new());
+        match self.kind {
+            Kind::DenylistOnly => denylist_programs(),
+            Kind::Allowlist => {
+                let mut out = common_programs()?;
+                out.push(allowlist_program()?);
+                Ok(out)
+            }
         }
-        let arch = TargetArch::x86_64;
-        let err = |e: seccompiler::BackendError| ExecutorError::Sandbox(format!("seccomp: {e}"));
-        let cond =
-            |arg: u8, op: SeccompCmpOp, v: u64| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, v).map_err(err);
-        let mut out = Vec::new();
-
-        let mut deny = BTreeMap::new();
-        for (_, nr) in &self.denied {
-            deny.insert(*nr, vec![]);
-        }
-        // cachestat(2) reveals page-cache residency of shared files (451 on x86_64).
-        deny.insert(451, vec![]);
-        out.push(build(deny, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?);
-
-        let mut locks = BTreeMap::new();
-        locks.insert(libc::SYS_flock, vec![]);
-        let lock_cmds = [libc::F_SETLK, libc::F_SETLKW, libc::F_OFD_SETLK, libc::F_OFD_SETLKW];
-        let rules = lock_cmds
-            .iter()
-            .map(|c| SeccompRule::new(vec![cond(1, SeccompCmpOp::Eq, *c as u64)?]).map_err(err))
-            .collect::<Result<Vec<_>, _>>()?;
-        locks.insert(libc::SYS_fcntl, rules);
-        out.push(build(locks, SeccompAction::Allow, SeccompAction::Errno(0), arch)?);
-
-        let mut clone3 = BTreeMap::new();
-        clone3.insert(libc::SYS_clone3, vec![]);
-        out.push(build(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch)?);
-
-        // socket(domain, type, proto): refuse every domain but AF_INET/AF_INET6 and every
-        // type but SOCK_STREAM (flags in the high bits are masked off).
-        let mut sock_rules = vec![SeccompRule::new(vec![
-            cond(0, SeccompCmpOp::Ne, libc::AF_INET as u64)?,
-            cond(0, SeccompCmpOp::Ne, libc::AF_INET6 as u64)?,
-        ])
-        .map_err(err)?];
-        for ty in (0u64..16).filter(|t| *t != libc::SOCK_STREAM as u64) {
-            sock_rules.push(SeccompRule::new(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), ty)?]).map_err(err)?);
-        }
-        let mut sockets = BTreeMap::new();
-        sockets.insert(libc::SYS_socket, sock_rules);
-        out.push(build(sockets, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)?);
-        Ok(out)
     }
+}
+
+const ARCH: TargetArch = TargetArch::x86_64;
+
+fn err(e: seccompiler::BackendError) -> ExecutorError {
+    ExecutorError::Sandbox(format!("seccomp: {e}"))
+}
+
+fn cond(arg: u8, op: SeccompCmpOp, v: u64) -> Result<SeccompCondition, ExecutorError> {
+    // Dword: the kernel reads these arguments as 32-bit ints, so upper bits a caller sets
+    // must not make a denied value look different.
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, v).map_err(err)
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule, ExecutorError> {
+    SeccompRule::new(conds).map_err(err)
+}
+
+/// `arg` equals one of `values` (one rule each, on top of `extra` conditions).
+fn one_of(arg: u8, values: &[u64], extra: &[SeccompCondition]) -> Result<Vec<SeccompRule>, ExecutorError> {
+    values
+        .iter()
+        .map(|v| {
+            let mut c = extra.to_vec();
+            c.push(cond(arg, SeccompCmpOp::Eq, *v)?);
+            rule(c)
+        })
+        .collect()
+}
+
+fn word(v: i32) -> u64 {
+    u64::from(v as u32)
+}
+
+fn words(vs: &[i32]) -> Vec<u64> {
+    vs.iter().map(|v| word(*v)).collect()
 }
 
 fn build(
     rules: BTreeMap<i64, Vec<SeccompRule>>,
     mismatch: SeccompAction,
     matched: SeccompAction,
-    arch: TargetArch,
 ) -> Result<BpfProgram, ExecutorError> {
-    let filter = SeccompFilter::new(rules, mismatch, matched, arch)
-        .map_err(|e| ExecutorError::Sandbox(format!("seccomp: {e}")))?;
-    filter.try_into().map_err(|e: seccompiler::BackendError| ExecutorError::Sandbox(format!("seccomp: {e}")))
+    let filter = SeccompFilter::new(rules, mismatch, matched, ARCH).map_err(err)?;
+    filter.try_into().map_err(err)
+}
+
+/// Faked locks, and ENOSYS for `clone3`; shared by both policies.
+fn common_programs() -> Result<Vec<BpfProgram>, ExecutorError> {
+    let mut locks = BTreeMap::new();
+    locks.insert(libc::SYS_flock, vec![]);
+    locks.insert(libc::SYS_fcntl, one_of(1, &words(&FAKED_LOCKS), &[])?);
+    let mut clone3 = BTreeMap::new();
+    clone3.insert(libc::SYS_clone3, vec![]);
+    Ok(vec![
+        build(locks, SeccompAction::Allow, SeccompAction::Errno(0))?,
+        build(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32))?,
+    ])
+}
+
+fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for g in ALLOWED {
+        debug_assert!(!g.why.is_empty());
+        for (_, nr) in g.calls {
+            rules.insert(*nr, vec![]);
+        }
+    }
+    // Locks reach the kernel only as faked successes (see `common_programs`).
+    rules.insert(libc::SYS_flock, vec![]);
+    let mut fcntl = one_of(1, &words(&FCNTL_COMMANDS), &[])?;
+    // F_SETFL, but never O_ASYNC (signal-driven I/O).
+    fcntl.push(rule(vec![
+        cond(1, SeccompCmpOp::Eq, word(libc::F_SETFL))?,
+        cond(2, SeccompCmpOp::MaskedEq(word(libc::O_ASYNC)), 0)?,
+    ])?);
+    rules.insert(libc::SYS_fcntl, fcntl);
+    rules.insert(libc::SYS_ioctl, one_of(1, &IOCTL_REQUESTS, &[])?);
+    rules.insert(libc::SYS_prctl, one_of(0, &words(&PRCTL_OPTIONS), &[])?);
+    rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
+    // Private futexes (keyed by the caller's own mm) freely; shared ones only to wait.
+    let private = word(libc::FUTEX_PRIVATE_FLAG);
+    let mut futex = vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(private), private)?])?];
+    let op_mask = word(!(libc::FUTEX_PRIVATE_FLAG | libc::FUTEX_CLOCK_REALTIME));
+    for op in SHARED_FUTEX_OPS {
+        futex.push(rule(vec![cond(1, SeccompCmpOp::MaskedEq(op_mask), word(op))?])?);
+    }
+    rules.insert(libc::SYS_futex, futex);
+    // TCP over IPv4/IPv6 only (to the broker's listeners); SCTP and MPTCP also come as
+    // SOCK_STREAM, so the protocol is checked too. Socket type flags sit above bit 3.
+    let mut socket = Vec::new();
+    for domain in [libc::AF_INET, libc::AF_INET6] {
+        for proto in [0, libc::IPPROTO_TCP] {
+            socket.push(rule(vec![
+                cond(0, SeccompCmpOp::Eq, word(domain))?,
+                cond(1, SeccompCmpOp::MaskedEq(0xf), word(libc::SOCK_STREAM))?,
+                cond(2, SeccompCmpOp::Eq, word(proto))?,
+            ])?);
+        }
+    }
+    rules.insert(libc::SYS_socket, socket);
+    rules.insert(libc::SYS_socketpair, one_of(0, &[word(libc::AF_UNIX)], &[])?);
+    let prog = build(rules, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow)?;
+    Ok(refuse_x32(prog))
+}
+
+/// Splices an x32 check in front of a seccompiler program. seccompiler emits
+/// `[load arch, jump-if-x86_64 over the next, kill]` and then loads the syscall number;
+/// the three instructions inserted after the architecture check (reached by its jump)
+/// load the number and answer EPERM for any number with the x32 bit. Every jump in
+/// seccompiler's output is forward and relative within what follows, so none crosses the
+/// insertion point.
+fn refuse_x32(prog: BpfProgram) -> BpfProgram {
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JMP_JSET_K: u16 = 0x45;
+    const BPF_RET_K: u16 = 0x06;
+    let mut out = Vec::with_capacity(prog.len() + 3);
+    out.extend_from_slice(&prog[..3]);
+    out.push(sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 });
+    out.push(sock_filter { code: BPF_JMP_JSET_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT });
+    out.push(sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32 });
+    out.extend_from_slice(&prog[3..]);
+    out
+}
+
+/// The filter before the allowlist: named syscalls denied, everything else allowed.
+fn denylist_programs() -> Result<Vec<BpfProgram>, ExecutorError> {
+    let denied: &[(&str, i64)] = sys![
+        SYS_setns,
+        SYS_mount,
+        SYS_umount2,
+        SYS_pivot_root,
+        SYS_chroot,
+        SYS_move_mount,
+        SYS_open_tree,
+        SYS_fsopen,
+        SYS_fsconfig,
+        SYS_fsmount,
+        SYS_fspick,
+        SYS_mount_setattr,
+        SYS_ptrace,
+        SYS_process_vm_readv,
+        SYS_process_vm_writev,
+        SYS_pidfd_getfd,
+        SYS_process_madvise,
+        SYS_kcmp,
+        SYS_shmget,
+        SYS_shmat,
+        SYS_shmctl,
+        SYS_msgget,
+        SYS_msgsnd,
+        SYS_msgrcv,
+        SYS_msgctl,
+        SYS_semget,
+        SYS_semop,
+        SYS_semtimedop,
+        SYS_semctl,
+        SYS_mq_open,
+        SYS_mq_unlink,
+        SYS_mq_timedsend,
+        SYS_mq_timedreceive,
+        SYS_mq_notify,
+        SYS_mq_getsetattr,
+        SYS_inotify_init,
+        SYS_inotify_init1,
+        SYS_inotify_add_watch,
+        SYS_fanotify_init,
+        SYS_fanotify_mark,
+        SYS_mincore,
+        SYS_keyctl,
+        SYS_add_key,
+        SYS_request_key,
+        SYS_bpf,
+        SYS_perf_event_open,
+        SYS_userfaultfd,
+        SYS_io_uring_setup,
+        SYS_io_uring_enter,
+        SYS_io_uring_register,
+        SYS_kexec_load,
+        SYS_kexec_file_load,
+        SYS_init_module,
+        SYS_finit_module,
+        SYS_delete_module,
+        SYS_acct,
+        SYS_swapon,
+        SYS_swapoff,
+        SYS_reboot,
+        SYS_syslog,
+        SYS_quotactl,
+        SYS_name_to_handle_at,
+        SYS_open_by_handle_at,
+        SYS_lookup_dcookie,
+        SYS_vhangup,
+        SYS_settimeofday,
+        SYS_clock_settime,
+        SYS_adjtimex,
+    ];
+    let mut deny = BTreeMap::new();
+    for (_, nr) in denied {
+        deny.insert(*nr, vec![]);
+    }
+    deny.insert(SYS_CACHESTAT, vec![]);
+    let mut out = vec![build(deny, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?];
+    out.extend(common_programs()?);
+    // socket(domain, type, proto): every domain but AF_INET/AF_INET6 and every type but
+    // SOCK_STREAM refused with EACCES.
+    let mut sock_rules = vec![rule(vec![
+        cond(0, SeccompCmpOp::Ne, word(libc::AF_INET))?,
+        cond(0, SeccompCmpOp::Ne, word(libc::AF_INET6))?,
+    ])?];
+    for ty in (0u64..16).filter(|t| *t != word(libc::SOCK_STREAM)) {
+        sock_rules.push(rule(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), ty)?])?);
+    }
+    let mut sockets = BTreeMap::new();
+    sockets.insert(libc::SYS_socket, sock_rules);
+    out.push(build(sockets, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32))?);
+    Ok(out)
+}
+
+impl Default for SeccompPolicy {
+    fn default() -> Self {
+        SeccompPolicy::germline()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn policy_compiles_and_covers_channels() {
-        let p = SeccompPolicy::germline();
-        let names: Vec<_> = p.denied.iter().map(|(n, _)| *n).collect();
-        for must in ["SYS_setns", "SYS_ptrace", "SYS_shmget", "SYS_inotify_init1", "SYS_mincore"] {
-            assert!(names.contains(&must), "{must} not denied");
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+    const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
+    const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+    const KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
+    const EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    const FAKED: u32 = libc::SECCOMP_RET_ERRNO;
+
+    /// A classic-BPF interpreter for the instructions seccompiler (and `refuse_x32`) emit,
+    /// run over a `struct seccomp_data`.
+    fn run(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_le_bytes());
+        data[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
         }
-        assert_eq!(p.compile().unwrap().len(), 4);
-        let off = SeccompPolicy { enabled: false, ..p };
-        assert!(off.compile().unwrap().is_empty());
+        let (mut acc, mut pc) = (0u32, 0usize);
+        loop {
+            let ins = &prog[pc];
+            pc += 1;
+            let jump = |cond: bool| usize::from(if cond { ins.jt } else { ins.jf });
+            match ins.code {
+                0x20 => {
+                    let k = ins.k as usize;
+                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                }
+                0x54 => acc &= ins.k,
+                0x05 => pc += ins.k as usize,
+                0x15 => pc += jump(acc == ins.k),
+                0x25 => pc += jump(acc > ins.k),
+                0x35 => pc += jump(acc >= ins.k),
+                0x45 => pc += jump(acc & ins.k != 0),
+                0x06 => return ins.k,
+                code => panic!("instruction {code:#x} not interpreted"),
+            }
+        }
+    }
+
+    /// Stacked filters as the kernel combines them: the most restrictive action wins;
+    /// among equal actions, the one of the filter installed last.
+    fn verdict(progs: &[BpfProgram], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
+        let rank = |v: u32| (v & 0xffff_0000) as i32;
+        let mut best = ALLOW;
+        for p in progs.iter().rev() {
+            let r = run(p, arch, nr as u32, args);
+            if rank(r) < rank(best) {
+                best = r;
+            }
+        }
+        best
+    }
+
+    fn call(progs: &[BpfProgram], nr: i64, args: &[u64]) -> u32 {
+        let mut a = [0u64; 6];
+        a[..args.len()].copy_from_slice(args);
+        verdict(progs, AUDIT_ARCH_X86_64, nr, a)
+    }
+
+    fn fcntl(progs: &[BpfProgram], cmd: i32, arg: u64) -> u32 {
+        call(progs, libc::SYS_fcntl, &[3, word(cmd), arg])
+    }
+
+    #[test]
+    fn the_allowlist_refuses_kernel_channels_that_the_denylist_let_through() {
+        let on = SeccompPolicy::germline().compile().unwrap();
+        let off = SeccompPolicy::denylist_only().compile().unwrap();
+        let channels = [
+            libc::F_NOTIFY,
+            libc::F_SETLEASE,
+            libc::F_GETLEASE,
+            libc::F_SETOWN,
+            15, // F_SETOWN_EX
+            10, // F_SETSIG
+            libc::F_SETPIPE_SZ,
+        ];
+        for cmd in channels {
+            assert_eq!(fcntl(&on, cmd, 0), EPERM, "fcntl {cmd} refused");
+            assert_eq!(fcntl(&off, cmd, 0), ALLOW, "fcntl {cmd} passed the denylist");
+        }
+        // The kernel reads the command as a 32-bit int: high bits change nothing.
+        assert_eq!(call(&on, libc::SYS_fcntl, &[3, (1 << 32) | word(libc::F_NOTIFY), 0]), EPERM);
+        assert_eq!(fcntl(&on, libc::F_SETFL, word(libc::O_NONBLOCK)), ALLOW);
+        assert_eq!(fcntl(&on, libc::F_SETFL, word(libc::O_NONBLOCK | libc::O_ASYNC)), EPERM);
+        assert_eq!(fcntl(&on, libc::F_GETFD, 0), ALLOW);
+        assert_eq!(fcntl(&on, libc::F_DUPFD_CLOEXEC, 0), ALLOW);
+        for lock in FAKED_LOCKS {
+            assert_eq!(fcntl(&on, lock, 0), FAKED, "lock {lock} faked");
+        }
+        assert_eq!(call(&on, libc::SYS_flock, &[3, 2]), FAKED);
+        assert_eq!(call(&on, libc::SYS_clone3, &[]), libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        // Syscalls nobody named: refused by the allowlist, passed by the denylist.
+        for nr in
+            [libc::SYS_sethostname, libc::SYS_unshare, libc::SYS_sysinfo, libc::SYS_futex_waitv, 454, libc::SYS_mknod]
+        {
+            assert_eq!(call(&on, nr, &[]), EPERM, "syscall {nr}");
+            assert_eq!(call(&off, nr, &[]), ALLOW, "syscall {nr} passed the denylist");
+        }
+        for nr in [libc::SYS_ptrace, libc::SYS_inotify_init1, libc::SYS_setns, SYS_CACHESTAT, libc::SYS_mincore] {
+            assert_eq!(call(&on, nr, &[]), EPERM, "syscall {nr}");
+            assert_eq!(call(&off, nr, &[]), EPERM, "syscall {nr} was denied by name");
+        }
+    }
+
+    #[test]
+    fn foreign_architectures_are_killed_and_the_x32_abi_refused() {
+        let on = SeccompPolicy::germline().compile().unwrap();
+        let off = SeccompPolicy::denylist_only().compile().unwrap();
+        for arch in [AUDIT_ARCH_I386, AUDIT_ARCH_AARCH64] {
+            assert_eq!(verdict(&on, arch, libc::SYS_read, [0; 6]), KILL);
+        }
+        let x32 = |nr: i64| nr | i64::from(X32_SYSCALL_BIT);
+        let notify = [3, word(libc::F_NOTIFY), 0x8000_0000 | 0x1, 0, 0, 0];
+        for (nr, args) in
+            [(x32(libc::SYS_fcntl), notify), (x32(libc::SYS_read), [0; 6]), (x32(libc::SYS_ptrace), [0; 6])]
+        {
+            assert_eq!(verdict(&on, AUDIT_ARCH_X86_64, nr, args), EPERM, "x32 {nr:#x}");
+        }
+        assert_eq!(
+            verdict(&off, AUDIT_ARCH_X86_64, x32(libc::SYS_fcntl), notify),
+            ALLOW,
+            "denylist passed x32 dnotify"
+        );
+        assert_eq!(verdict(&off, AUDIT_ARCH_X86_64, x32(libc::SYS_inotify_init1), [0; 6]), ALLOW);
+    }
+
+    #[test]
+    fn argument_filters_allow_what_python_needs_and_nothing_shared() {
+        let on = SeccompPolicy::germline().compile().unwrap();
+        for req in IOCTL_REQUESTS {
+            assert_eq!(call(&on, libc::SYS_ioctl, &[0, req]), ALLOW);
+        }
+        assert_eq!(call(&on, libc::SYS_ioctl, &[0, u64::from(libc::FIOASYNC)]), EPERM);
+        assert_eq!(call(&on, libc::SYS_ioctl, &[0, u64::from(libc::TIOCSTI)]), EPERM);
+        let sock = |d: i32, t: i32, p: i32| call(&on, libc::SYS_socket, &[word(d), word(t), word(p)]);
+        assert_eq!(sock(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0), ALLOW);
+        assert_eq!(sock(libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_TCP), ALLOW);
+        assert_eq!(sock(libc::AF_INET, libc::SOCK_DGRAM, 0), EPERM);
+        assert_eq!(sock(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_SCTP), EPERM);
+        assert_eq!(sock(libc::AF_UNIX, libc::SOCK_STREAM, 0), EPERM);
+        assert_eq!(sock(libc::AF_NETLINK, libc::SOCK_RAW, 0), EPERM);
+        assert_eq!(call(&on, libc::SYS_socketpair, &[word(libc::AF_UNIX), word(libc::SOCK_STREAM)]), ALLOW);
+        assert_eq!(call(&on, libc::SYS_socketpair, &[word(libc::AF_INET), word(libc::SOCK_STREAM)]), EPERM);
+        for nr in [libc::SYS_bind, libc::SYS_listen, libc::SYS_accept4] {
+            assert_eq!(call(&on, nr, &[]), EPERM);
+        }
+        let prctl = |o: i32| call(&on, libc::SYS_prctl, &[word(o)]);
+        assert_eq!(prctl(libc::PR_SET_NAME), ALLOW);
+        assert_eq!(prctl(libc::PR_SET_NO_NEW_PRIVS), ALLOW);
+        assert_eq!(prctl(libc::PR_SET_DUMPABLE), EPERM);
+        assert_eq!(prctl(libc::PR_SET_SECCOMP), EPERM);
+        assert_eq!(prctl(libc::PR_SET_PTRACER), EPERM);
+        let madvise = |a: i32| call(&on, libc::SYS_madvise, &[0, 4096, word(a)]);
+        assert_eq!(madvise(libc::MADV_DONTNEED), ALLOW);
+        assert_eq!(madvise(libc::MADV_MERGEABLE), EPERM);
+        assert_eq!(madvise(libc::MADV_PAGEOUT), EPERM);
+        let futex = |op: i32| call(&on, libc::SYS_futex, &[0, word(op)]);
+        assert_eq!(futex(libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG), ALLOW);
+        assert_eq!(futex(libc::FUTEX_WAIT), ALLOW);
+        assert_eq!(futex(libc::FUTEX_WAIT_BITSET | libc::FUTEX_CLOCK_REALTIME), ALLOW);
+        assert_eq!(futex(libc::FUTEX_WAKE), EPERM, "a shared wake");
+        assert_eq!(futex(libc::FUTEX_CMP_REQUEUE), EPERM);
+    }
+
+    #[test]
+    fn every_allowed_group_says_why_and_names_nothing_the_denylist_denied() {
+        let mut seen = std::collections::BTreeSet::new();
+        for g in ALLOWED {
+            assert!(g.why.len() > 40, "group without a reason: {:?}", g.calls);
+            for (name, nr) in g.calls {
+                assert!(seen.insert(*nr), "{name} allowed twice");
+            }
+        }
+        let off = SeccompPolicy::denylist_only().compile().unwrap();
+        for (name, nr) in ALLOWED.iter().flat_map(|g| g.calls.iter()) {
+            assert_eq!(verdict(&off[..1], AUDIT_ARCH_X86_64, *nr, [0; 6]), ALLOW, "{name} was denied before");
+        }
+        assert!(SeccompPolicy::allowed_names().any(|n| n == "SYS_openat"));
     }
 }

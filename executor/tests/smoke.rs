@@ -33,6 +33,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         cgroup_limits: None,
         switches: Default::default(),
         require_limits: false,
+        seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);
