@@ -107,21 +107,77 @@ pub struct ConsumerResult {
     pub error: Option<String>,
 }
 
-/// An egress event as printed.
+/// Egress attempts as the call's consumers see them (see [`reduce_egress`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EgressEventOut {
     /// Plan group.
     pub group: usize,
-    /// Host named by the copy.
-    pub host: String,
+    /// Host named by the copy; absent when withheld (an undeclared host named by a copy
+    /// whose label a consumer's clearance does not cover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// Broker decision.
     pub decision: String,
+    /// The output label of the copy that made the attempt.
+    #[serde(default)]
+    pub label: Label,
+    /// How many attempts this entry stands for.
+    #[serde(default = "one")]
+    pub count: usize,
 }
 
-impl From<EgressEvent> for EgressEventOut {
-    fn from(e: EgressEvent) -> Self {
-        EgressEventOut { group: e.group, host: e.host, decision: e.decision.to_owned() }
+fn one() -> usize {
+    1
+}
+
+impl EgressEventOut {
+    fn of(e: EgressEvent, label: &Label) -> Self {
+        EgressEventOut {
+            group: e.group,
+            host: Some(e.host),
+            decision: e.decision.to_owned(),
+            label: label.clone(),
+            count: 1,
+        }
     }
+}
+
+/// The egress log as the call's consumers may see it: the log is what the copies did, so
+/// each entry carries its copy's label. Attempts of a copy whose label every consumer's
+/// clearance covers are listed as made; of any other copy only what carries no item is
+/// left: per group, declared host (or none) and decision, how many, in a fixed order. The
+/// name of an undeclared host (which the copy chose) and the order of attempts are dropped.
+///
+/// Debug builds only: `GERMLINE_TEST_EGRESS_REDUCTION_OFF=1` lists everything, to show
+/// what the reduction stops.
+pub fn reduce_egress(
+    events: Vec<EgressEventOut>,
+    declared: &[HostName],
+    consumers: &[Clearance],
+) -> Vec<EgressEventOut> {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1") {
+        return events;
+    }
+    let mut shown = Vec::new();
+    let mut counted: BTreeMap<(usize, Option<String>, String), (Label, usize)> = BTreeMap::new();
+    for e in events {
+        if consumers.iter().all(|c| e.label.flows_to(c)) {
+            shown.push(e);
+            continue;
+        }
+        let host = e.host.filter(|h| declared.iter().any(|d| d.as_str() == h));
+        let entry = counted.entry((e.group, host, e.decision)).or_insert((e.label, 0));
+        entry.1 += e.count;
+    }
+    shown.extend(counted.into_iter().map(|((group, host, decision), (label, count))| EgressEventOut {
+        group,
+        host,
+        decision,
+        label,
+        count,
+    }));
+    shown
 }
 
 impl CallOutcome {
@@ -375,7 +431,8 @@ impl GermlineRuntime {
             let slot = self.slots.get(&key);
             let run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
             let (result, label, writes) = (run.result, run.label, run.slot_writes);
-            outcome.egress.extend(run.egress.into_iter().map(EgressEventOut::from));
+            let copy_label = label.label();
+            outcome.egress.extend(run.egress.into_iter().map(|e| EgressEventOut::of(e, &copy_label)));
             runs.push(GroupRun {
                 view: group.view.items().cloned().collect(),
                 slot: slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect(),
@@ -388,7 +445,8 @@ impl GermlineRuntime {
                 match slot.apply_writes(writes, &final_label) {
                     Ok(()) if slot.fits(&group.horizon) => self.slots.put(key, slot),
                     Ok(()) => tracing::warn!("slot write refused: label escapes horizon {}", group.horizon),
-                    Err(e) => tracing::warn!("slot write refused: {e}"),
+                    // The error may name a key the copy chose: not logged.
+                    Err(_) => tracing::warn!(group = gi, "slot write refused: a slot bound was broken"),
                 }
             }
             // A result and an error alike come from the copy: both carry its label.
@@ -443,6 +501,9 @@ impl GermlineRuntime {
         if per_consumer.len() > 1 {
             outcome.consumers = per_consumer;
         }
+        let declared: Vec<HostName> = prepared.plan_input.hosts.iter().map(|(h, _)| h.clone()).collect();
+        let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
+        outcome.egress = reduce_egress(std::mem::take(&mut outcome.egress), &declared, &clearances);
         for t in &outcome.triggers {
             tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
         }
@@ -544,8 +605,9 @@ impl GermlineRuntime {
         };
         let r = serve_copy(job, &shared);
         copy.kill()?;
-        if let Err(e) = &r.result {
-            tracing::debug!("replayed copy ended without a result: {e}");
+        if r.result.is_err() {
+            // Its error is the copy's text: not logged.
+            tracing::debug!("replayed copy ended without a result");
         }
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
         Ok(sh.replay.as_mut().and_then(|r| r.sent.remove(&ev.host)).unwrap_or_default())
@@ -976,6 +1038,35 @@ mod tests {
         let mut v = json!("bare");
         attach_label(&mut v, &label);
         assert_eq!(v, json!({RELEASE_RESULT_KEY: "bare", "_meta": {LABEL_META_KEY: ["hr"]}}));
+    }
+
+    #[test]
+    fn egress_of_uncleared_copies_is_reduced() {
+        let hr: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        let public = Clearance::empty();
+        let ev = |group, host: &str, decision: &str, label: &Label| EgressEventOut {
+            group,
+            host: Some(host.to_owned()),
+            decision: decision.to_owned(),
+            label: label.clone(),
+            count: 1,
+        };
+        let events = vec![
+            ev(0, "7361.example", "denied", &Label::empty()),
+            ev(1, "7361.example", "denied", &hr),
+            ev(1, "hr.example", "delivered", &hr),
+            ev(1, "6c61.example", "denied", &hr),
+        ];
+        let declared = [HostName::new("hr.example").unwrap()];
+        let out = reduce_egress(events, &declared, std::slice::from_ref(&public));
+        let text = serde_json::to_string(&out).unwrap();
+        assert!(!text.contains("6c61") && text.matches("7361").count() == 1, "{text}");
+        let shown: Vec<(usize, Option<&str>, &str, usize)> =
+            out.iter().map(|e| (e.group, e.host.as_deref(), e.decision.as_str(), e.count)).collect();
+        assert_eq!(
+            shown,
+            [(0, Some("7361.example"), "denied", 1), (1, None, "denied", 2), (1, Some("hr.example"), "delivered", 1)]
+        );
     }
 
     #[test]

@@ -733,7 +733,8 @@ async fn run_calls(
                 span.record("copies", outcome.copies);
                 span.record("triggers", outcome.triggers.len());
                 span.record("latency_ms", latency.as_secs_f64() * 1000.0);
-                tracing::info!(error = outcome.error.as_deref(), "call done");
+                // The status, not the error: a copy's error text is labelled data.
+                tracing::info!(status = ?outcome.status, "call done");
                 let resp = CallResponse::new(&outcome, latency);
                 if early {
                     if let Some(tx) = tx.take() {

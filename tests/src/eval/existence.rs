@@ -84,7 +84,7 @@ pub fn run_existence_bit(python: &PythonRuntime) -> Result<ExistenceReport, Exec
     let mut lazy_bits = 0u64;
     for i in 0..64u32 {
         let o = rt.call(&probe(&path, i));
-        if o.egress.iter().any(|e| e.host == "stats.example") {
+        if o.egress.iter().any(|e| e.host.as_deref() == Some("stats.example")) {
             lazy_bits |= 1 << i;
         }
     }
