@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::broker::{serve_copy, CallShared, CopyJob, CopyResult, EgressEvent, ReplayState};
 use crate::cgroup::CgroupLimits;
 use crate::confine::ResourceLimits;
-use crate::evidence::{encode_replies, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
+use crate::evidence::{encode_replies, fresh_secret, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
 use crate::outside::{prepare_copy, CopyFile};
@@ -211,11 +211,14 @@ pub struct EvidenceSwitches {
     pub twin_inputs: bool,
     /// Compare request sequences and record triggers (the tripwire).
     pub sequence_comparison: bool,
+    /// Publish evidence as keyed commitments (`evidence` module docs). Off only in
+    /// tests, to show what publishing the full record discloses.
+    pub commitments: bool,
 }
 
 impl Default for EvidenceSwitches {
     fn default() -> Self {
-        EvidenceSwitches { twin_inputs: true, sequence_comparison: true }
+        EvidenceSwitches { twin_inputs: true, sequence_comparison: true, commitments: true }
     }
 }
 
@@ -362,9 +365,11 @@ impl GermlineRuntime {
                     twin: twin.clone(),
                     slot: serving.slot.clone(),
                     slot_label: serving.slot_label.clone(),
-                    replies: encode_replies(&serving.received),
+                    replies: encode_replies(&transcript_of(&serving.received, &prepared.plan_input.hosts)),
                     serving_requests: sh.records.copy_requests(t.serving_group_index, &t.host).to_vec(),
                     trigger_requests: sh.records.copy_requests(t.group_index, &t.host).to_vec(),
+                    copies: plan.groups.len(),
+                    secret: fresh_secret()?,
                 });
             }
         }
@@ -382,7 +387,7 @@ impl GermlineRuntime {
             tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
         }
         if let (Some(path), false) = (&self.trigger_log, outcome.evidence.is_empty()) {
-            append_evidence(path, &outcome.evidence)?;
+            append_evidence(path, &outcome.evidence, self.evidence_switches.commitments)?;
         }
         Ok(outcome)
     }
@@ -550,25 +555,59 @@ impl GermlineRuntime {
     }
 }
 
-/// Appends one JSON line of evidence per trigger and syncs, so a trigger once reported
-/// is not lost.
-fn append_evidence(path: &Path, evidence: &[TriggerEvidence]) -> Result<(), ExecutorError> {
+/// Appends the call's trigger evidence, and syncs, so a trigger once reported is not
+/// lost: one line per call to the trigger log, holding only what may be published (the
+/// first trigger's [`crate::evidence::PublicEvidence`]), and every trigger's full record
+/// (its opening) to `<log>.openings`, readable by the owner only.
+fn append_evidence(path: &Path, evidence: &[TriggerEvidence], commitments: bool) -> Result<(), ExecutorError> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(first) = evidence.first() else { return Ok(()) };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
     }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(ExecutorError::io(format!("opening trigger log {}", path.display())))?;
+    let mut openings_path = path.as_os_str().to_owned();
+    openings_path.push(".openings");
+    let openings_path = PathBuf::from(openings_path);
     let mut buf = Vec::new();
     for e in evidence {
         serde_json::to_writer(&mut buf, e).map_err(|e| ExecutorError::Call(e.to_string()))?;
         buf.push(b'\n');
     }
-    f.write_all(&buf).map_err(ExecutorError::io("writing the trigger log"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&openings_path)
+        .map_err(ExecutorError::io(format!("opening {}", openings_path.display())))?;
+    f.write_all(&buf).map_err(ExecutorError::io("writing trigger openings"))?;
+    f.sync_data().map_err(ExecutorError::io("syncing trigger openings"))?;
+
+    let mut line = serde_json::to_vec(&first.public(commitments)?).map_err(|e| ExecutorError::Call(e.to_string()))?;
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(ExecutorError::io(format!("opening trigger log {}", path.display())))?;
+    f.write_all(&line).map_err(ExecutorError::io("writing the trigger log"))?;
     f.sync_data().map_err(ExecutorError::io("syncing the trigger log"))
+}
+
+/// The serving copy's transcript for replay: what it received, and an empty transcript
+/// for every other declared host of the call. A replay answers and records requests only
+/// to hosts in its transcript, so without the empty ones a probe's requests to a host the
+/// serving copy never contacted would be denied unrecorded, and an item-dependent burst
+/// to such a host would replay as "no requests", never as an item witness.
+fn transcript_of(
+    received: &BTreeMap<HostName, Vec<Vec<u8>>>,
+    declared: &[(HostName, Clearance)],
+) -> BTreeMap<HostName, Vec<Vec<u8>>> {
+    let mut t = received.clone();
+    for (h, _) in declared {
+        t.entry(h.clone()).or_default();
+    }
+    t
 }
 
 /// What the broker keeps of each group's copy for evidence.
