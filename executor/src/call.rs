@@ -202,6 +202,7 @@ pub struct GermlineRuntime {
     /// Evidence switches, on by default; tests turn them off to show what they do.
     pub evidence_switches: EvidenceSwitches,
     refused: Option<String>,
+    refused_by_check: Option<&'static str>,
 }
 
 /// Switches for the evidence mechanisms (prevention never depends on them).
@@ -275,7 +276,15 @@ impl GermlineRuntime {
             trigger_log: None,
             evidence_switches: EvidenceSwitches::default(),
             refused: None,
+            refused_by_check: None,
         })
+    }
+
+    /// Why the release was refused while running, when a germline check (G1–G3,
+    /// namespaces, children) refused it: the mechanism stopping a release, as opposed to
+    /// a germline that failed to start.
+    pub fn refusal(&self) -> Option<&str> {
+        self.refused_by_check.and(self.refused.as_deref())
     }
 
     /// Runs one call. Never panics on hostile input; errors come back in the outcome.
@@ -286,8 +295,9 @@ impl GermlineRuntime {
         match self.call_inner(req) {
             Ok(o) => o,
             Err(e) => {
-                if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                if let ExecutorError::GermlineRefused { check, .. } = &e {
                     self.refused = Some(e.to_string());
+                    self.refused_by_check = e.is_refusal().then_some(*check);
                     self.germline = None;
                 }
                 CallOutcome::failed(e)
