@@ -10,7 +10,7 @@ use germline_executor::call::{CallRequest, GermlineRuntime, Splitting};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::policy::Policy;
 use germline_model::ItemName;
-use germline_verifier::{verify_trigger, Witness, WitnessBody, WitnessKey, WITNESS_VERSION};
+use germline_verifier::{verify_trigger, Witness, WitnessBody, WitnessKey};
 use serde_json::json;
 
 /// `germline bench verify` options.
@@ -85,8 +85,8 @@ pub fn run(args: &BenchVerifyArgs) -> anyhow::Result<()> {
         let ev = o.evidence.first().context("the mixing release should have triggered")?.clone();
         let t0 = Instant::now();
         let report = verify_trigger(&mut rt, &ev, &items, args.tries, false)?;
-        let bytes =
-            key.sign(&WitnessBody { version: WITNESS_VERSION, evidence: ev, declared_deterministic: false, report })?;
+        let (body, _opening) = WitnessBody::seal(&ev, false, report, true)?;
+        let bytes = key.sign(&body)?;
         verify_times.push(t0.elapsed());
         let t1 = Instant::now();
         Witness::decode(&bytes, Some(&key.public_key()))?;

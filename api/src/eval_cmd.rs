@@ -46,8 +46,10 @@ fn python() -> anyhow::Result<PythonRuntime> {
     Ok(PythonRuntime::discover(&home)?)
 }
 
-/// Runs an eval command.
-pub fn run(cmd: EvalCommand) -> anyhow::Result<()> {
+/// Runs an eval command. `eval matrix` exits 1 when a cell errored (a runtime that did
+/// not start or ran nothing) or an attack variant has no control (no disclosure under
+/// sig-pin): such a matrix does not tell "stopped" from "broken".
+pub fn run(cmd: EvalCommand) -> anyhow::Result<i32> {
     match cmd {
         EvalCommand::Matrix(a) => {
             let m = run_matrix(
@@ -59,6 +61,11 @@ pub fn run(cmd: EvalCommand) -> anyhow::Result<()> {
             let svg = a.out.with_extension("svg");
             std::fs::write(&svg, m.render_svg())?;
             println!("wrote {} and {}", a.out.display(), svg.display());
+            let errors: usize = m.runtimes.iter().map(|r| m.errors(r)).sum();
+            if errors > 0 || !m.no_control.is_empty() {
+                eprintln!("the matrix is not conclusive: {errors} error trial(s), no control for {:?}", m.no_control);
+                return Ok(1);
+            }
         }
         EvalCommand::ExistenceBit(a) => {
             let r = run_existence_bit(&python()?)?;
@@ -67,5 +74,5 @@ pub fn run(cmd: EvalCommand) -> anyhow::Result<()> {
             println!("wrote {}", a.out.display());
         }
     }
-    Ok(())
+    Ok(0)
 }

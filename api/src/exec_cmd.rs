@@ -182,13 +182,13 @@ impl Host {
             let sha = hex::encode(sha2::Sha256::digest(&w.bytes));
             let body = if w.bytes.len() <= 45_000 {
                 serde_json::to_vec(&serde_json::json!({
-                    "format": "germline-witness v1",
+                    "format": "germline-witness v2",
                     "witness_sha256": sha,
                     "witness": base64::engine::general_purpose::STANDARD.encode(&w.bytes),
                 }))?
             } else {
                 serde_json::to_vec(&serde_json::json!({
-                    "format": "germline-witness v1",
+                    "format": "germline-witness v2",
                     "witness_sha256": sha,
                     "path": w.path,
                 }))?

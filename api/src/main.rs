@@ -118,10 +118,8 @@ fn main() -> anyhow::Result<()> {
             0
         } // --- end admission commands ---
         // --- eval commands ---
-        Command::Eval(cmd) => {
-            eval_cmd::run(cmd)?;
-            0
-        } // --- end eval commands ---
+        Command::Eval(cmd) => eval_cmd::run(cmd)?,
+        // --- end eval commands ---
         // --- fleet commands ---
         Command::Fleet(a) => fleet::run(a)?,
         // --- end fleet commands ---

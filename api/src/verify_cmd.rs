@@ -12,13 +12,17 @@ use germline_executor::germline::PythonRuntime;
 use germline_executor::manifest::Manifest;
 use germline_executor::policy::Policy;
 use germline_model::{ItemName, ReleaseHash};
-use germline_verifier::{verify_trigger, Witness, WitnessBody, WitnessKey, WITNESS_VERSION};
+use germline_verifier::{verify_trigger, ReplayReport, Verdict, Witness, WitnessBody, WitnessKey, WitnessOpening};
 
 /// `germline verify` options.
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
     /// The witness file.
     pub witness: PathBuf,
+    /// The witness's opening (the full evidence, kept by the witness holder) [default:
+    /// the witness path with `.opening` appended].
+    #[arg(long)]
+    pub opening: Option<PathBuf>,
     /// The release: a directory, or the canonical archive (`.tar.gz`) it was admitted as.
     #[arg(long)]
     pub release: PathBuf,
@@ -81,7 +85,13 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let w = Witness::decode(&bytes, trusted.as_ref())?;
-    let ev = &w.body.evidence;
+    let opening_path = args.opening.clone().unwrap_or_else(|| opening_path(&args.witness));
+    let opening = WitnessOpening::decode(
+        &std::fs::read(&opening_path)
+            .with_context(|| format!("reading the witness's opening {}", opening_path.display()))?,
+    )?;
+    opening.check(&w.body)?;
+    let ev = &opening.evidence;
     let tmp = tempfile::tempdir()?;
     let (release_dir, hash) = if args.release.is_dir() {
         (args.release.canonicalize()?, crate::exec_cmd::release_id(&args.release)?)
@@ -122,6 +132,22 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     Ok(if report.verdict == w.body.report.verdict { 0 } else { 1 })
 }
 
+/// Where the opening of the witness at `witness` is kept: beside it, `.opening` appended.
+pub fn opening_path(witness: &Path) -> PathBuf {
+    let mut p = witness.as_os_str().to_owned();
+    p.push(".opening");
+    PathBuf::from(p)
+}
+
+/// Most triggers of one call that are verified (each costs 2 × tries replays).
+const MAX_VERIFIED_TRIGGERS: usize = 8;
+
+/// Orders verdicts for choosing the one witness a call publishes: the heaviest weight,
+/// then an item witness before the others.
+fn rank(r: &ReplayReport, declared: bool) -> (u32, bool) {
+    (r.verdict.weight(declared), r.verdict == Verdict::ItemWitness)
+}
+
 /// One verified trigger.
 pub struct Witnessed {
     /// Where the signed witness was written.
@@ -134,36 +160,41 @@ pub struct Witnessed {
     pub declared: bool,
 }
 
-/// After a call: verify each trigger by probe and control replay on the same runtime (the
-/// call's result has already been delivered) and write a signed witness per trigger.
+/// After a call: verify its triggers by probe and control replay on the same runtime (the
+/// call's result has already been delivered) and write one signed witness for the call,
+/// with its opening beside it (mode 0600). One call publishes at most one witness: the
+/// heaviest verdict among its first [`MAX_VERIFIED_TRIGGERS`] triggers, so the number of
+/// triggers a release provokes is not published.
 pub fn witness_triggers(
     rt: &mut GermlineRuntime,
     outcome: &CallOutcome,
     req_items: &BTreeMap<ItemName, Vec<u8>>,
     data_dir: &Path,
 ) -> anyhow::Result<Vec<Witnessed>> {
-    let mut written = Vec::new();
     if outcome.evidence.is_empty() {
-        return Ok(written);
+        return Ok(Vec::new());
     }
     let key = WitnessKey::load_or_create(data_dir, "germline-host")?;
     let manifest: Manifest = rt.manifest.clone();
-    for (n, ev) in outcome.evidence.iter().enumerate() {
+    let mut best: Option<(&TriggerEvidence, bool, ReplayReport)> = None;
+    for ev in outcome.evidence.iter().take(MAX_VERIFIED_TRIGGERS) {
         let decl = manifest.tool(&ev.tool);
         let declared = decl.deterministic.unwrap_or(manifest.deterministic);
         let report = verify_trigger(rt, ev, req_items, 3, declared)?;
-        let verdict = report.verdict;
-        let body =
-            WitnessBody { version: WITNESS_VERSION, evidence: ev.clone(), declared_deterministic: declared, report };
-        let dir = data_dir.join("witnesses").join(ev.release.to_hex());
-        std::fs::create_dir_all(&dir)?;
-        let stamp =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let path = dir.join(format!("{stamp}-{n}.witness"));
-        let bytes = key.sign(&body)?;
-        std::fs::write(&path, &bytes)?;
-        tracing::warn!(witness = %path.display(), ?verdict, "trigger verified");
-        written.push(Witnessed { path, bytes, verdict, declared });
+        if best.as_ref().is_none_or(|(_, d, b)| rank(&report, declared) > rank(b, *d)) {
+            best = Some((ev, declared, report));
+        }
     }
-    Ok(written)
+    let Some((ev, declared, report)) = best else { return Ok(Vec::new()) };
+    let verdict = report.verdict;
+    let (body, opening) = WitnessBody::seal(ev, declared, report, rt.evidence_switches.commitments)?;
+    let dir = data_dir.join("witnesses").join(ev.release.to_hex());
+    std::fs::create_dir_all(&dir)?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let path = dir.join(format!("{stamp}.witness"));
+    let bytes = key.sign(&body)?;
+    opening.write(&opening_path(&path))?;
+    std::fs::write(&path, &bytes)?;
+    tracing::warn!(witness = %path.display(), ?verdict, "trigger verified");
+    Ok(vec![Witnessed { path, bytes, verdict, declared }])
 }

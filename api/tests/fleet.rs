@@ -4,6 +4,9 @@
 //!   B and C suppress that release within a sync interval, and a call on B's data is
 //!   refused; a host configured with the wrong witness key for A (mechanism off) and a
 //!   witness whose verdict does not suppress leave releases usable.
+//! - A release whose replies are 1 MiB (evidence far over a ledger entry) is suppressed
+//!   on a peer: the published witness is bounded; the same evidence in the clear
+//!   (commitments off) could not even be a ledger entry.
 //! - B killed with SIGKILL mid-sync and restarted loses no entry and processes none twice.
 //! - A tampered tile and a forked checkpoint, served as static files, are reported by B
 //!   and C; the forking peer is ignored afterwards.
@@ -351,7 +354,7 @@ fn a_witness_on_one_host_suppresses_the_release_on_its_peers() {
                     use sha2::Digest;
                     hex::encode(sha2::Sha256::digest(&signed))
                 };
-                let json = serde_json::json!({"format": "germline-witness v1", "witness_sha256": sha,
+                let json = serde_json::json!({"format": "germline-witness v2", "witness_sha256": sha,
                     "witness": base64::engine::general_purpose::STANDARD.encode(&signed)});
                 batch.push(Entry::new(EntryKind::Witness, body.evidence.release, json.to_string().into_bytes()));
                 releases.push(body.evidence.release);
@@ -536,4 +539,68 @@ fn tampered_tiles_and_forked_checkpoints_are_detected_and_reported() {
     assert!(ok && out.contains("split-view"), "{out}{err}");
     let (ok, out, _) = germline(&["fleet", "status", "--data-dir", &b.to_string_lossy()], tmp.path(), &b, &b);
     assert!(ok && json_lines(&out)[0]["status"] == "new", "{out}");
+}
+
+#[test]
+fn a_release_with_one_mib_replies_is_suppressed_on_a_peer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (invoice, payslip, _) = common::mixer_world_at(tmp.path(), common::large_reply_sink(200, 1 << 20), "");
+    let scene = Scene { root: tmp.path().to_owned(), home: tmp.path().join("home"), invoice, payslip };
+    let (a, b) = (tmp.path().join("a").join("data"), tmp.path().join("b").join("data"));
+    common::mixer_release(&tmp.path().join("large"), "large", true);
+    let o = scene.call("large", &a);
+    assert_eq!(o["triggers"].as_array().map(Vec::len), Some(1), "{o}");
+    let (release, witness) = {
+        let l = open(&a);
+        let w = witnesses(&l);
+        assert_eq!(w.len(), 1, "the witness is in A's ledger entry itself");
+        (w[0].1, w[0].2.clone())
+    };
+    assert!(witness.len() <= germline_verifier::MAX_WITNESS_BYTES, "{}", witness.len());
+
+    // Mechanism off: the same trigger's evidence in the clear (what was published before
+    // commitments) carries the 1 MiB reply and cannot be a ledger entry at all.
+    let opening_file = walk_files(&a.join("witnesses")).into_iter().find(|p| p.to_string_lossy().ends_with(".opening"));
+    let opening =
+        germline_verifier::WitnessOpening::decode(&std::fs::read(opening_file.expect("opening")).unwrap()).unwrap();
+    assert!(opening.evidence.replies.values().flatten().any(|r| r.len() > 1 << 20), "the reply is in the opening");
+    let decoded = germline_verifier::Witness::decode(&witness, None).unwrap();
+    opening.check(&decoded.body).unwrap();
+    let (clear, _) =
+        germline_verifier::WitnessBody::seal(&opening.evidence, true, opening.report.clone(), false).unwrap();
+    let key = germline_verifier::WitnessKey::load_or_create(&a, "germline-host").unwrap();
+    let clear = key.sign(&clear).unwrap();
+    let body = serde_json::json!({"format": "germline-witness v2",
+        "witness": base64::engine::general_purpose::STANDARD.encode(&clear)});
+    let off = Entry::new(EntryKind::Witness, release, body.to_string().into_bytes()).validate();
+    assert!(matches!(off, Err(germline_ledger::EntryError::TooLarge(_))), "{off:?}");
+
+    // Mechanism on: B mirrors A's log and suppresses on the bounded witness.
+    let k: Vec<Value> = [&a, &b].iter().map(|d| keys(d)).collect();
+    let ports = [free_port(), free_port()];
+    let url = |i: usize| format!("http://127.0.0.1:{}", ports[i]);
+    let (cfg_a, cfg_b) = (tmp.path().join("fleet-a.toml"), tmp.path().join("fleet-b.toml"));
+    write_config(&cfg_a, 300, "", &[peer_toml("b", &url(1), &k[1], k[1]["witness_key"].as_str().unwrap())]);
+    write_config(&cfg_b, 300, "", &[peer_toml("a", &url(0), &k[0], k[0]["witness_key"].as_str().unwrap())]);
+    let _host_a = Host::start(&a, &format!("127.0.0.1:{}", ports[0]), &cfg_a);
+    let mut host_b = Host::start(&b, &format!("127.0.0.1:{}", ports[1]), &cfg_b);
+    wait_for("B to suppress", Duration::from_secs(15), || host_b.peer("a")["suppressions"] == 1);
+    assert_eq!(host_b.peer("a")["rejected_witnesses"], 0);
+    host_b.terminate();
+    assert_eq!(status_of(&b, &release)["suppressed"], true);
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk_files(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }

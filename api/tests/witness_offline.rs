@@ -1,10 +1,11 @@
-//! Offline check: the witness file, the release archive and the items, copied to another
-//! directory and checked there by `germline verify` alone, reproduce the verdict; an
-//! edited witness or a different release is rejected.
+//! Offline check: the witness file, its opening, the release archive and the items,
+//! copied to another directory and checked there by `germline verify` alone, reproduce
+//! the verdict; an edited witness, a missing or edited opening, or a different release is
+//! rejected.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn germline(args: &[&str], cwd: &Path, data: &Path) -> (bool, String) {
@@ -60,13 +61,32 @@ fn a_witness_reproduces_offline_and_edits_are_rejected() {
         std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
         std::fs::copy(src, dst).unwrap();
     }
+    // The opening (full evidence) is kept beside the witness, readable by its owner only.
+    let opening = PathBuf::from(format!("{}.opening", witness.display()));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&opening).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", opening.display());
     std::fs::copy(&witness, there.join("w.witness")).unwrap();
     std::fs::copy(here.join("rel.tar.gz"), there.join("rel.tar.gz")).unwrap();
     let verify = |w: &str, release: &str| {
         germline(&["verify", w, "--release", release, "--items", "items"], &there, &there.join("d"))
     };
+    // Without the opening the witness shows only its signature and commitments.
+    let (ok, out) = verify("w.witness", "rel.tar.gz");
+    assert!(!ok && out.contains("opening"), "{out}");
+    std::fs::copy(&opening, there.join("w.witness.opening")).unwrap();
     let (ok, out) = verify("w.witness", "rel.tar.gz");
     assert!(ok && out.contains("\"reproduced\":\"item_witness\""), "{out}");
+    // An opening with one replayed input changed does not open the witness's commitment.
+    let text = std::fs::read_to_string(there.join("w.witness.opening")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["evidence"]["twin"]["clock"] = serde_json::json!(1.0);
+    std::fs::write(there.join("forged.opening"), v.to_string()).unwrap();
+    let (ok, out) = germline(
+        &["verify", "w.witness", "--opening", "forged.opening", "--release", "rel.tar.gz", "--items", "items"],
+        &there,
+        &there.join("d"),
+    );
+    assert!(!ok && out.contains("does not match the commitment"), "{out}");
 
     let mut edited = std::fs::read(there.join("w.witness")).unwrap();
     let mid = edited.len() / 2;

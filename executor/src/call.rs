@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::broker::{serve_copy, CallShared, CopyJob, CopyResult, EgressEvent, ReplayState};
 use crate::cgroup::CgroupLimits;
 use crate::confine::{ResourceLimits, SandboxSwitches};
-use crate::evidence::{encode_replies, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
+use crate::evidence::{encode_replies, fresh_secret, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
 use crate::outside::{prepare_copy, CopyFile};
@@ -301,6 +301,7 @@ pub struct GermlineRuntime {
     /// Evidence switches, on by default; tests turn them off to show what they do.
     pub evidence_switches: EvidenceSwitches,
     refused: Option<String>,
+    refused_by_check: Option<&'static str>,
 }
 
 /// Switches for the evidence mechanisms (prevention never depends on them).
@@ -314,11 +315,14 @@ pub struct EvidenceSwitches {
     /// sleeps, under which a polling loop never ends (the "mechanism off" twin of the
     /// sleep-aware clock).
     pub counted_twin_clock: bool,
+    /// Publish evidence as keyed commitments (`evidence` module docs). Off only in
+    /// tests, to show what publishing the full record discloses.
+    pub commitments: bool,
 }
 
 impl Default for EvidenceSwitches {
     fn default() -> Self {
-        EvidenceSwitches { twin_inputs: true, sequence_comparison: true, counted_twin_clock: false }
+        EvidenceSwitches { twin_inputs: true, sequence_comparison: true, counted_twin_clock: false, commitments: true }
     }
 }
 
@@ -390,7 +394,15 @@ impl GermlineRuntime {
             trigger_log: None,
             evidence_switches: EvidenceSwitches::default(),
             refused: None,
+            refused_by_check: None,
         })
+    }
+
+    /// Why the release was refused while running, when a germline check (G1–G3,
+    /// namespaces, children) refused it: the mechanism stopping a release, as opposed to
+    /// a germline that failed to start.
+    pub fn refusal(&self) -> Option<&str> {
+        self.refused_by_check.and(self.refused.as_deref())
     }
 
     /// Runs one call. Never panics on hostile input; errors come back in the outcome.
@@ -401,8 +413,9 @@ impl GermlineRuntime {
         match self.call_inner(req) {
             Ok(o) => o,
             Err(e) => {
-                if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                if let ExecutorError::GermlineRefused { check, .. } = &e {
                     self.refused = Some(e.to_string());
+                    self.refused_by_check = e.is_refusal().then_some(*check);
                     self.germline = None;
                     return CallOutcome::refused(e);
                 }
@@ -484,9 +497,11 @@ impl GermlineRuntime {
                     twin: twin.clone(),
                     slot: serving.slot.clone(),
                     slot_label: serving.slot_label.clone(),
-                    replies: encode_replies(&serving.received),
+                    replies: encode_replies(&transcript_of(&serving.received, &prepared.plan_input.hosts)),
                     serving_requests: sh.records.copy_requests(t.serving_group_index, &t.host).to_vec(),
                     trigger_requests: sh.records.copy_requests(t.group_index, &t.host).to_vec(),
+                    copies: plan.groups.len(),
+                    secret: fresh_secret()?,
                 });
             }
         }
@@ -508,7 +523,7 @@ impl GermlineRuntime {
             tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
         }
         if let (Some(path), false) = (&self.trigger_log, outcome.evidence.is_empty()) {
-            append_evidence(path, &outcome.evidence)?;
+            append_evidence(path, &outcome.evidence, self.evidence_switches.commitments)?;
         }
         Ok(outcome)
     }
@@ -690,25 +705,59 @@ impl GermlineRuntime {
     }
 }
 
-/// Appends one JSON line of evidence per trigger and syncs, so a trigger once reported
-/// is not lost.
-fn append_evidence(path: &Path, evidence: &[TriggerEvidence]) -> Result<(), ExecutorError> {
+/// Appends the call's trigger evidence, and syncs, so a trigger once reported is not
+/// lost: one line per call to the trigger log, holding only what may be published (the
+/// first trigger's [`crate::evidence::PublicEvidence`]), and every trigger's full record
+/// (its opening) to `<log>.openings`, readable by the owner only.
+fn append_evidence(path: &Path, evidence: &[TriggerEvidence], commitments: bool) -> Result<(), ExecutorError> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(first) = evidence.first() else { return Ok(()) };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
     }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(ExecutorError::io(format!("opening trigger log {}", path.display())))?;
+    let mut openings_path = path.as_os_str().to_owned();
+    openings_path.push(".openings");
+    let openings_path = PathBuf::from(openings_path);
     let mut buf = Vec::new();
     for e in evidence {
         serde_json::to_writer(&mut buf, e).map_err(|e| ExecutorError::Call(e.to_string()))?;
         buf.push(b'\n');
     }
-    f.write_all(&buf).map_err(ExecutorError::io("writing the trigger log"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&openings_path)
+        .map_err(ExecutorError::io(format!("opening {}", openings_path.display())))?;
+    f.write_all(&buf).map_err(ExecutorError::io("writing trigger openings"))?;
+    f.sync_data().map_err(ExecutorError::io("syncing trigger openings"))?;
+
+    let mut line = serde_json::to_vec(&first.public(commitments)?).map_err(|e| ExecutorError::Call(e.to_string()))?;
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(ExecutorError::io(format!("opening trigger log {}", path.display())))?;
+    f.write_all(&line).map_err(ExecutorError::io("writing the trigger log"))?;
     f.sync_data().map_err(ExecutorError::io("syncing the trigger log"))
+}
+
+/// The serving copy's transcript for replay: what it received, and an empty transcript
+/// for every other declared host of the call. A replay answers and records requests only
+/// to hosts in its transcript, so without the empty ones a probe's requests to a host the
+/// serving copy never contacted would be denied unrecorded, and an item-dependent burst
+/// to such a host would replay as "no requests", never as an item witness.
+fn transcript_of(
+    received: &BTreeMap<HostName, Vec<Vec<u8>>>,
+    declared: &[(HostName, Clearance)],
+) -> BTreeMap<HostName, Vec<Vec<u8>>> {
+    let mut t = received.clone();
+    for (h, _) in declared {
+        t.entry(h.clone()).or_default();
+    }
+    t
 }
 
 /// What the broker keeps of each group's copy for evidence.

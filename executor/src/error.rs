@@ -53,6 +53,13 @@ impl ExecutorError {
         ExecutorError::Sandbox(format!("internal: {what}"))
     }
 
+    /// Whether this is a germline check refusing the release (G1–G3, namespaces,
+    /// children): the mechanism stopping a hostile release. A germline that could not
+    /// start (`start`) or any other error is a failure, not a refusal.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, ExecutorError::GermlineRefused { check, .. } if *check != "start")
+    }
+
     pub(crate) fn refused(check: &'static str, detail: impl Into<String>) -> ExecutorError {
         ExecutorError::GermlineRefused { check, detail: detail.into() }
     }

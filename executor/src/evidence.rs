@@ -5,19 +5,54 @@
 //! inputs (metadata, twin inputs, slot, the replies it received) and the names, labels
 //! and hashes of the items of both views. Item contents are never stored: a replay is
 //! given them, and checks them against the hashes.
+//!
+//! # What is published, and what is only opened (DESIGN §5, §6)
+//!
+//! The full record ([`TriggerEvidence`]) is item-derived: the request digests, replies,
+//! slot and item hashes are all things a copy that held an item chose, so a copy that
+//! sends one request per byte of an item turns published digests into a dictionary
+//! oracle (256 guesses per byte). The full record is therefore never published. It is
+//! the *opening*, kept by the witness holder (mode 0600 beside the witness) and given to
+//! a verifier together with the items. What is published ([`PublicEvidence`]) is:
+//!
+//! - the release hash and the tool name (call metadata the agent chose, bounded);
+//! - how many items the call had and how many copies its plan ran (metadata: Plan
+//!   decides them from labels and clearances, never from what a copy did);
+//! - an HMAC-SHA256 commitment to the full record, keyed by a fresh 256-bit secret per
+//!   trigger that only the opening holds. Without the secret the commitment is a
+//!   pseudorandom string: it says nothing about the record, and no guess about an item
+//!   can be checked against it.
+//!
+//! The rule: *published evidence has a fixed shape whose every field is either call
+//! metadata or keyed by a per-trigger secret; nothing a copy sent, received or wrote is
+//! published, hashed or not, and no count or choice a copy made is published.* One call
+//! publishes at most one witness (the heaviest verdict among its triggers, see the
+//! verifier) and at most one trigger-log line. The bits a release can still choose per
+//! call are whether the call yields a witness and, if so, which of the three verdict
+//! classes it carries (item witness, state divergence, unverified or declared-broken):
+//! at most log2(4) = 2 bits per call, the same bits the dampening events already carry.
+//! The trigger's host, kind and position, the request counts and the per-try outcomes
+//! stay in the opening.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use germline_model::{HostName, ItemName, Label, ReleaseHash, RequestDigest, TriggerKind};
+use ring::hmac;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::call::TwinInputs;
 use crate::ExecutorError;
 
-/// Version of the evidence encoding.
-pub const EVIDENCE_VERSION: u32 = 1;
+/// Version of the evidence encoding (2: published evidence is a commitment).
+pub const EVIDENCE_VERSION: u32 = 2;
+
+/// Domain separation of the evidence commitment.
+const EVIDENCE_DOMAIN: &[u8] = b"germline-evidence v2\n";
+
+/// Longest tool name published as is; longer or unusual names are published by hash.
+const MAX_PUBLIC_TOOL_NAME: usize = 128;
 
 /// One item as evidence names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,9 +100,133 @@ pub struct TriggerEvidence {
     pub serving_requests: Vec<RequestDigest>,
     /// The triggering copy's requests to `host`.
     pub trigger_requests: Vec<RequestDigest>,
+    /// How many copies the call's plan ran.
+    pub copies: usize,
+    /// The per-trigger secret keying the commitment (64 hex digits). Not covered by the
+    /// commitment itself; present only in the opening.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret: String,
+}
+
+/// What is published of a trigger: call metadata and a keyed commitment (module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PublicEvidence {
+    /// Encoding version.
+    pub version: u32,
+    /// The release.
+    pub release: ReleaseHash,
+    /// The tool called, or `sha256:<hex>` of its name when that is not a short plain name.
+    pub tool: String,
+    /// How many items the call had.
+    pub items: u32,
+    /// How many copies the call's plan ran.
+    pub copies: u32,
+    /// HMAC-SHA256 (hex) of the full record under its per-trigger secret.
+    pub commitment: String,
+    /// The full record in the clear: only with commitments switched off (the "mechanism
+    /// off" twin tests use to show what publishing it discloses). Never set otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disclosed: Option<Box<TriggerEvidence>>,
+}
+
+/// A fresh 256-bit secret for one trigger's commitments (hex).
+pub fn fresh_secret() -> Result<String, ExecutorError> {
+    let mut k = [0u8; 32];
+    getrandom::fill(&mut k).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+    Ok(hex::encode(k))
+}
+
+fn secret_key(secret_hex: &str) -> Result<hmac::Key, ExecutorError> {
+    let mut k = [0u8; 32];
+    hex::decode_to_slice(secret_hex, &mut k)
+        .map_err(|_| ExecutorError::Call("evidence secret is not 64 hex digits".into()))?;
+    Ok(hmac::Key::new(hmac::HMAC_SHA256, &k))
+}
+
+/// HMAC-SHA256 (hex) of `domain || bytes` under the hex secret.
+pub fn keyed_commitment(secret_hex: &str, domain: &[u8], bytes: &[u8]) -> Result<String, ExecutorError> {
+    let key = secret_key(secret_hex)?;
+    let mut ctx = hmac::Context::with_key(&key);
+    ctx.update(domain);
+    ctx.update(bytes);
+    Ok(hex::encode(ctx.sign().as_ref()))
+}
+
+/// Checks (in constant time) that `commitment` is the HMAC of `domain || bytes`.
+pub fn check_keyed_commitment(
+    secret_hex: &str,
+    domain: &[u8],
+    bytes: &[u8],
+    commitment: &str,
+) -> Result<(), ExecutorError> {
+    let key = secret_key(secret_hex)?;
+    let tag = hex::decode(commitment).map_err(|_| ExecutorError::Call("commitment is not hex".into()))?;
+    let mut msg = domain.to_vec();
+    msg.extend_from_slice(bytes);
+    hmac::verify(&key, &msg, &tag).map_err(|_| ExecutorError::Call("the opening does not match the commitment".into()))
+}
+
+/// The tool name as published: as is when short and plain (MCP's tool-name alphabet),
+/// else by hash, so a release cannot make its witnesses large through a long name.
+pub fn public_tool_name(tool: &str) -> String {
+    let plain = !tool.is_empty()
+        && tool.len() <= MAX_PUBLIC_TOOL_NAME
+        && tool.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/'));
+    if plain {
+        tool.to_owned()
+    } else {
+        use sha2::{Digest, Sha256};
+        format!("sha256:{}", hex::encode(Sha256::digest(tool.as_bytes())))
+    }
 }
 
 impl TriggerEvidence {
+    /// The bytes the commitment covers: the record's JSON without its secret.
+    fn committed_bytes(&self) -> Result<Vec<u8>, ExecutorError> {
+        let mut bare = self.clone();
+        bare.secret.clear();
+        serde_json::to_vec(&bare).map_err(|e| ExecutorError::Call(format!("encoding evidence: {e}")))
+    }
+
+    /// What is published of this record. `commitments` off (tests only) publishes the
+    /// record itself beside the commitment.
+    pub fn public(&self, commitments: bool) -> Result<PublicEvidence, ExecutorError> {
+        let commitment = keyed_commitment(&self.secret, EVIDENCE_DOMAIN, &self.committed_bytes()?)?;
+        let disclosed = if commitments {
+            None
+        } else {
+            let mut clear = self.clone();
+            clear.secret.clear();
+            Some(Box::new(clear))
+        };
+        Ok(PublicEvidence {
+            version: EVIDENCE_VERSION,
+            release: self.release,
+            tool: public_tool_name(&self.tool),
+            items: u32::try_from(self.items.len()).unwrap_or(u32::MAX),
+            copies: u32::try_from(self.copies).unwrap_or(u32::MAX),
+            commitment,
+            disclosed,
+        })
+    }
+
+    /// Checks that this record (an opening) is the one `public` commits to.
+    pub fn opens(&self, public: &PublicEvidence) -> Result<(), ExecutorError> {
+        if self.version != EVIDENCE_VERSION || public.version != EVIDENCE_VERSION {
+            return Err(ExecutorError::Call("unsupported evidence version".into()));
+        }
+        check_keyed_commitment(&self.secret, EVIDENCE_DOMAIN, &self.committed_bytes()?, &public.commitment)?;
+        let ours = self.public(public.disclosed.is_none())?;
+        if ours.release != public.release
+            || ours.tool != public.tool
+            || ours.items != public.items
+            || ours.copies != public.copies
+        {
+            return Err(ExecutorError::Call("the opening does not match the published evidence".into()));
+        }
+        Ok(())
+    }
+
     /// Decoded transcript replies.
     pub fn decoded_replies(&self) -> Result<BTreeMap<HostName, Vec<Vec<u8>>>, ExecutorError> {
         let b64 = base64::engine::general_purpose::STANDARD;

@@ -141,6 +141,14 @@ impl Runtime {
         }
     }
 
+    /// Why a germline check refused the release while it ran (germline runtimes only).
+    pub fn refusal(&self) -> Option<&str> {
+        match self {
+            Runtime::Germline(g) => g.refusal(),
+            _ => None,
+        }
+    }
+
     /// Runs one call.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
         match self {

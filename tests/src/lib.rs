@@ -29,5 +29,24 @@ pub mod oracle;
 pub mod sink;
 pub mod world;
 
+/// Whether a test that needs `what` may go on. Present → `true`. Missing → the test
+/// fails, unless the run explicitly allows it to be skipped (`GERMLINE_ALLOW_SKIP` set to
+/// the test's name, a comma-separated list holding it, or `all`) and is not CI
+/// (`CI=true`): then it says why and `false` tells the test to return. A test never skips
+/// silently, and never in CI.
+pub fn prerequisite(test: &str, what: &str, present: bool) -> bool {
+    if present {
+        return true;
+    }
+    let allowed = std::env::var("GERMLINE_ALLOW_SKIP")
+        .is_ok_and(|v| v.split(',').map(str::trim).any(|n| n == test || n == "all"));
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    if !allowed || ci {
+        panic!("{test} needs {what} (set GERMLINE_ALLOW_SKIP={test} outside CI to skip it)");
+    }
+    eprintln!("SKIPPED ({test}, allowed by GERMLINE_ALLOW_SKIP): needs {what}");
+    false
+}
+
 pub use oracle::{discloses, Canary, Disclosure, Encoding, Layer, Oracle};
 pub use sink::{HttpsSink, RecordedRequest, Sink, SinkBehaviour, TestCa, TlsFront};

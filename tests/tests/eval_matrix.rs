@@ -1,6 +1,7 @@
 //! Issue 7 acceptance in CI: the attack matrix (one trial per cell) and the existence-bit
 //! test, with their result files written under the target directory. A regression in any
-//! runtime's expected row fails the build.
+//! runtime's expected row fails the build, and so does an attack variant without its
+//! control (no disclosure under sig-pin) or a cell that errored instead of running.
 
 use germline_executor::runtime::RuntimeKind;
 use germline_tests::eval::{run_existence_bit, run_matrix, Matrix, MatrixOptions};
@@ -26,6 +27,10 @@ fn eval_matrix_meets_the_expectations() {
     std::fs::write(dir.join("matrix.svg"), m.render_svg()).unwrap();
     println!("{}", m.render_text());
     let attacks: Vec<&String> = m.variants.iter().filter(|v| *v != "benign").collect();
+    assert!(m.no_control.is_empty(), "NO CONTROL: {:?} do not disclose under sig-pin", m.no_control);
+    for kind in RuntimeKind::ALL {
+        assert_eq!(m.errors(kind.name()), 0, "{}: error cells are not results", kind.name());
+    }
     for kind in RuntimeKind::ALL {
         let r = kind.name();
         let benign = m.cell("benign", r).unwrap();
@@ -35,6 +40,7 @@ fn eval_matrix_meets_the_expectations() {
     for v in &attacks {
         let c = m.cell(v, "germline").unwrap();
         assert_eq!(c.disclosing, 0, "germline discloses on {v}: {:?}", c.examples);
+        assert!(c.stopped(), "germline's {v} cell ran and was judged: {c:?}");
     }
     for r in ["sig-pin", "sig-ifc"] {
         let n = attacks.iter().filter(|v| disclosing(&m, v, r) > 0).count();

@@ -80,7 +80,10 @@ fn within_call_mixing_is_split_away() {
             assert_eq!(o.triggers.len(), 1, "the agent's copy asked for a different OCR request: {:?}", o.triggers);
             let logged = std::fs::read_to_string(&trigger_log).unwrap();
             assert_eq!(logged.lines().count(), 1, "the trigger is in the trigger log: {logged}");
-            assert!(logged.contains("\"mismatch\"") && logged.contains("ocr.example"), "{logged}");
+            assert!(logged.contains("\"commitment\"") && !logged.contains("ocr.example"), "{logged}");
+            // The full record is the opening, kept beside the log.
+            let openings = std::fs::read_to_string(w.dir.path().join("triggers.jsonl.openings")).unwrap();
+            assert!(openings.contains("\"mismatch\"") && openings.contains("ocr.example"), "{openings}");
         } else {
             assert!(!trigger_log.exists(), "no trigger without splitting");
         }

@@ -273,8 +273,12 @@ fn ip(args: &[&str]) -> bool {
 impl TestNet {
     fn create() -> Option<TestNet> {
         // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || !ip(&["-V"]) {
-            eprintln!("skipping: needs root and iproute2 to build a test network namespace");
+        let present = unsafe { libc::geteuid() } == 0 && ip(&["-V"]);
+        if !germline_tests::prerequisite(
+            "a_copy_that_ignores_the_proxy_gets_nothing_out",
+            "root and iproute2 (a test network namespace)",
+            present,
+        ) {
             return None;
         }
         let id = std::process::id() % 100_000;

@@ -16,7 +16,10 @@ use germline_executor::evidence::TriggerEvidence;
 use germline_model::{ItemName, RequestDigest};
 use serde::{Deserialize, Serialize};
 
-pub use witness::{Witness, WitnessBody, WitnessKey, WITNESS_VERSION};
+pub use witness::{PublicReport, Witness, WitnessBody, WitnessKey, WitnessOpening, MAX_WITNESS_BYTES, WITNESS_VERSION};
+
+/// Most probe (and control) tries a verification runs or a witness may record.
+pub const MAX_TRIES: usize = 16;
 
 /// Errors of verification.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +117,8 @@ impl Replayer for germline_executor::call::GermlineRuntime {
     }
 }
 
-/// Runs `tries` probes and `tries` controls (interleaved) and classifies.
+/// Runs `tries` probes and `tries` controls (interleaved, at most [`MAX_TRIES`] each) and
+/// classifies.
 pub fn verify_trigger(
     replayer: &mut dyn Replayer,
     ev: &TriggerEvidence,
@@ -122,7 +126,7 @@ pub fn verify_trigger(
     tries: usize,
     declared_deterministic: bool,
 ) -> Result<ReplayReport, VerifierError> {
-    let tries = tries.max(1);
+    let tries = tries.clamp(1, MAX_TRIES);
     let mut probe_differs = Vec::with_capacity(tries);
     let mut control_differs = Vec::with_capacity(tries);
     for _ in 0..tries {

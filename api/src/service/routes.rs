@@ -309,7 +309,8 @@ pub struct WitnessView {
     declared_deterministic: Option<bool>,
     /// The tool called.
     tool: Option<String>,
-    /// The destination whose record diverged.
+    /// The destination whose record diverged: never published (it is the release's
+    /// choice, kept in the witness's opening), so always absent.
     destination: Option<String>,
     /// Signing host key (hex Ed25519).
     signer: Option<String>,
@@ -902,7 +903,6 @@ fn witness_view(index: u64, e: &germline_ledger::Entry) -> WitnessView {
             v.verdict = serde_json::to_value(w.body.report.verdict).ok().and_then(|x| x.as_str().map(str::to_owned));
             v.declared_deterministic = Some(w.body.declared_deterministic);
             v.tool = Some(w.body.evidence.tool.clone());
-            v.destination = Some(w.body.evidence.host.to_string());
             v.signer = Some(hex::encode(w.public_key));
         }
         Err(e) => v.problem = Some(e),

@@ -22,6 +22,24 @@ pub fn ok_sink(max: usize) -> u16 {
     port
 }
 
+/// A loopback server answering 200 with `size` bytes to up to `max` connections; returns
+/// its port.
+pub fn large_reply_sink(max: usize, size: usize) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut reply = format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\nconnection: close\r\n\r\n").into_bytes();
+        reply.extend((0..size).map(|i| b'a' + (i % 26) as u8));
+        for mut c in l.incoming().take(max).flatten() {
+            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+            let mut buf = [0u8; 65536];
+            let _ = c.read(&mut buf);
+            let _ = std::io::Write::write_all(&mut c, &reply);
+        }
+    });
+    port
+}
+
 /// The leaky `mixer` release the CLI tests share: its `scan` always sends the document and
 /// the extra file to `ocr.example`. Written to `rel` under `name`, declaring determinism
 /// or not.
@@ -47,6 +65,15 @@ pub fn mixer_world(
     sink_connections: usize,
     extra: &str,
 ) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    mixer_world_at(dir, ok_sink(sink_connections), extra)
+}
+
+/// [`mixer_world`] with the OCR host at the loopback port `sink_port`.
+pub fn mixer_world_at(
+    dir: &std::path::Path,
+    sink_port: u16,
+    extra: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
     let items = dir.join("items");
     std::fs::create_dir_all(items.join("finance")).unwrap();
     std::fs::create_dir_all(items.join("hr")).unwrap();
@@ -59,7 +86,7 @@ pub fn mixer_world(
         format!(
             "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n{extra}[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n[hosts]\n\"ocr.example\" = \"127.0.0.1:{p}\"\n",
             i = items.display(),
-            p = ok_sink(sink_connections)
+            p = sink_port
         ),
     )
     .unwrap();

@@ -1,5 +1,12 @@
 //! The disclosure matrix: every attack variant under every runtime, judged by the oracle
 //! from what the loopback sinks and the result consumers received.
+//!
+//! A cell says "stopped" only when the runtime ran and nothing disclosed. A runtime that
+//! did not start, or a trial in which no step ran without the germline having refused the
+//! release, is an *error*: counted in the ERRORS row, never as "no disclosure". A germline
+//! check refusing the release (G1–G3) is a stop and is shown as `refused`. Each attack
+//! variant carries its own control: it must disclose under `sig-pin` (always run), or the
+//! matrix reports it as NO CONTROL — an attack that does not attack proves nothing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,6 +39,9 @@ pub struct Variant {
 const fn v(name: &'static str) -> Variant {
     Variant { name, notes: name, docs: name, extra_hosts: &[] }
 }
+
+/// The runtime under which every attack variant must disclose (its control).
+pub const CONTROL: RuntimeKind = RuntimeKind::SigPin;
 
 /// The corpus: the benign release and one variant per attack.
 pub const VARIANTS: [Variant; 18] = [
@@ -72,8 +82,13 @@ pub struct Cell {
     pub steps: usize,
     /// A few of the disclosures found (sink, label, encoding).
     pub examples: Vec<String>,
-    /// Why the runtime did not start, if it did not.
-    pub start_error: Option<String>,
+    /// Why a germline check refused the release (a stop, not an error), if it did.
+    pub refused: Option<String>,
+    /// Why the runtime failed to start, if it did: the whole cell is an error.
+    pub error: Option<String>,
+    /// Trials that could not be judged (the runtime did not start, or no step ran and
+    /// nothing refused the release); their "no disclosure" means nothing.
+    pub error_trials: usize,
     /// Wall time of the cell in seconds.
     pub seconds: f64,
 }
@@ -89,6 +104,8 @@ pub struct Matrix {
     pub variants: Vec<String>,
     /// Every cell.
     pub cells: Vec<Cell>,
+    /// Attack variants that do not disclose under their control (`sig-pin`).
+    pub no_control: Vec<String>,
     /// SHA-256 of each signed, admitted release archive.
     pub releases: BTreeMap<String, String>,
     /// Total wall time in seconds.
@@ -140,8 +157,12 @@ pub struct MatrixOptions {
 pub fn run_matrix(opts: &MatrixOptions, python: &PythonRuntime) -> Result<Matrix, ExecutorError> {
     let t0 = Instant::now();
     let world = EvalWorld::new()?;
-    let kinds: Vec<RuntimeKind> =
+    let mut kinds: Vec<RuntimeKind> =
         if opts.runtimes.is_empty() { RuntimeKind::ALL.to_vec() } else { opts.runtimes.clone() };
+    // The control runs whatever was asked for.
+    if !kinds.contains(&CONTROL) {
+        kinds.insert(0, CONTROL);
+    }
     let variants: Vec<Variant> = VARIANTS
         .iter()
         .filter(|v| opts.variants.is_empty() || opts.variants.iter().any(|n| n == v.name))
@@ -173,14 +194,17 @@ pub fn run_matrix(opts: &MatrixOptions, python: &PythonRuntime) -> Result<Matrix
         eprintln!("keeping the eval world at {}", world.dir.path().display());
         std::mem::forget(world);
     }
-    Ok(Matrix {
+    let mut m = Matrix {
         trials: opts.trials,
         runtimes: kinds.iter().map(|k| k.name().to_owned()).collect(),
         variants: variants.iter().map(|v| v.name.to_owned()).collect(),
         cells,
+        no_control: Vec::new(),
         releases,
         seconds: t0.elapsed().as_secs_f64(),
-    })
+    };
+    m.no_control = m.missing_controls();
+    Ok(m)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -216,7 +240,9 @@ fn run_cell(
         steps_completed: 0,
         steps: 0,
         examples: Vec::new(),
-        start_error: None,
+        refused: None,
+        error: None,
+        error_trials: 0,
         seconds: 0.0,
     };
     // Items exist before the runtimes start (an initialisation may read them); the oracle
@@ -224,25 +250,15 @@ fn run_cell(
     let mut next_items = Some(world.new_trial()?);
     let mut planted = crate::oracle::Oracle::new();
     let start = |dir: &Path| Runtime::start(kind, dir, world.policy(&addrs)?, python.clone());
-    let mut notes_rt = match start(notes) {
+    let started = start(notes).and_then(|n| if docs != notes { Ok((n, Some(start(docs)?))) } else { Ok((n, None)) });
+    let (mut notes_rt, mut docs_rt) = match started {
         Ok(r) => r,
         Err(e) => {
-            cell.start_error = Some(e.to_string());
             cell.steps = trials * 6;
+            cell.note_start_failure(&e);
+            cell.seconds = t0.elapsed().as_secs_f64();
             return Ok(cell);
         }
-    };
-    let mut docs_rt = if docs != notes {
-        match start(docs) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                cell.start_error = Some(e.to_string());
-                cell.steps = trials * 6;
-                return Ok(cell);
-            }
-        }
-    } else {
-        None
     };
     for _ in 0..trials {
         let items = match next_items.take() {
@@ -252,6 +268,7 @@ fn run_cell(
         planted.canaries.extend(items.oracle.canaries.iter().cloned());
         let offsets: Vec<usize> = sinks.iter().map(|(_, _, s)| s.received().len()).collect();
         let mut consumer_bytes: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+        let mut trial_completed = 0;
         for step in scenario(&items) {
             let rt = match (&mut docs_rt, step.role) {
                 (Some(d), "docs") => d,
@@ -261,6 +278,7 @@ fn run_cell(
             cell.steps += 1;
             if o.error.is_none() {
                 cell.steps_completed += 1;
+                trial_completed += 1;
             }
             let text = o.result.as_ref().map(|r| r.to_string()).unwrap_or_default();
             let consumers: Vec<&str> = if step.req.consumers.is_empty() {
@@ -309,6 +327,14 @@ fn run_cell(
                 found.push(format!("consumer {} <- {} ({:?})", d.sink, d.label.join("."), d.encoding));
             }
         }
+        if found.is_empty() && trial_completed == 0 {
+            // Nothing ran: a stop only if a germline check refused the release.
+            let refusal = notes_rt.refusal().or_else(|| docs_rt.as_ref().and_then(Runtime::refusal));
+            match refusal {
+                Some(why) => cell.refused = Some(why.to_owned()),
+                None => cell.error_trials += 1,
+            }
+        }
         if !found.is_empty() {
             cell.disclosing += 1;
             found.sort();
@@ -326,7 +352,45 @@ fn run_cell(
     Ok(cell)
 }
 
+impl Cell {
+    /// Records a runtime that did not start: a germline check refusing the release is a
+    /// stop; anything else makes every trial an error.
+    pub fn note_start_failure(&mut self, e: &ExecutorError) {
+        if e.is_refusal() {
+            self.refused = Some(e.to_string());
+        } else {
+            self.error = Some(e.to_string());
+            self.error_trials = self.runs;
+        }
+    }
+
+    /// Whether the cell shows an attack stopped: it ran, judged every trial, and nothing
+    /// disclosed.
+    pub fn stopped(&self) -> bool {
+        self.error.is_none() && self.error_trials == 0 && self.disclosing == 0
+    }
+}
+
 impl Matrix {
+    /// Attack variants whose control cell (`sig-pin`) is missing, has errors, or never
+    /// disclosed.
+    pub fn missing_controls(&self) -> Vec<String> {
+        self.variants
+            .iter()
+            .filter(|v| *v != "benign")
+            .filter(|v| {
+                self.cell(v, CONTROL.name())
+                    .is_none_or(|c| c.error.is_some() || c.error_trials > 0 || c.disclosing == 0)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Error trials of `runtime` over all variants.
+    pub fn errors(&self, runtime: &str) -> usize {
+        self.cells.iter().filter(|c| c.runtime == runtime).map(|c| c.error_trials).sum()
+    }
+
     /// The cell for (variant, runtime).
     pub fn cell(&self, variant: &str, runtime: &str) -> Option<&Cell> {
         self.cells.iter().find(|c| c.variant == variant && c.runtime == runtime)
@@ -349,7 +413,9 @@ impl Matrix {
             let _ = write!(s, "{v:<14}");
             for r in &self.runtimes {
                 let txt = match self.cell(v, r) {
-                    Some(c) if c.start_error.is_some() => format!("refused {}/{}", c.disclosing, c.runs),
+                    Some(c) if c.error.is_some() => "ERROR".into(),
+                    Some(c) if c.error_trials > 0 => format!("{}/{} E{}", c.disclosing, c.runs, c.error_trials),
+                    Some(c) if c.refused.is_some() => format!("refused {}/{}", c.disclosing, c.runs),
                     Some(c) => format!("{}/{}", c.disclosing, c.runs),
                     None => "-".into(),
                 };
@@ -363,6 +429,11 @@ impl Matrix {
             let _ = write!(s, " {:>13}", format!("{d}/{n}"));
         }
         s.push('\n');
+        let _ = write!(s, "{:<14}", "ERRORS");
+        for r in &self.runtimes {
+            let _ = write!(s, " {:>13}", self.errors(r));
+        }
+        s.push('\n');
         let _ = write!(s, "{:<14}", "benign steps");
         for r in &self.runtimes {
             let txt = self
@@ -372,6 +443,9 @@ impl Matrix {
             let _ = write!(s, " {txt:>13}");
         }
         s.push('\n');
+        if !self.no_control.is_empty() {
+            let _ = writeln!(s, "NO CONTROL (no disclosure under {}): {}", CONTROL.name(), self.no_control.join(", "));
+        }
         let _ = writeln!(s, "({} trial(s) per cell, {:.1} s)", self.trials, self.seconds);
         s
     }
@@ -400,22 +474,79 @@ impl Matrix {
                 let frac = if c.runs == 0 { 0.0 } else { c.disclosing as f64 / c.runs as f64 };
                 let red = 255;
                 let gb = (255.0 * (1.0 - frac)) as u8;
-                let fill =
-                    if c.start_error.is_some() { "#cccccc".to_string() } else { format!("rgb({red},{gb},{gb})") };
+                let fill = if c.error.is_some() || c.error_trials > 0 {
+                    "#ffd700".to_string()
+                } else if c.refused.is_some() {
+                    "#cccccc".to_string()
+                } else {
+                    format!("rgb({red},{gb},{gb})")
+                };
                 let x = left + cw * j;
                 let _ = writeln!(
                     s,
-                    "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{fill}\" stroke=\"#888\"/><text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}/{}</text>",
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{fill}\" stroke=\"#888\"/><text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
                     cw - 2,
                     ch - 2,
                     x + cw / 2,
                     y + ch / 2 + 4,
-                    c.disclosing,
-                    c.runs
+                    if c.error.is_some() { "ERROR".to_string() } else { format!("{}/{}", c.disclosing, c.runs) }
                 );
             }
         }
         s.push_str("</svg>\n");
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runtime_that_cannot_start_is_an_error_cell_not_a_stop() {
+        let world = EvalWorld::new().unwrap();
+        let missing = world.dir.path().join("no-such-release");
+        let python = PythonRuntime {
+            python: "/nonexistent/python".into(),
+            shim_dir: world.dir.path().join("shim"),
+            read_paths: Vec::new(),
+        };
+        let var = VARIANTS.iter().find(|v| v.name == "smuggle").unwrap();
+        let mut cells = Vec::new();
+        for kind in [CONTROL, RuntimeKind::Germline] {
+            let c = run_cell(&world, var, kind, &missing, &missing, 2, &python).unwrap();
+            assert!(c.error.is_some() && c.refused.is_none(), "{c:?}");
+            assert_eq!((c.disclosing, c.error_trials), (0, 2), "{c:?}");
+            assert!(!c.stopped(), "no disclosure from a runtime that never ran is not a stop");
+            cells.push(c);
+        }
+        // The twin: a germline check refusing the release is the mechanism, a stop.
+        let mut refused = cells[1].clone();
+        refused.error = None;
+        refused.error_trials = 0;
+        refused.note_start_failure(&ExecutorError::GermlineRefused { check: "G1", detail: "2 threads".into() });
+        assert!(refused.refused.is_some() && refused.error.is_none() && refused.stopped(), "{refused:?}");
+        let mut broken = refused.clone();
+        broken.refused = None;
+        broken.note_start_failure(&ExecutorError::GermlineRefused { check: "start", detail: "no python".into() });
+        assert!(broken.error.is_some() && !broken.stopped(), "{broken:?}");
+
+        let mut m = Matrix {
+            trials: 2,
+            runtimes: vec![CONTROL.name().into(), "germline".into()],
+            variants: vec!["smuggle".into()],
+            cells,
+            no_control: Vec::new(),
+            releases: BTreeMap::new(),
+            seconds: 0.0,
+        };
+        m.no_control = m.missing_controls();
+        assert_eq!(m.no_control, vec!["smuggle".to_string()], "a control that did not run controls nothing");
+        assert_eq!((m.errors(CONTROL.name()), m.errors("germline")), (2, 2));
+        let text = m.render_text();
+        let row = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_owned();
+        assert!(row("smuggle").contains("ERROR") && !row("smuggle").contains("0/2"), "{text}");
+        assert_eq!(row("ERRORS").split_whitespace().collect::<Vec<_>>(), ["ERRORS", "2", "2"], "{text}");
+        assert!(text.contains("NO CONTROL") && text.contains("smuggle"), "{text}");
     }
 }
