@@ -266,7 +266,13 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
     }
     assert_eq!(svc.get("/healthz").json()["status"], "ok");
     mark("get", "/healthz");
-    assert_eq!(svc.get("/readyz").json()["status"], "ready");
+    let ready = svc.get("/readyz").json();
+    assert_eq!(ready["status"], "ready");
+    let limits = ready["per_copy_limits"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        limits.contains("per copy") || limits.starts_with("NO per-copy"),
+        "/readyz says what limits copies: {ready}"
+    );
     mark("get", "/readyz");
     let doc = svc.get("/openapi.json").json();
     mark("get", "/openapi.json");

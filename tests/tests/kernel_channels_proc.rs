@@ -92,6 +92,17 @@ def create_server():
     return m
 "#;
 
+/// Puts every switch back however a run ends.
+struct Reset;
+
+impl Drop for Reset {
+    fn drop(&mut self) {
+        PROCESS_ACCOUNTING_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
+        PREFER_V2_FOR_TESTS.store(false, Ordering::SeqCst);
+        NO_CGROUPS_FOR_TESTS.store(false, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn a_relay_outside_every_copy_is_refused_by_name() {
     let _turn = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
@@ -107,16 +118,13 @@ fn a_relay_outside_every_copy_is_refused_by_name() {
         let policy = w.policy(&[("public.example", &[], Some(sink.addr()))], &[("agent", &["hr"])], "");
         PROCESS_ACCOUNTING_OFF_FOR_TESTS.store(!on, Ordering::SeqCst);
         PREFER_V2_FOR_TESTS.store(v2, Ordering::SeqCst);
-        let outcome = (|| {
-            let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("the germline starts");
-            let stash = rt.call(&request("stash", json!({"document": payslip}), &[&payslip]));
-            std::thread::sleep(Duration::from_millis(200));
-            let recover = rt.call(&request("recover", json!({}), &[]));
-            (stash, recover)
-        })();
-        PROCESS_ACCOUNTING_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
-        PREFER_V2_FOR_TESTS.store(false, Ordering::SeqCst);
-        let (stash, recover) = outcome;
+        let reset = Reset;
+        let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("the germline starts");
+        let stash = rt.call(&request("stash", json!({"document": payslip}), &[&payslip]));
+        std::thread::sleep(Duration::from_millis(200));
+        let recover = rt.call(&request("recover", json!({}), &[]));
+        drop(rt);
+        drop(reset);
         let leaked = !oracle.disclosures("public", &[], &sink.received()).is_empty();
         if on {
             let err = stash.error.clone().unwrap_or_default();
@@ -155,9 +163,10 @@ fn require_limits_refuses_a_host_without_cgroups() {
         let extra = format!("[limits]\nrequire_limits = {require}\n");
         let policy = w.policy(&[], &[("agent", &[])], &extra);
         NO_CGROUPS_FOR_TESTS.store(no_cgroups, Ordering::SeqCst);
+        let reset = Reset;
         let support = host_support();
         let started = w.start(RuntimeKind::Germline, &rel, policy);
-        NO_CGROUPS_FOR_TESTS.store(false, Ordering::SeqCst);
+        drop(reset);
         assert_eq!(support.limits(), !no_cgroups);
         match started {
             Ok(mut rt) => {
