@@ -58,6 +58,8 @@ pub struct Confinement {
     pub limits: ResourceLimits,
     /// Mechanisms on (the default) or off (tests only).
     pub switches: SandboxSwitches,
+    /// The syscall filter (the allowlist unless a test turns it off).
+    pub seccomp: SeccompPolicy,
 }
 
 /// Sandbox mechanisms a test switches off to show what each one prevents (every security
@@ -136,8 +138,6 @@ impl SandboxIds {
         };
         bits & need == need
     }
-    /// The syscall filter (the allowlist unless a test turns it off).
-    pub seccomp: SeccompPolicy,
 }
 
 /// A prepared sandbox: everything that allocates much is done in the parent, so the
