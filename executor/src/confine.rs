@@ -556,6 +556,8 @@ const STEPS: [&str; 15] = [
     "passing the control socket",
 ];
 
+const _: () = assert!(STEPS.len() == (Step::ControlFd as u32 - Step::MountNamespace as u32 + 1) as usize);
+
 /// Explains a failed germline start by the step the child reported.
 pub struct BuildReport {
     rx: Option<OwnedFd>,

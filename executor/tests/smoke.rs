@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::time::Duration;
 
-use germline_executor::confine::ResourceLimits;
+use germline_executor::confine::{Confinement, ResourceLimits};
 use germline_executor::germline::{Germline, GermlineSpec, PythonRuntime};
 use germline_executor::outside::{prepare_copy, CopyFile};
 
@@ -60,4 +60,27 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
     eprintln!("call: {line}");
     assert!(line.contains("VIEWhi"), "{line}");
     copy.kill().unwrap();
+}
+
+/// Bad input: a sandbox whose set-up fails in the child is refused with the failed step
+/// named (here the working directory does not exist inside the root).
+#[test]
+fn a_sandbox_that_fails_to_build_names_the_step() {
+    use std::os::fd::AsRawFd;
+    let tmp = tempfile::tempdir().unwrap();
+    let confinement = Confinement {
+        read_only: vec!["/usr".into(), "/bin".into(), "/lib".into()],
+        data_roots: vec![tmp.path().join("data")],
+        ..Confinement::default()
+    };
+    let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let sandbox = confinement
+        .prepare(&tmp.path().join("stage"), std::path::Path::new("/no-such-workdir"), theirs.as_raw_fd())
+        .unwrap();
+    std::fs::create_dir_all(tmp.path().join("stage")).unwrap();
+    let mut cmd = std::process::Command::new("/bin/true");
+    let report = sandbox.install(&mut cmd);
+    let e = cmd.spawn().map(|mut c| c.wait()).unwrap_err();
+    let why = report.explain(&e);
+    assert!(why.contains("entering the release directory failed"), "{why}");
 }
