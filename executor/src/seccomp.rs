@@ -705,8 +705,8 @@ mod tests {
         for req in IOCTL_REQUESTS {
             assert_eq!(call(&on, libc::SYS_ioctl, &[0, req]), ALLOW);
         }
-        assert_eq!(call(&on, libc::SYS_ioctl, &[0, u64::from(libc::FIOASYNC)]), EPERM);
-        assert_eq!(call(&on, libc::SYS_ioctl, &[0, u64::from(libc::TIOCSTI)]), EPERM);
+        assert_eq!(call(&on, libc::SYS_ioctl, &[0, libc::FIOASYNC]), EPERM);
+        assert_eq!(call(&on, libc::SYS_ioctl, &[0, libc::TIOCSTI]), EPERM);
         let sock = |d: i32, t: i32, p: i32| call(&on, libc::SYS_socket, &[word(d), word(t), word(p)]);
         assert_eq!(sock(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0), ALLOW);
         assert_eq!(sock(libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_TCP), ALLOW);

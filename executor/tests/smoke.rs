@@ -75,7 +75,7 @@ fn a_sandbox_that_fails_to_build_names_the_step() {
     };
     let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
     let sandbox = confinement
-        .prepare(&tmp.path().join("stage"), std::path::Path::new("/no-such-workdir"), theirs.as_raw_fd())
+        .prepare(&tmp.path().join("stage"), std::path::Path::new("/no-such-workdir"), Some(theirs.as_raw_fd()))
         .unwrap();
     std::fs::create_dir_all(tmp.path().join("stage")).unwrap();
     let mut cmd = std::process::Command::new("/bin/true");
