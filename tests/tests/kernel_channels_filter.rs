@@ -138,8 +138,11 @@ fn live_pair(
     secret: &Path,
 ) -> (Value, String) {
     let policy_for = || w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
-    let mut sender = w.start(RuntimeKind::Germline, rel, policy_for()).unwrap();
-    let mut receiver = w.start(RuntimeKind::Germline, rel, policy_for()).unwrap();
+    // Only the filter differs between the two runs: copies run as the broker's uid in both
+    // (a lease needs the file's owner; with the unprivileged sandbox ids the kernel's
+    // ownership check would refuse it before the filter is reached).
+    let mut sender = w.start_with(RuntimeKind::Germline, rel, policy_for(), owner_ids()).unwrap();
+    let mut receiver = w.start_with(RuntimeKind::Germline, rel, policy_for(), owner_ids()).unwrap();
     for rt in [&mut sender, &mut receiver] {
         germline(rt).set_seccomp_policy(policy.clone());
         // Start the germline under the policy before timing matters.
@@ -240,16 +243,45 @@ def create_server():
     return m
 "#;
 
+fn owner_ids() -> germline_executor::confine::SandboxSwitches {
+    germline_executor::confine::SandboxSwitches { sandbox_ids: false, ..Default::default() }
+}
+
+/// Holds G2 relaxed (a germline may keep read-only files across fork, as before issue 11)
+/// while it lives, so the filter alone is what the signal-settings test compares: with G2
+/// on, the release is refused at start and no open file description is shared at all.
+struct RelaxedG2;
+
+impl RelaxedG2 {
+    fn hold() -> RelaxedG2 {
+        germline_executor::inspect::RELAX_G2_FOR_TESTS.store(true, std::sync::atomic::Ordering::SeqCst);
+        RelaxedG2
+    }
+}
+
+impl Drop for RelaxedG2 {
+    fn drop(&mut self) {
+        germline_executor::inspect::RELAX_G2_FOR_TESTS.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn signal_settings_of_an_inherited_file_carry_nothing() {
+    let _relaxed = RelaxedG2::hold();
     for (policy, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
         let w = World::new();
         let mut oracle = Oracle::new();
         let hr = oracle.plant(&["hr"]);
         let secret = w.item("hr", "secret.txt", hr.as_str());
         let rel = w.release("sig", "", SIGNAL_SETTINGS);
-        let mut rt =
-            w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "")).unwrap();
+        let mut rt = w
+            .start_with(
+                RuntimeKind::Germline,
+                &rel,
+                w.policy(&[], &[("agent", &["hr"]), ("public", &[])], ""),
+                owner_ids(),
+            )
+            .unwrap();
         germline(&mut rt).set_seccomp_policy(policy);
         let planted = rt.call(&request("plant", json!({"document": secret}), &[&secret]));
         assert!(planted.error.is_none(), "{:?}", planted.error);
