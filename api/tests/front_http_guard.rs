@@ -4,7 +4,9 @@
 //! refused with its own status; with the guard off (debug-build test switch) the same
 //! request gets the canary the tool returns.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -70,19 +72,8 @@ fn front(dir: &Path, rel: &Path, env: &[(&str, &str)]) -> (Killed, SocketAddr) {
         .spawn()
         .expect("germline wrap --listen");
     let mut front = Killed(child);
-    let mut err = BufReader::new(front.0.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(err.read_line(&mut line).expect("front stderr") > 0, "the HTTP front exited");
-        if let Some(u) = line.trim().strip_prefix("germline: MCP front on http://") {
-            break u.trim_end_matches("/mcp").parse().expect("front address");
-        }
-    };
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = err.read_to_string(&mut sink);
-    });
+    let url = common::front_url(&mut front.0);
+    let addr = url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("front address");
     (front, addr)
 }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -95,19 +95,7 @@ fn sdk_clients_see_wrap_as_the_bare_server() {
         .spawn()
         .expect("germline wrap --listen");
     let mut front = Killed(child);
-    let mut err = BufReader::new(front.0.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(err.read_line(&mut line).expect("front stderr") > 0, "the HTTP front exited");
-        if let Some(u) = line.trim().strip_prefix("germline: MCP front on ") {
-            break u.to_owned();
-        }
-    };
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = err.read_to_string(&mut sink);
-    });
+    let url = common::front_url(&mut front.0);
     let mut http = client(&["http", &url], &home);
 
     for (name, seen) in [("stdio", &mut stdio), ("http", &mut http)] {

@@ -92,3 +92,23 @@ pub fn mixer_world_at(
     .unwrap();
     (invoice, payslip, policy)
 }
+
+/// Waits until a spawned `germline wrap --listen` (stderr piped) prints the URL of its
+/// HTTP front, then keeps draining its stderr so it never blocks; returns the URL.
+pub fn front_url(child: &mut std::process::Child) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(err.read_line(&mut line).expect("front stderr") > 0, "the HTTP front exited");
+        if let Some(u) = line.trim().strip_prefix("germline: MCP front on ") {
+            break u.to_owned();
+        }
+    };
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = err.read_to_string(&mut sink);
+    });
+    url
+}
