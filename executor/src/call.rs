@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use germline_model::{
     plan_groups, CallRecords, Clearance, ConsumerName, Group, Horizon, HostName, Item, ItemName, Label, Member,
-    OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, View,
+    OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, TriggerKind, View,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -81,8 +81,8 @@ pub struct CallOutcome {
     pub label: Option<Label>,
     /// How many copies ran.
     pub copies: usize,
-    /// Triggers recorded in this call.
-    pub triggers: Vec<Trigger>,
+    /// Triggers recorded in this call (see [`reduce_triggers`]).
+    pub triggers: Vec<TriggerOut>,
     /// Why the call (or the first consumer's copy) failed.
     pub error: Option<String>,
     /// Per consumer: result, label and error.
@@ -128,6 +128,55 @@ pub struct EgressEventOut {
 
 fn one() -> usize {
     1
+}
+
+/// A trigger as the call's consumers see it. Which declared host and which pair of copies
+/// diverged is what dampening acts on; how and where the requests diverged is chosen by
+/// the diverging copy, which holds more items than the serving one, so it is shown only to
+/// callers whose every consumer is cleared for that copy's label (the full record is in
+/// the evidence opening).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TriggerOut {
+    /// The declared host whose record was diverged from.
+    pub host: HostName,
+    /// The Plan group of the copy that diverged.
+    pub group_index: usize,
+    /// The Plan group that serves `host`.
+    pub serving_group_index: usize,
+    /// Output label of the diverging copy.
+    #[serde(default)]
+    pub label: Label,
+    /// How the requests diverged; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TriggerKind>,
+    /// 0-based request position of the divergence; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+}
+
+/// Triggers of one call for consumers with `clearances`: kind and position are withheld
+/// unless every consumer is cleared for the diverging copy's label.
+pub fn reduce_triggers(triggers: &[Trigger], copy_labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
+    #[cfg(debug_assertions)]
+    let off = std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1");
+    #[cfg(not(debug_assertions))]
+    let off = false;
+    triggers
+        .iter()
+        .map(|t| {
+            // A group without a recorded label is treated as holding everything: withheld.
+            let label = copy_labels.get(t.group_index).cloned();
+            let shown = off || label.as_ref().is_some_and(|l| consumers.iter().all(|c| l.flows_to(c)));
+            TriggerOut {
+                host: t.host.clone(),
+                group_index: t.group_index,
+                serving_group_index: t.serving_group_index,
+                label: label.unwrap_or_default(),
+                kind: shown.then_some(t.kind),
+                position: shown.then_some(t.position),
+            }
+        })
+        .collect()
 }
 
 impl EgressEventOut {
@@ -451,6 +500,7 @@ impl GermlineRuntime {
                 slot: slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect(),
                 slot_label: slot.label(),
                 received: run.received,
+                label: copy_label.clone(),
             });
             let final_label = label.label();
             if result.is_ok() && !writes.is_empty() {
@@ -478,8 +528,11 @@ impl GermlineRuntime {
         }
         if self.evidence_switches.sequence_comparison {
             let sh = shared.lock().unwrap_or_else(|p| p.into_inner());
-            outcome.triggers = sh.records.triggers().to_vec();
-            for t in &outcome.triggers {
+            let triggers = sh.records.triggers().to_vec();
+            let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
+            let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
+            outcome.triggers = reduce_triggers(&triggers, &labels, &clearances);
+            for t in &triggers {
                 let (Some(serving), Some(trig)) = (runs.get(t.serving_group_index), runs.get(t.group_index)) else {
                     continue;
                 };
@@ -519,8 +572,9 @@ impl GermlineRuntime {
         let declared: Vec<HostName> = prepared.plan_input.hosts.iter().map(|(h, _)| h.clone()).collect();
         let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
         outcome.egress = reduce_egress(std::mem::take(&mut outcome.egress), &declared, &clearances);
+        // The host is a declared one; how the copy diverged is its choice and is not logged.
         for t in &outcome.triggers {
-            tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
+            tracing::warn!(host = %t.host, group = t.group_index, "trigger recorded");
         }
         if let (Some(path), false) = (&self.trigger_log, outcome.evidence.is_empty()) {
             append_evidence(path, &outcome.evidence, self.evidence_switches.commitments)?;
@@ -766,6 +820,8 @@ struct GroupRun {
     slot: Map<String, Value>,
     slot_label: Label,
     received: BTreeMap<HostName, Vec<Vec<u8>>>,
+    /// The copy's output label.
+    label: Label,
 }
 
 /// Puts `label` in a result's `_meta` under [`LABEL_META_KEY`], whatever the release put
@@ -1116,6 +1172,33 @@ mod tests {
             shown,
             [(0, Some("7361.example"), "denied", 1), (1, None, "denied", 2), (1, Some("hr.example"), "delivered", 1)]
         );
+    }
+
+    #[test]
+    fn how_an_uncleared_copy_diverged_is_withheld() {
+        let hr: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        let cleared = Clearance::parse(["hr"]).unwrap();
+        let host = HostName::new("ocr.example").unwrap();
+        let t = |group_index, position| Trigger {
+            host: host.clone(),
+            group_index,
+            serving_group_index: 0,
+            kind: TriggerKind::Mismatch,
+            position,
+        };
+        let triggers = [t(0, 3), t(1, 41)];
+        let labels = [Label::empty(), hr.clone()];
+        let public = reduce_triggers(&triggers, &labels, &[Clearance::empty()]);
+        let text = serde_json::to_string(&public).unwrap();
+        assert!(!text.contains("41") && !text.contains("mismatch\",\"position\":41"), "{text}");
+        assert_eq!((public[0].kind, public[0].position), (Some(TriggerKind::Mismatch), Some(3)));
+        assert_eq!((public[1].kind, public[1].position), (None, None));
+        assert_eq!((public[1].host.as_str(), public[1].group_index), ("ocr.example", 1));
+        // A caller whose consumers are all cleared for hr sees how; a missing label hides it.
+        let all = reduce_triggers(&triggers, &labels, &[cleared.clone(), cleared.clone()]);
+        assert_eq!(all[1].position, Some(41));
+        let unknown = reduce_triggers(&triggers, &labels[..1], &[cleared]);
+        assert_eq!(unknown[1].position, None);
     }
 
     #[test]
