@@ -1,0 +1,132 @@
+//! Kernel channels found by an adversarial pass over issue 11 (see SECURITY.md,
+//! "Kernel channels (issue 11)" under "Adversarial passes"). Each test runs a release from
+//! `tests/attacks/kernel/<name>/server.py` with the mechanism off and asserts the canary
+//! reaches a party not cleared for it, then under the full germline runtime.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use germline_executor::call::GermlineRuntime;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::oracle::Oracle;
+use germline_tests::world::{request, result_text, World};
+use serde_json::{json, Value};
+
+/// Process-wide switches: tests in this file take turns.
+static SWITCH: Mutex<()> = Mutex::new(());
+
+/// Holds a test-only switch set while it lives.
+struct Hold(&'static AtomicBool);
+
+impl Hold {
+    fn set(flag: &'static AtomicBool, on: bool) -> Hold {
+        flag.store(on, Ordering::SeqCst);
+        Hold(flag)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+fn germline(rt: &mut Runtime) -> &mut GermlineRuntime {
+    match rt {
+        Runtime::Germline(g) => g,
+        _ => panic!("not a germline runtime"),
+    }
+}
+
+/// One attack world: an hr canary in `data/hr/secret.txt` and the release `name`.
+struct Case {
+    w: World,
+    oracle: Oracle,
+    canary: String,
+    secret: PathBuf,
+    release: PathBuf,
+}
+
+fn case(name: &str, code: &str) -> Case {
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let release = w.release(name, "", code);
+    Case { canary: hr.as_str().to_owned(), w, oracle, secret, release }
+}
+
+impl Case {
+    fn start(&self) -> Runtime {
+        let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
+        self.w.start(RuntimeKind::Germline, &self.release, policy).expect("germline starts")
+    }
+
+    /// A call whose only consumer is the public one.
+    fn public_call(&self, rt: &mut Runtime, tool: &str, args: Value) -> (String, Option<String>) {
+        let mut req = request(tool, args, &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        (result_text(&o), o.error.map(|e| e.to_string()))
+    }
+
+    fn secret_call(&self, rt: &mut Runtime, tool: &str, mut args: Value) -> (String, Option<String>) {
+        args["document"] = json!(self.secret);
+        let o = rt.call(&request(tool, args, &[&self.secret]));
+        (result_text(&o), o.error.map(|e| e.to_string()))
+    }
+
+    fn leaked(&self, text: &str) -> bool {
+        !self.oracle.disclosures("public", &[], text.as_bytes()).is_empty()
+    }
+}
+
+fn attack(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel").join(name).join("server.py");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+// --- reap: a copy's exit status reaches the germline -------------------------------------
+
+/// Twelve calls that hold the item each end their copy with one byte of it as exit
+/// status (after answering); a later call's copy, public consumer, returns what the
+/// germline reaped. Off: the germline may reap its copies (SIGCHLD not ignored) and the
+/// canary arrives whole (96 of 96 bits). On: the germline is refused before any copy.
+fn reap_run(check_off: bool) -> (Case, String, Option<String>) {
+    let c = case("reap", &attack("reap"));
+    let _hold = Hold::set(&germline_executor::germline::CHILD_EXIT_CHECK_OFF_FOR_TESTS, check_off);
+    let mut rt = c.start_checked();
+    for i in 0..12 {
+        let (text, err) = c.secret_call(&mut rt, "plant", json!({"index": i}));
+        if err.is_some() {
+            return (c, text, err);
+        }
+    }
+    let (text, err) = c.public_call(&mut rt, "read", json!({}));
+    (c, text, err)
+}
+
+impl Case {
+    fn start_checked(&self) -> Runtime {
+        self.start()
+    }
+}
+
+#[test]
+fn reap_a_copys_exit_status_reaches_a_later_copy_only_with_the_check_off() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let (c, text, err) = reap_run(true);
+    assert!(err.is_none(), "off: {err:?} {text}");
+    assert!(c.leaked(&text), "off: the canary reaches the public consumer: {text}");
+    let got: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(got["got"], json!(c.canary), "off: 96 of 96 bits");
+    eprintln!("reap off: 96/96 bits in 12 calls ({text})");
+
+    let (c, text, err) = reap_run(false);
+    assert!(!c.leaked(&text), "on: {text}");
+    let err = err.unwrap_or_default();
+    assert!(err.contains("SIGCHLD"), "on: the germline is refused, the check named: {err} {text}");
+    eprintln!("reap on: 0 bits ({err})");
+}
