@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use germline_executor::call::GermlineRuntime;
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_executor::seccomp::SeccompPolicy;
 use germline_tests::oracle::Oracle;
 use germline_tests::world::{request, result_text, World};
 use serde_json::{json, Value};
@@ -129,4 +130,93 @@ fn reap_a_copys_exit_status_reaches_a_later_copy_only_with_the_check_off() {
     let err = err.unwrap_or_default();
     assert!(err.contains("SIGCHLD"), "on: the germline is refused, the check named: {err} {text}");
     eprintln!("reap on: 0 bits ({err})");
+}
+
+// --- live pairs: a sender copy and a receiver copy of two germlines at once --------------
+
+/// Runs `receive` (public consumer) on one germline and, once it polls, `send` (holding the
+/// item) on another germline of the same release, both under `seccomp`; returns the
+/// receiver's JSON and the sender's text.
+fn live_pair(c: &Case, seccomp: SeccompPolicy, rounds: u32) -> (Value, String) {
+    let mut sender = c.start();
+    let mut receiver = c.start();
+    for rt in [&mut sender, &mut receiver] {
+        germline(rt).set_seccomp_policy(seccomp.clone());
+        let (_, err) = c.public_call(rt, "receive", json!({"rounds": 0}));
+        assert!(err.is_none(), "warm-up: {err:?}");
+    }
+    let (sent, got) = std::thread::scope(|s| {
+        let b = s.spawn(|| {
+            let mut req = request("receive", json!({"rounds": rounds}), &[]);
+            req.consumers = vec!["public".into()];
+            receiver.call(&req)
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let a = s.spawn(|| {
+            let req = request("send", json!({"document": c.secret}), &[&c.secret]);
+            sender.call(&req)
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(sent.error.is_none() && got.error.is_none(), "{:?} {:?}", sent.error, got.error);
+    let text = result_text(&got);
+    (serde_json::from_str(&text).unwrap_or_else(|_| panic!("receiver: {text}")), result_text(&sent))
+}
+
+/// Off (the earlier denylist filter) the canary crosses whole between two live copies of
+/// two germlines; on (the allowlist) not one nibble does.
+fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    for (seccomp, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
+        let c = case(name, &attack(name));
+        let (got, sent) = live_pair(&c, seccomp, 3000);
+        let text = got.to_string();
+        let leaked = c.leaked(&text);
+        if off {
+            assert!(leaked, "{name} off: the canary crosses ({text}; sender {sent})");
+            assert_eq!(got["got"], json!(c.canary));
+            eprintln!("{name} off: 96/96 bits ({} nibbles; sender {sent})", got["nibbles"]);
+        } else {
+            assert!(!leaked, "{name} on: {text}");
+            assert_eq!(got["nibbles"], json!(0), "{name} on: not one nibble crossed ({text}; sender {sent})");
+            let notes = format!("{text} {sent}");
+            assert!(notes.contains(refused_note), "{name} on: the release is refused ({notes})");
+            eprintln!("{name} on: 0 bits ({notes})");
+        }
+    }
+}
+
+#[test]
+fn inflight_descriptors_counted_per_host_user_carry_nothing_between_germlines() {
+    check_live_pair("inflight", 3000, "EPERM");
+}
+
+#[test]
+fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
+    check_live_pair("sigpending", 3000, "EPERM");
+}
+
+// --- pidgap: the pid counter between two fork windows ------------------------------------
+
+/// Three calibration calls, 24 calls that each start STEP * nibble threads in a copy
+/// holding the item, then a public call whose copy reads the gaps between the pids the
+/// germline saw in its fork windows. Open: the full germline lets the canary through.
+#[test]
+#[ignore = "open channel: see SECURITY.md"]
+fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let c = case("pidgap", &attack("pidgap"));
+    let mut rt = c.start();
+    for _ in 0..3 {
+        let (_, err) = c.public_call(&mut rt, "tick", json!({}));
+        assert!(err.is_none(), "{err:?}");
+    }
+    for i in 0..24 {
+        let (_, err) = c.secret_call(&mut rt, "send", json!({"index": i}));
+        assert!(err.is_none(), "{err:?}");
+    }
+    let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3, "count": 24}));
+    assert!(err.is_none(), "{err:?}");
+    eprintln!("pidgap on: {text}");
+    assert!(c.leaked(&text), "on (open): the canary reaches the public consumer: {text}");
 }
