@@ -1,10 +1,12 @@
 # Kernel channel "reap": a copy's end (exit status, resource usage) reaches the germline,
 # which outlives it, and through the germline every later copy.
 #
-# At import (inside the germline) the release turns SIGCHLD back to its default, so a
-# copy that dies stays a zombie child of the germline, and replaces the shim's _clone:
-# in each fork window it first reaps its dead children with wait4 and keeps their exit
-# status and rusage in memory, which the next copy inherits. `plant` (a copy that holds
+# At import (inside the germline) the release replaces the shim's _clone: in each fork
+# window it first reaps its dead children with wait4 and keeps their exit status and
+# rusage in memory, which the next copy inherits; right after forking it turns SIGCHLD
+# back to its default (the shim ignores it), so the copy, once dead, stays a zombie child
+# of the germline until the next window. (It leaves SIGCHLD ignored until the first fork,
+# so the germline passes every check at start.) `plant` (a copy that holds
 # the item) answers normally and then exits with one byte of the item as its status;
 # `read` (a copy of a later call, public consumer) returns what the germline collected.
 # Runs after the test prelude (os, sys, json, FastMCP).
@@ -18,11 +20,6 @@ def _install():
     clone = getattr(shim, "_clone", None)
     if clone is None:
         return "no shim"
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    except Exception:
-        pass
-
     def reaping_clone(libc, ctid):
         while True:
             try:
@@ -32,7 +29,10 @@ def _install():
             if pid == 0:
                 break
             REAPED.append([status, ru.ru_maxrss, ru.ru_minflt])
-        return clone(libc, ctid)
+        pid = clone(libc, ctid)
+        if pid != 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        return pid
 
     shim._clone = reaping_clone
     return "installed"
