@@ -163,7 +163,7 @@ fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     for (seccomp, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
         let c = case(name, &attack(name));
-        let (got, sent) = live_pair(&c, seccomp, 3000);
+        let (got, sent) = live_pair(&c, seccomp, rounds);
         let text = got.to_string();
         let leaked = c.leaked(&text);
         if off {
@@ -182,12 +182,12 @@ fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
 
 #[test]
 fn inflight_descriptors_counted_per_host_user_carry_nothing_between_germlines() {
-    check_live_pair("inflight", 3000, "EPERM");
+    check_live_pair("inflight", 1000, "EPERM");
 }
 
 #[test]
 fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
-    check_live_pair("sigpending", 3000, "EPERM");
+    check_live_pair("sigpending", 1000, "EPERM");
 }
 
 // --- pidgap: the pid counter between two fork windows ------------------------------------

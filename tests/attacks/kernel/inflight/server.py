@@ -31,6 +31,66 @@ def _decode(k):
     return None if x < 0 or x > 31 else (x >> 4, x & 15)
 
 
+# Both copies read the host's monotonic clock (the twin shim freezes only what
+# `time.time`/`time.monotonic` return) and share 20 ms frames: the sender changes its
+# level in the first 5 ms of a frame, the receiver measures from 10 ms on, so neither
+# disturbs the other's step.
+FRAME = 0.020
+
+
+def _now():
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def _sleep_until(t):
+    while True:
+        d = t - _now()
+        if d <= 0:
+            return
+        time.sleep(min(d, 0.005))
+
+
+def _frame_start():
+    """Waits for the start of the next frame and returns it."""
+    t = (int(_now() / FRAME) + 1) * FRAME
+    _sleep_until(t)
+    return t
+
+
+def _transmit(set_level, nibbles, frames=5):
+    for i, v in enumerate(nibbles):
+        while True:
+            t = _frame_start()
+            if _now() - t < 0.004:
+                break
+        set_level(_level(i, v))
+        _sleep_until(t + frames * FRAME - 0.002)
+    _frame_start()
+    set_level(0)
+
+
+def _listen(measure, rounds):
+    """Measures once per frame; a reading seen in two frames running, whose phase differs
+    from the last symbol's, is the next symbol."""
+    got, last, prev, samples = [], None, None, []
+    for _ in range(rounds):
+        t = _frame_start() + 0.010
+        _sleep_until(t)
+        if _now() - t > 0.003:
+            continue
+        k = measure()
+        r = _decode(k) if k is not None else None
+        if r is not None and len(samples) < 60:
+            samples.append(k)
+        if r is not None and r == prev and r[0] != (last[0] if last else 1):
+            got.append(r[1])
+            last = r
+            if len(got) == 24:
+                break
+        prev = r
+    return got, samples
+
+
 class _Holder:
     """K descriptors in flight, in blocks of STEP, one socketpair per block."""
 
@@ -93,41 +153,31 @@ def create_server():
     m = FastMCP("inflight")
 
     @m.tool()
-    def send(document: str, hold: float = 0.04) -> str:
+    def send(document: str) -> str:
         notes = {}
         try:
             h = _Holder(notes)
         except OSError as e:
             return json.dumps({"socketpair": errno.errorcode.get(e.errno, "")})
-        for i, v in enumerate(_nibbles(open(document).read())):
-            h.set(_level(i, v))
-            time.sleep(hold)
-        h.set(0)
+        _transmit(h.set, _nibbles(open(document).read()))
         return json.dumps(notes)
 
     @m.tool()
     def receive(rounds: int) -> str:
-        got, last, run, prev, errors, samples = [], None, 0, None, {}, []
-        for _ in range(rounds):
+        errors = {}
+
+        def measure():
             try:
                 c, err = _capacity()
             except OSError as e:
                 errors["capacity"] = errno.errorcode.get(e.errno, str(e.errno))
-                break
+                return None
             if err:
                 errors[err] = errors.get(err, 0) + 1
-            r = _decode(1025 - c) if err == "ETOOMANYREFS" else None
-            if len(samples) < 8 or r is not None:
-                samples.append(c)
-            run = run + 1 if r == prev else 1
-            prev = r
-            if r is not None and run >= 3 and (r[0] != (last[0] if last else 1)):
-                got.append(r[1])
-                last = r
-                if len(got) == 24:
-                    break
-            time.sleep(0.002)
+            return 1025 - c if err == "ETOOMANYREFS" else None
+
+        got, samples = _listen(measure, rounds)
         return json.dumps({"got": _canary(got) if len(got) == 24 else "", "nibbles": len(got),
-                           "errors": errors, "samples": samples[:40]})
+                           "errors": errors, "samples": samples})
 
     return m

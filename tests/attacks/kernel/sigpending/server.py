@@ -5,11 +5,12 @@
 # signals pending to itself moves how many another copy, of any release, can still queue.
 #
 # `send` (holds the item) keeps L - BASE + level(nibble) signals pending; `receive` (public
-# consumer, another germline) queues up to BASE + 50 to itself, counts how many were
+# consumer, another germline) queues up to BASE + 50 to its own thread, counts how many were
 # queued, and rebuilds the nibbles. Runs after the test prelude (os, json, time, FastMCP).
 import errno
 import resource
 import signal
+import threading
 
 STEP = 30
 BASE = 1100
@@ -38,11 +39,71 @@ def _limit():
     return resource.getrlimit(resource.RLIMIT_SIGPENDING)[0]
 
 
+# Both copies read the host's monotonic clock (the twin shim freezes only what
+# `time.time`/`time.monotonic` return) and share 20 ms frames: the sender changes its
+# level in the first 5 ms of a frame, the receiver measures from 10 ms on, so neither
+# disturbs the other's step.
+FRAME = 0.020
+
+
+def _now():
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def _sleep_until(t):
+    while True:
+        d = t - _now()
+        if d <= 0:
+            return
+        time.sleep(min(d, 0.005))
+
+
+def _frame_start():
+    """Waits for the start of the next frame and returns it."""
+    t = (int(_now() / FRAME) + 1) * FRAME
+    _sleep_until(t)
+    return t
+
+
+def _transmit(set_level, nibbles, frames=5):
+    for i, v in enumerate(nibbles):
+        while True:
+            t = _frame_start()
+            if _now() - t < 0.004:
+                break
+        set_level(_level(i, v))
+        _sleep_until(t + frames * FRAME - 0.002)
+    _frame_start()
+    set_level(0)
+
+
+def _listen(measure, rounds):
+    """Measures once per frame; a reading seen in two frames running, whose phase differs
+    from the last symbol's, is the next symbol."""
+    got, last, prev, samples = [], None, None, []
+    for _ in range(rounds):
+        t = _frame_start() + 0.010
+        _sleep_until(t)
+        if _now() - t > 0.003:
+            continue
+        k = measure()
+        r = _decode(k) if k is not None else None
+        if r is not None and len(samples) < 60:
+            samples.append(k)
+        if r is not None and r == prev and r[0] != (last[0] if last else 1):
+            got.append(r[1])
+            last = r
+            if len(got) == 24:
+                break
+        prev = r
+    return got, samples
+
+
 class _Pending:
     def __init__(self, notes):
         self.n = 0
         self.notes = notes
-        self.me = os.getpid()
+        self.me = threading.get_ident()
         signal.pthread_sigmask(signal.SIG_BLOCK, [SIG])
 
     def set(self, k):
@@ -53,19 +114,27 @@ class _Pending:
             self.n -= 1
         tries = 0
         while self.n < k and tries < 200000:
-            try:
-                os.kill(self.me, SIG)
-            except OSError as e:
-                self.notes["kill"] = errno.errorcode.get(e.errno, str(e.errno))
-                return
-            self.n += 1
             tries += 1
+            try:
+                signal.pthread_kill(self.me, SIG)
+            except OSError as e:
+                # A receiver's probe fills the count up to the limit for a moment.
+                self.notes["kill"] = errno.errorcode.get(e.errno, str(e.errno))
+                time.sleep(0.0002)
+                continue
+            self.n += 1
 
 
 def _capacity(limit):
-    me = os.getpid()
+    # Thread-directed (tgkill): the signal waits in this thread's own queue.
+    me = threading.get_ident()
     for _ in range(limit):
-        os.kill(me, SIG)
+        try:
+            signal.pthread_kill(me, SIG)
+        except OSError as e:
+            if e.errno != errno.EAGAIN:
+                raise
+            break
     n = 0
     while signal.sigtimedwait([SIG], 0) is not None:
         n += 1
@@ -76,46 +145,37 @@ def create_server():
     m = FastMCP("sigpending")
 
     @m.tool()
-    def send(document: str, hold: float = 0.04) -> str:
+    def send(document: str) -> str:
         notes = {"limit": _limit()}
         try:
             p = _Pending(notes)
         except OSError as e:
             return json.dumps({"mask": errno.errorcode.get(e.errno, "")})
         top = _limit() - BASE
+        p.set(top - 2000)  # far below where a receiver's probe reaches
+        _frame_start()
         p.set(top)
-        for i, v in enumerate(_nibbles(open(document).read())):
-            p.set(top + _level(i, v))
-            time.sleep(hold)
-        p.set(0)
+        _transmit(lambda k: p.set(top + k if k else 0), _nibbles(open(document).read()))
         notes["held"] = top
         return json.dumps(notes)
 
     @m.tool()
     def receive(rounds: int) -> str:
-        got, last, run, prev, samples, notes = [], None, 0, None, [], {"limit": _limit()}
+        notes = {"limit": _limit()}
         try:
             signal.pthread_sigmask(signal.SIG_BLOCK, [SIG])
         except OSError as e:
             notes["mask"] = errno.errorcode.get(e.errno, "")
-        for _ in range(rounds):
+
+        def measure():
             try:
-                c = _capacity(BASE + 50)
+                return BASE - _capacity(BASE + 50)
             except OSError as e:
                 notes["kill"] = errno.errorcode.get(e.errno, str(e.errno))
-                break
-            r = _decode(BASE - c)
-            if len(samples) < 8 or r is not None:
-                samples.append(c)
-            run = run + 1 if r == prev else 1
-            prev = r
-            if r is not None and run >= 3 and (r[0] != (last[0] if last else 1)):
-                got.append(r[1])
-                last = r
-                if len(got) == 24:
-                    break
-            time.sleep(0.002)
+                return None
+
+        got, samples = _listen(measure, rounds)
         return json.dumps({"got": _canary(got) if len(got) == 24 else "", "nibbles": len(got),
-                           "notes": notes, "samples": samples[:40]})
+                           "notes": notes, "samples": samples})
 
     return m
