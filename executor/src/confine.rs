@@ -728,12 +728,17 @@ impl PreparedSandbox {
                 self.populate_stage()?;
                 // SAFETY: chdir to a prepared path (pivot_root works on the current directory).
                 self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
+                // Still host root: lift the host-level limit on queued signals (see
+                // `unshared_signal_queue`) before the user namespace records it.
+                self.step(Step::Limits as u32, unshared_signal_queue(true))?;
                 self.step(Step::SandboxIds as u32, become_sandbox_ids(ids))?;
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
             }
             None => {
+                // Not host root: the soft limit can only go up to the hard one.
+                self.step(Step::Limits as u32, unshared_signal_queue(false))?;
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
@@ -751,6 +756,7 @@ impl PreparedSandbox {
             (RLIMIT_CPU, self.limits.cpu_seconds),
             (RLIMIT_NOFILE, self.limits.open_files),
             (RLIMIT_CORE, 0),
+            (RLIMIT_SIGPENDING, PENDING_SIGNALS),
         ] {
             let lim = rlimit { rlim_cur: val, rlim_max: val };
             // SAFETY: valid pointer to a local rlimit.
@@ -804,6 +810,32 @@ impl PreparedSandbox {
         write_proc(c"/proc/self/setgroups", c"deny")?;
         write_proc(c"/proc/self/uid_map", &self.uid_map)?;
         write_proc(c"/proc/self/gid_map", &self.gid_map)
+    }
+}
+
+/// Signals the germline and each of its copies may have queued at once (RLIMIT_SIGPENDING,
+/// soft and hard): plenty for a Python server, which queues a handful.
+const PENDING_SIGNALS: u64 = 1024;
+
+/// Queued signals are counted per user namespace level (ucounts), and each level's limit
+/// is the RLIMIT_SIGPENDING its creator had when it made the namespace. The germline's
+/// user namespace hangs below the host's, where every germline and copy is the one
+/// sandbox uid: with the broker's own limit there (96362 on the test host), a copy that
+/// keeps many signals queued moves how many a copy of another release can queue (a
+/// channel measured at 96 of 96 bits, `redteam_kernel`). So the creator's limit is lifted
+/// before `unshare(CLONE_NEWUSER)` (host root only; otherwise the soft limit is raised to
+/// the hard one) and the germline's own limit is set after it ([`PENDING_SIGNALS`]):
+/// each germline and its copies then count only against themselves.
+fn unshared_signal_queue(host_root: bool) -> io::Result<()> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: get/setrlimit on a local struct.
+    unsafe {
+        check(libc::getrlimit(libc::RLIMIT_SIGPENDING, &mut lim))?;
+        if host_root {
+            lim.rlim_max = libc::RLIM_INFINITY;
+        }
+        lim.rlim_cur = lim.rlim_max;
+        check(libc::setrlimit(libc::RLIMIT_SIGPENDING, &lim))
     }
 }
 
