@@ -154,6 +154,9 @@ pub struct PreparedSandbox {
     workdir: CString,
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
+    /// Whether RLIMIT_SIGPENDING is lifted before the user namespace and set to
+    /// [`PENDING_SIGNALS`] inside (off only with [`SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS`]).
+    signal_queue_limits: bool,
     control_fd: Option<RawFd>,
     report: OwnedFd,
     report_rx: Option<OwnedFd>,
@@ -498,6 +501,7 @@ impl Confinement {
             workdir: cstring(workdir)?,
             seccomp,
             limits: self.limits.clone(),
+            signal_queue_limits: !SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst),
             control_fd,
             report,
             report_rx: Some(report_rx),
@@ -730,7 +734,9 @@ impl PreparedSandbox {
                 self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
                 // Still host root: lift the host-level limit on queued signals (see
                 // `unshared_signal_queue`) before the user namespace records it.
-                self.step(Step::Limits as u32, unshared_signal_queue(true))?;
+                if self.signal_queue_limits {
+                    self.step(Step::Limits as u32, unshared_signal_queue(true))?;
+                }
                 self.step(Step::SandboxIds as u32, become_sandbox_ids(ids))?;
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
@@ -738,7 +744,9 @@ impl PreparedSandbox {
             }
             None => {
                 // Not host root: the soft limit can only go up to the hard one.
-                self.step(Step::Limits as u32, unshared_signal_queue(false))?;
+                if self.signal_queue_limits {
+                    self.step(Step::Limits as u32, unshared_signal_queue(false))?;
+                }
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
@@ -756,11 +764,15 @@ impl PreparedSandbox {
             (RLIMIT_CPU, self.limits.cpu_seconds),
             (RLIMIT_NOFILE, self.limits.open_files),
             (RLIMIT_CORE, 0),
-            (RLIMIT_SIGPENDING, PENDING_SIGNALS),
         ] {
             let lim = rlimit { rlim_cur: val, rlim_max: val };
             // SAFETY: valid pointer to a local rlimit.
             self.step(Step::Limits as u32, check(unsafe { setrlimit(res, &lim) }))?;
+        }
+        if self.signal_queue_limits {
+            let lim = rlimit { rlim_cur: PENDING_SIGNALS, rlim_max: PENDING_SIGNALS };
+            // SAFETY: valid pointer to a local rlimit.
+            self.step(Step::Limits as u32, check(unsafe { setrlimit(RLIMIT_SIGPENDING, &lim) }))?;
         }
         self.step(Step::Capabilities as u32, drop_capabilities())?;
         // SAFETY: prctl with constant arguments.
@@ -813,6 +825,11 @@ impl PreparedSandbox {
     }
 }
 
+/// Test-only switch ("mechanism off"): leave RLIMIT_SIGPENDING as the broker's, as before
+/// the kernel-channel pass. Never set outside tests.
+pub static SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Signals the germline and each of its copies may have queued at once (RLIMIT_SIGPENDING,
 /// soft and hard): plenty for a Python server, which queues a handful.
 const PENDING_SIGNALS: u64 = 1024;
@@ -821,18 +838,23 @@ const PENDING_SIGNALS: u64 = 1024;
 /// is the RLIMIT_SIGPENDING its creator had when it made the namespace. The germline's
 /// user namespace hangs below the host's, where every germline and copy is the one
 /// sandbox uid: with the broker's own limit there (96362 on the test host), a copy that
-/// keeps many signals queued moves how many a copy of another release can queue (a
-/// channel measured at 96 of 96 bits, `redteam_kernel`). So the creator's limit is lifted
-/// before `unshare(CLONE_NEWUSER)` (host root only; otherwise the soft limit is raised to
-/// the hard one) and the germline's own limit is set after it ([`PENDING_SIGNALS`]):
-/// each germline and its copies then count only against themselves.
+/// keeps many real-time signals queued moves how many a copy of another release can queue
+/// (96 of 96 bits, `redteam_kernel`). The seccomp allowlist refuses real-time signals and
+/// caller-made siginfo, which leaves only standard signals (at most one queued per signal
+/// and thread); in addition the creator's limit is lifted before `unshare(CLONE_NEWUSER)`
+/// where the broker may (CAP_SYS_RESOURCE; else the soft limit goes up to the hard one)
+/// and the germline's own limit is set after it ([`PENDING_SIGNALS`]), so each germline
+/// and its copies count against their own limits first.
 fn unshared_signal_queue(host_root: bool) -> io::Result<()> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: get/setrlimit on a local struct.
     unsafe {
         check(libc::getrlimit(libc::RLIMIT_SIGPENDING, &mut lim))?;
         if host_root {
-            lim.rlim_max = libc::RLIM_INFINITY;
+            let lifted = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+            if libc::setrlimit(libc::RLIMIT_SIGPENDING, &lifted) == 0 {
+                return Ok(());
+            }
         }
         lim.rlim_cur = lim.rlim_max;
         check(libc::setrlimit(libc::RLIMIT_SIGPENDING, &lim))

@@ -1,7 +1,7 @@
 # Kernel channel "sigpending": queued signals are counted per user namespace level
 # (ucounts, UCOUNT_RLIMIT_SIGPENDING), and at the host level every germline and copy is
-# the one sandbox uid. A real-time signal that would push a level past its limit (the
-# creator's RLIMIT_SIGPENDING, 96362 here) is not queued. One copy keeping K real-time
+# the one sandbox uid. A real-time signal sent with tgkill that would push a level past its limit (the
+# creator's RLIMIT_SIGPENDING, 96362 here) fails with EAGAIN. One copy keeping K real-time
 # signals pending to itself moves how many another copy, of any release, can still queue.
 #
 # `send` (holds the item) keeps L - BASE + level(nibble) signals pending; `receive` (public
@@ -118,8 +118,10 @@ class _Pending:
             try:
                 signal.pthread_kill(self.me, SIG)
             except OSError as e:
-                # A receiver's probe fills the count up to the limit for a moment.
                 self.notes["kill"] = errno.errorcode.get(e.errno, str(e.errno))
+                if e.errno != errno.EAGAIN:
+                    return
+                # A receiver's probe fills the count up to the limit for a moment.
                 time.sleep(0.0002)
                 continue
             self.n += 1
