@@ -213,6 +213,6 @@ fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
     }
     let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3, "count": 24}));
     assert!(err.is_none(), "{err:?}");
-    eprintln!("pidgap on: {text}");
+    eprintln!("pidgap on: canary {} read {text}", c.canary);
     assert!(c.leaked(&text), "on (open): the canary reaches the public consumer: {text}");
 }
