@@ -95,8 +95,13 @@ fn attack(name: &str) -> String {
 /// status (after answering); a later call's copy, public consumer, returns what the
 /// germline reaped. Off: the germline may reap its copies (SIGCHLD not ignored) and the
 /// canary arrives whole (96 of 96 bits). On: the germline is refused before any copy.
-fn reap_run(check_off: bool) -> (Case, String, Option<String>) {
-    let c = case("reap", &attack("reap"));
+fn reap_run(check_off: bool, exit_signal: bool) -> (Case, String, Option<String>) {
+    let code = attack("reap");
+    let c = if exit_signal {
+        case("reap-exitsig", &code.replace("\nEXIT_SIGNAL = None\n", "\nEXIT_SIGNAL = signal.SIGUSR2\n"))
+    } else {
+        case("reap", &code)
+    };
     let _hold = Hold::set(&germline_executor::germline::CHILD_EXIT_CHECK_OFF_FOR_TESTS, check_off);
     let mut rt = c.start();
     for i in 0..12 {
@@ -109,21 +114,30 @@ fn reap_run(check_off: bool) -> (Case, String, Option<String>) {
     (c, text, err)
 }
 
-#[test]
-fn reap_a_copys_exit_status_reaches_a_later_copy_only_with_the_check_off() {
+fn check_reap(exit_signal: bool, refusal: &str) {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let (c, text, err) = reap_run(true);
+    let (c, text, err) = reap_run(true, exit_signal);
     assert!(err.is_none(), "off: {err:?} {text}");
     assert!(c.leaked(&text), "off: the canary reaches the public consumer: {text}");
     let got: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(got["got"], json!(c.canary), "off: 96 of 96 bits");
-    eprintln!("reap off: 96/96 bits in 12 calls ({text})");
+    eprintln!("reap (exit signal {exit_signal}) off: 96/96 bits in 12 calls ({text})");
 
-    let (c, text, err) = reap_run(false);
+    let (c, text, err) = reap_run(false, exit_signal);
     assert!(!c.leaked(&text), "on: {text}");
     let err = err.unwrap_or_default();
-    assert!(err.contains("SIGCHLD is not ignored"), "on: the germline is refused at the first fork: {err} {text}");
-    eprintln!("reap on: 0 bits ({err})");
+    assert!(err.contains(refusal), "on: the germline is refused at the first fork: {err} {text}");
+    eprintln!("reap (exit signal {exit_signal}) on: 0 bits ({err})");
+}
+
+#[test]
+fn reap_a_copys_exit_status_reaches_a_later_copy_only_with_the_check_off() {
+    check_reap(false, "SIGCHLD is not ignored");
+}
+
+#[test]
+fn reap_a_copy_cloned_with_another_exit_signal_is_refused() {
+    check_reap(true, "not SIGCHLD");
 }
 
 // --- live pairs: a sender copy and a receiver copy of two germlines at once --------------

@@ -13,6 +13,10 @@
 import signal
 
 REAPED = []  # [status, maxrss KiB, minflt] per reaped copy, in order
+# The second variant (`reap-exitsig` in the test) leaves SIGCHLD ignored and clones every
+# copy with this exit signal instead: the kernel reaps only children whose exit signal is
+# SIGCHLD automatically, so the copy stays a zombie the germline can wait4 for.
+EXIT_SIGNAL = None
 
 
 def _install():
@@ -20,6 +24,10 @@ def _install():
     clone = getattr(shim, "_clone", None)
     if clone is None:
         return "no shim"
+    if EXIT_SIGNAL is not None:
+        signal.signal(EXIT_SIGNAL, signal.SIG_IGN)
+        shim._CLONE_FLAGS = (shim._CLONE_FLAGS & ~0xFF) | EXIT_SIGNAL
+
     def reaping_clone(libc, ctid):
         while True:
             try:
@@ -30,7 +38,7 @@ def _install():
                 break
             REAPED.append([status, ru.ru_maxrss, ru.ru_minflt])
         pid = clone(libc, ctid)
-        if pid != 0:
+        if pid != 0 and EXIT_SIGNAL is None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         return pid
 
