@@ -230,3 +230,91 @@ fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
     eprintln!("pidgap on: canary {} read {text}", c.canary);
     assert!(c.leaked(&text), "on (open): the canary reaches the public consumer: {text}");
 }
+
+// --- probe: sibling mechanisms the sandbox already refuses -------------------------------
+
+/// Every mechanism in `probe/server.py` that could reach a kernel object shared with
+/// another copy is refused under the full germline (what each returned goes into
+/// SECURITY.md's table); the per-user pipe quota and epoll instances remain (out of scope).
+#[test]
+fn sibling_mechanisms_are_refused_under_the_full_germline() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let c = case("probe", &attack("probe"));
+    let mut rt = c.start();
+    let (text, err) = c.public_call(&mut rt, "probe", json!({}));
+    assert!(err.is_none(), "{err:?}");
+    eprintln!("probe on: {text}");
+    let got: Value = serde_json::from_str(&text).unwrap();
+    let refused = [
+        "unix socket",
+        "udp socket",
+        "netlink socket",
+        "packet socket",
+        "vsock socket",
+        "scm_rights",
+        "unshare user",
+        "setns",
+        "keyctl",
+        "add_key",
+        "timer_create",
+        "timerfd_create",
+        "inotify_init1",
+        "fanotify_init",
+        "mq_open",
+        "shmget",
+        "semget",
+        "msgget",
+        "io_uring_setup",
+        "userfaultfd",
+        "perf_event_open",
+        "bpf",
+        "ptrace",
+        "process_vm_readv",
+        "kcmp",
+        "setpriority",
+        "sched_setaffinity",
+        "sched_setscheduler",
+        "ioprio_set",
+        "sysinfo",
+        "sethostname",
+        "splice",
+        "vmsplice",
+        "tee",
+        "mincore",
+        "sendmsg",
+        "rt_sigqueueinfo",
+        "kill SIGRTMIN",
+        "madvise MERGEABLE",
+        "prctl PR_SET_TIMERSLACK",
+        "prctl PR_SET_VMA",
+        "fcntl F_SETPIPE_SZ",
+    ];
+    for k in refused {
+        assert_eq!(got[k], json!("EPERM"), "{k}: {text}");
+    }
+    for k in ["proc", "sys"] {
+        assert_eq!(got[k], json!("ENOENT"), "{k}: {text}");
+    }
+    assert_eq!(got["dev"], json!("null,random,urandom,zero"), "{text}");
+    assert_ne!(got["connect other port"], json!("ok"), "{text}");
+    assert_ne!(got["MAP_HUGETLB"], json!("ok"), "{text}");
+    assert_ne!(got["write /dev/urandom"], json!("ok"), "{text}");
+    assert_ne!(got["raise RLIMIT_NOFILE"], json!("ok"), "{text}");
+    assert_eq!(got["write /dev/null"], json!("ok"), "{text}");
+}
+
+// --- pipequota: the per-user pipe buffer quota -------------------------------------------
+
+/// A live pair on two germlines: the sender keeps 944 + level default pipes open (a child
+/// of its copy holds most of them), the receiver counts the full-size pipes it still gets.
+/// Open: SECURITY.md bounded this quota by the per-copy limits, but one copy holds all of it.
+#[test]
+#[ignore = "open channel: see SECURITY.md"]
+fn pipequota_one_copy_holds_the_whole_per_user_pipe_quota() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let c = case("pipequota", &attack("pipequota"));
+    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 1000);
+    let text = got.to_string();
+    eprintln!("pipequota on: canary {} read {text}; sender {sent}", c.canary);
+    assert!(c.leaked(&text), "on (open): the canary crosses: {text}; sender {sent}");
+}
