@@ -57,7 +57,7 @@ const ALLOWED: &[Group] = &[
               writable mapping at every fork, every file is read-only (so a file mapping \
               cannot be written), and a new shared anonymous mapping reaches only the \
               copy's own descendants",
-        calls: sys![SYS_brk, SYS_mmap, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mseal],
+        calls: sys![SYS_brk, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mseal],
     },
     Group {
         why: "descriptors and read-only files: every file system a copy can name is mounted \
@@ -114,7 +114,6 @@ const ALLOWED: &[Group] = &[
             SYS_listxattr,
             SYS_llistxattr,
             SYS_flistxattr,
-            SYS_memfd_create,
         ],
     },
     Group {
@@ -448,6 +447,14 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
             SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0).map_err(err)?,
         ])?],
     );
+    // No huge pages (MAP_HUGETLB, MFD_HUGETLB): they come from one pool of the host, which
+    // a copy could drain for another to notice (the pool is empty on most hosts, and then
+    // the call fails anyway).
+    rules.insert(libc::SYS_mmap, vec![rule(vec![cond(3, SeccompCmpOp::MaskedEq(word(libc::MAP_HUGETLB)), 0)?])?]);
+    rules.insert(
+        libc::SYS_memfd_create,
+        vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(u64::from(libc::MFD_HUGETLB)), 0)?])?],
+    );
     // clone's low byte is the child's exit signal (CSIGNAL).
     rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
     rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
@@ -774,6 +781,12 @@ mod tests {
             assert_eq!(call(&off, nr, &[3, 0, 0]), ALLOW, "syscall {nr} passed the denylist");
         }
         assert_eq!(call(&on, libc::SYS_sendto, &[3, 0, 1, 0, 0, 0]), ALLOW);
+        // The host's huge page pool is shared.
+        let anon = word(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        assert_eq!(call(&on, libc::SYS_mmap, &[0, 4096, 3, anon]), ALLOW);
+        assert_eq!(call(&on, libc::SYS_mmap, &[0, 2 << 20, 3, anon | word(libc::MAP_HUGETLB)]), EPERM);
+        assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_CLOEXEC)]), ALLOW);
+        assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_HUGETLB)]), EPERM);
         let rt = word(libc::SIGRTMIN());
         for (nr, args) in [
             (libc::SYS_kill, vec![1, rt]),
