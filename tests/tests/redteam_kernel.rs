@@ -178,15 +178,24 @@ fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
     for (seccomp, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
         // Off also leaves the broker's RLIMIT_SIGPENDING in place, as before this pass.
         let _limits = Hold::set(&germline_executor::confine::SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS, off);
-        let c = case(name, &attack(name));
-        let (got, sent) = live_pair(&c, seccomp, rounds);
-        let text = got.to_string();
-        let leaked = c.leaked(&text);
-        if off {
-            assert!(leaked, "{name} off: the canary crosses ({text}; sender {sent})");
-            assert_eq!(got["got"], json!(c.canary));
-            eprintln!("{name} off: 96/96 bits ({} nibbles; sender {sent})", got["nibbles"]);
-        } else {
+        // The protocol runs on shared 20 ms frames; on a loaded host a run can lose a
+        // symbol, so the positive control gets three tries.
+        let tries = if off { 3 } else { 1 };
+        for attempt in 1..=tries {
+            let c = case(name, &attack(name));
+            let (got, sent) = live_pair(&c, seccomp.clone(), rounds);
+            let text = got.to_string();
+            let leaked = c.leaked(&text);
+            if off {
+                if !leaked && attempt < tries {
+                    eprintln!("{name} off, try {attempt}: lost a symbol ({text}; sender {sent})");
+                    continue;
+                }
+                assert!(leaked, "{name} off: the canary crosses ({text}; sender {sent})");
+                assert_eq!(got["got"], json!(c.canary));
+                eprintln!("{name} off: 96/96 bits on try {attempt} (sender {sent})");
+                break;
+            }
             assert!(!leaked, "{name} on: {text}");
             assert_eq!(got["nibbles"], json!(0), "{name} on: not one nibble crossed ({text}; sender {sent})");
             let notes = format!("{text} {sent}");
