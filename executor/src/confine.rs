@@ -827,8 +827,7 @@ impl PreparedSandbox {
 
 /// Test-only switch ("mechanism off"): leave RLIMIT_SIGPENDING as the broker's, as before
 /// the kernel-channel pass. Never set outside tests.
-pub static SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+pub static SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Signals the germline and each of its copies may have queued at once (RLIMIT_SIGPENDING,
 /// soft and hard): plenty for a Python server, which queues a handful.
