@@ -207,12 +207,12 @@ fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
 
 #[test]
 fn inflight_descriptors_counted_per_host_user_carry_nothing_between_germlines() {
-    check_live_pair("inflight", 1000, "EPERM");
+    check_live_pair("inflight", 800, "EPERM");
 }
 
 #[test]
 fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
-    check_live_pair("sigpending", 1000, "EPERM");
+    check_live_pair("sigpending", 800, "EPERM");
 }
 
 // --- pidgap: the pid counter between two fork windows ------------------------------------
@@ -322,7 +322,7 @@ fn sibling_mechanisms_are_refused_under_the_full_germline() {
 fn pipequota_one_copy_holds_the_whole_per_user_pipe_quota() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let c = case("pipequota", &attack("pipequota"));
-    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 1000);
+    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 800);
     let text = got.to_string();
     eprintln!("pipequota on: canary {} read {text}; sender {sent}", c.canary);
     assert!(c.leaked(&text), "on (open): the canary crosses: {text}; sender {sent}");

@@ -57,7 +57,7 @@ def _frame_start():
     return t
 
 
-def _transmit(set_level, nibbles, frames=5):
+def _transmit(set_level, nibbles, frames=8):
     for i, v in enumerate(nibbles):
         while True:
             t = _frame_start()
