@@ -78,9 +78,10 @@ def _transmit(set_level, nibbles, frames=8):
 
 
 def _listen(measure, rounds):
-    """Measures once per frame; a reading seen in two frames running, whose phase differs
-    from the last symbol's, is the next symbol."""
-    got, last, prev, samples = [], None, None, []
+    """Measures once per frame; a reading seen in three frames running, whose phase differs
+    from the last symbol's, is the next symbol (a sender caught mid-step rarely reads the
+    same twice, never three times)."""
+    got, last, prev, run, samples = [], None, None, 0, []
     for _ in range(rounds):
         t = _frame_start() + 0.010
         _sleep_until(t)
@@ -90,7 +91,8 @@ def _listen(measure, rounds):
         r = _decode(k) if k is not None else None
         if r is not None and len(samples) < 60:
             samples.append(k)
-        if r is not None and r == prev and r[0] != (last[0] if last else 1):
+        run = run + 1 if r == prev else 1
+        if r is not None and run >= 3 and r[0] != (last[0] if last else 1):
             got.append(r[1])
             last = r
             if len(got) == 24:
