@@ -178,7 +178,7 @@ fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
     for (seccomp, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
         // Off also leaves the broker's RLIMIT_SIGPENDING in place, as before this pass.
         let _limits = Hold::set(&germline_executor::confine::SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS, off);
-        // The protocol runs on shared 20 ms frames; on a loaded host a run can lose a
+        // The protocol runs on shared 40 ms frames; on a loaded host a run can lose a
         // symbol, so the positive control gets three tries.
         let tries = if off { 3 } else { 1 };
         for attempt in 1..=tries {
@@ -207,12 +207,12 @@ fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
 
 #[test]
 fn inflight_descriptors_counted_per_host_user_carry_nothing_between_germlines() {
-    check_live_pair("inflight", 800, "EPERM");
+    check_live_pair("inflight", 550, "EPERM");
 }
 
 #[test]
 fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
-    check_live_pair("sigpending", 800, "EPERM");
+    check_live_pair("sigpending", 550, "EPERM");
 }
 
 // --- pidgap: the pid counter between two fork windows ------------------------------------
@@ -322,7 +322,7 @@ fn sibling_mechanisms_are_refused_under_the_full_germline() {
 fn pipequota_one_copy_holds_the_whole_per_user_pipe_quota() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let c = case("pipequota", &attack("pipequota"));
-    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 800);
+    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 550);
     let text = got.to_string();
     eprintln!("pipequota on: canary {} read {text}; sender {sent}", c.canary);
     assert!(c.leaked(&text), "on (open): the canary crosses: {text}; sender {sent}");

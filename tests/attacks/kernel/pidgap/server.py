@@ -7,7 +7,7 @@
 # Runs after the test prelude (os, sys, json, time, FastMCP).
 import threading
 
-STEP = 600
+STEP = 1000
 PID_MAX = 32768  # the kernel's default below 32 CPUs; after it, pids start again at 300
 PROBES = []  # pid of a throwaway child, one per fork window, in the germline's memory
 
@@ -64,7 +64,7 @@ def create_server():
         gaps = [b - a if b > a else b - a + PID_MAX - 300 for a, b in zip(PROBES, PROBES[1:])]
         base = min(gaps[:first]) if first else 0
         # The rest of the host only adds pids: round down (with a little slack below).
-        nib = [max(0, min(15, (g - base + 60) // STEP)) for g in gaps[first:first + count]]
+        nib = [max(0, min(15, (g - base + 100) // STEP)) for g in gaps[first:first + count]]
         got = "GLC-hr-" + bytes((nib[i] << 4) | nib[i + 1] for i in range(0, len(nib) - 1, 2)).hex()
         return json.dumps({"got": got if len(nib) == 24 else "", "gaps": gaps, "base": base,
                            "installed": INSTALLED})
