@@ -217,9 +217,10 @@ fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
 
 // --- pidgap: the pid counter between two fork windows ------------------------------------
 
-/// Three calibration calls, 24 calls that each start STEP * nibble threads in a copy
-/// holding the item, then a public call whose copy reads the gaps between the pids the
-/// germline saw in its fork windows. Open: the full germline lets the canary through.
+/// Three calibration calls, 48 calls that each start 5000 × (two bits of the item)
+/// threads in a copy holding the item, then a public call whose copy reads the gaps
+/// between the pids the germline saw in its fork windows. Open: the full germline lets
+/// the canary through.
 #[test]
 #[ignore = "open channel: see SECURITY.md"]
 fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
@@ -230,11 +231,11 @@ fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
         let (_, err) = c.public_call(&mut rt, "tick", json!({}));
         assert!(err.is_none(), "{err:?}");
     }
-    for i in 0..24 {
+    for i in 0..48 {
         let (_, err) = c.secret_call(&mut rt, "send", json!({"index": i}));
         assert!(err.is_none(), "{err:?}");
     }
-    let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3, "count": 24}));
+    let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3}));
     assert!(err.is_none(), "{err:?}");
     eprintln!("pidgap on: canary {} read {text}", c.canary);
     assert!(c.leaked(&text), "on (open): the canary reaches the public consumer: {text}");
