@@ -358,3 +358,55 @@ fn peer_records_persist() {
     let (j, again, replayed) = ledger.suppress_from_peer(&release(1), [2u8; 32], "fleet: x", "a", stored).expect("s");
     assert_eq!((j, again, replayed.suppressions), (i, false, 1));
 }
+
+/// Every open replays the previous process's WAL into new table files and starts a new
+/// info log; a CLI that opens the ledger per command used to leave ~4 files per command
+/// behind (1,200 after 300). The tables must be merged and the logs capped.
+#[test]
+fn reopening_after_each_write_keeps_files_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join(DB_DIR);
+    let opens = 300u64;
+    let (mut most_files, mut most_bytes, mut most_logs) = (0, 0, 0);
+    let started = std::time::Instant::now();
+    for i in 0..opens {
+        let ledger = open(dir.path());
+        ledger.append(entry(i)).expect("append");
+        ledger.record_call(&release((i % 3) as u8), Event::None).expect("call");
+        drop(ledger);
+        let (files, bytes) = crate::cli::dir_usage(&db).expect("usage");
+        let logs = fs::read_dir(&db)
+            .expect("list")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().starts_with("LOG")))
+            .count();
+        most_files = most_files.max(files);
+        most_bytes = most_bytes.max(bytes);
+        most_logs = most_logs.max(logs);
+    }
+    let ledger = open(dir.path());
+    assert_eq!(ledger.size(), 2 * opens);
+    let report = ledger.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
+    eprintln!(
+        "{opens} open/append/close cycles in {:.1} s: at most {most_files} files, {most_bytes} bytes, {most_logs} info logs",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(most_logs <= INFO_LOGS_KEPT, "{most_logs} info logs kept");
+    assert!(most_files <= 60, "{most_files} files in the database directory");
+    assert!(most_bytes <= 2 << 20, "{most_bytes} bytes in the database directory");
+}
+
+#[test]
+fn pipelined_appends_are_logged_in_submission_order_and_durable_on_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open(dir.path());
+    let pending: Vec<PendingAppend> = (0..500).map(|i| ledger.append_async(entry(i)).expect("submit")).collect();
+    for (i, p) in pending.into_iter().enumerate() {
+        assert_eq!(p.wait().expect("durable").index, i as u64);
+    }
+    assert!(ledger.verify().expect("verify").is_ok());
+    drop(ledger);
+    let ledger = open(dir.path());
+    assert_eq!(ledger.size(), 500);
+    assert_eq!(ledger.get(499).expect("get"), entry(499));
+}
