@@ -491,33 +491,43 @@ pub fn dir_usage(dir: &Path) -> std::io::Result<(u64, u64)> {
     Ok((files, bytes))
 }
 
+fn cli_call(exe: &Path, data: &Path, release: &str) -> Result<f64, LedgerError> {
+    let t = Instant::now();
+    let out = std::process::Command::new(exe)
+        .args(["ledger", "--data-dir"])
+        .arg(data)
+        .args(["call", "--release", release, "--event", "none"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|source| LedgerError::Io { context: format!("running {}", exe.display()), source })?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if !out.status.success() {
+        return Err(LedgerError::Write(format!("CLI call on {} failed: {}", data.display(), out.status)));
+    }
+    Ok(ms)
+}
+
 /// Runs `calls` CLI processes in a row, each `<this program> ledger --data-dir D call`
-/// (open the ledger, count one call durably, close), and prints the latency of the
-/// first and last calls and the ledger's files as they go.
+/// (open the ledger, count one call durably, close), printing latency and the
+/// ledger's files as it grows. Then compares the grown ledger with a new one (a few
+/// entries), alternating calls between them so both see the same machine load.
 fn bench_cli_calls(data: &Path, calls: u64) -> Result<(), LedgerError> {
     let exe = std::env::current_exe().map_err(|source| LedgerError::Io { context: "locating this program".into(), source })?;
     let release = ReleaseHash::of_bytes(b"bench-cli").to_hex();
     let window = (calls / 10).clamp(1, 200) as usize;
     let report_every = (calls / 10).max(1);
+    let big = data.join("grown");
+    let small = data.join("new");
+    let usage = |d: &Path| {
+        dir_usage(&d.join("ledger").join(crate::store::DB_DIR))
+            .map_err(|source| LedgerError::Io { context: "listing the ledger".into(), source })
+    };
     let mut lat = Vec::with_capacity(calls as usize);
-    let ledger_dir = data.join("ledger");
     for i in 1..=calls {
-        let t = Instant::now();
-        let out = std::process::Command::new(&exe)
-            .args(["ledger", "--data-dir"])
-            .arg(data)
-            .args(["call", "--release", &release, "--event", "none"])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|source| LedgerError::Io { context: format!("running {}", exe.display()), source })?;
-        lat.push(t.elapsed().as_secs_f64() * 1e3);
-        if !out.status.success() {
-            return Err(LedgerError::Write(format!("CLI call {i} failed: {}", out.status)));
-        }
+        lat.push(cli_call(&exe, &big, &release)?);
         if i % report_every == 0 || i == calls {
-            let (files, bytes) = dir_usage(&ledger_dir.join(crate::store::DB_DIR))
-                .map_err(|source| LedgerError::Io { context: "listing the ledger".into(), source })?;
+            let (files, bytes) = usage(&big)?;
             let from = lat.len().saturating_sub(window);
             println!(
                 "cli: call {i}: median of the last {} calls {:.1} ms; ledger db {files} files, {:.1} KiB",
@@ -527,10 +537,20 @@ fn bench_cli_calls(data: &Path, calls: u64) -> Result<(), LedgerError> {
             );
         }
     }
-    let first = median_us(lat[..window.min(lat.len())].to_vec());
-    let last = median_us(lat[lat.len() - window.min(lat.len())..].to_vec());
+    for _ in 0..3 {
+        cli_call(&exe, &small, &release)?;
+    }
+    let (mut at_small, mut at_big) = (Vec::with_capacity(window), Vec::with_capacity(window));
+    for _ in 0..window {
+        at_small.push(cli_call(&exe, &small, &release)?);
+        at_big.push(cli_call(&exe, &big, &release)?);
+    }
+    let (first, last) = (median_us(at_small), median_us(at_big));
     println!(
-        "cli: `ledger call` latency, median of calls 1..{window}: {first:.1} ms, of the last {window} (to {calls}): {last:.1} ms, ratio {:.3}",
+        "cli: `ledger call` latency, {window} calls alternating: new ledger (entries 4..{}) median {first:.1} ms, grown ledger (entries {}..{}) median {last:.1} ms, ratio {:.3}",
+        3 + window,
+        calls + 1,
+        calls + window as u64,
         last / first
     );
     Ok(())

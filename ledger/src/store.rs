@@ -190,6 +190,9 @@ struct Inner {
     settled_groups: AtomicU64,
     /// Group writes that failed so far.
     failed_writes: AtomicU64,
+    /// Writes still to fail on purpose (tests of the failure path).
+    #[cfg(test)]
+    fail_writes: AtomicU64,
 }
 
 /// The ledger. Cheap to share between threads (`&Ledger` is enough to append);
@@ -277,6 +280,10 @@ impl Inner {
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), LedgerError> {
+        #[cfg(test)]
+        if self.fail_writes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+            return Err(LedgerError::Write("write failed on purpose".into()));
+        }
         let mut wo = WriteOptions::default();
         wo.set_sync(self.config.sync);
         wo.disable_wal(false);
@@ -861,6 +868,8 @@ impl Ledger {
             checkpoint_lock: Mutex::new(()),
             settled_groups: AtomicU64::new(0),
             failed_writes: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_writes: AtomicU64::new(0),
         };
         let size = inner.stored_size()?;
         inner.size.store(size, Ordering::Release);

@@ -410,3 +410,40 @@ fn pipelined_appends_are_logged_in_submission_order_and_durable_on_wait() {
     assert_eq!(ledger.size(), 500);
     assert_eq!(ledger.get(499).expect("get"), entry(499));
 }
+
+/// A group's write fails while later groups are already built on it: those must be
+/// refused too (their indexes and hashes assume the failed entries), and the log must
+/// go on from what is durable, with exactly the acknowledged entries in it.
+#[test]
+fn a_failed_group_write_fails_the_groups_built_on_it_and_the_log_stays_contiguous() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open(dir.path());
+    fill(&ledger, 10);
+    let mut failures = 0;
+    for round in 0..5u64 {
+        ledger.inner.fail_writes.store(1, Ordering::Release);
+        let first = 1_000 * (round + 1);
+        let pending: Vec<(u64, PendingAppend)> =
+            (first..first + 600).map(|i| (i, ledger.append_async(entry(i)).expect("submit"))).collect();
+        for (i, p) in pending {
+            match p.wait() {
+                Ok(r) => {
+                    assert_eq!(ledger.get(r.index).expect("acknowledged entry"), entry(i));
+                    assert_eq!(r.leaf_hash, merkle::leaf_hash(&entry(i).encode()));
+                }
+                Err(LedgerError::Write(_)) => failures += 1,
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        let report = ledger.verify().expect("verify");
+        assert!(report.is_ok(), "{:?}", report.problems);
+        let r = ledger.append(entry(first + 999)).expect("appends go on after a failed write");
+        assert_eq!(r.index + 1, ledger.size());
+    }
+    assert!(failures >= 5, "only {failures} appends failed");
+    let size = ledger.size();
+    drop(ledger);
+    let ledger = open(dir.path());
+    assert_eq!(ledger.size(), size);
+    assert!(ledger.verify().expect("verify").is_ok());
+}
