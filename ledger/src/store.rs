@@ -8,7 +8,7 @@
 //! `sync` before any caller is told its entry is in the log, so an acknowledged entry
 //! survives a crash and a crash never leaves half an entry behind.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -186,10 +186,6 @@ struct Inner {
     size: AtomicU64,
     /// Serialises checkpoint signing so heads are stored in order.
     checkpoint_lock: Mutex<()>,
-    /// Number of the last group the sync thread has written (or refused).
-    settled_groups: AtomicU64,
-    /// Group writes that failed so far.
-    failed_writes: AtomicU64,
     /// Writes still to fail on purpose (tests of the failure path).
     #[cfg(test)]
     fail_writes: AtomicU64,
@@ -202,7 +198,6 @@ pub struct Ledger {
     dir: PathBuf,
     tx: Option<mpsc::Sender<Job>>,
     writer: Option<JoinHandle<()>>,
-    syncer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -312,51 +307,24 @@ impl HashReader for Inner {
     }
 }
 
-/// What one group changed that later groups read: hashes, dampening states and fleet
-/// suppressions. A group is built on the layers of the groups before it that are not
-/// yet known durable, so the next group is built while the previous one is synced.
-#[derive(Default)]
-struct Layer {
-    /// The group's number (see [`Inner::settled_groups`]).
-    seq: u64,
+/// Hashes written earlier in the batch being built, over the committed store.
+struct Pending<'a> {
+    inner: &'a Inner,
+    batch: WriteBatch,
+    size: u64,
     hashes: HashMap<u64, Hash>,
     states: HashMap<ReleaseHash, DampeningState>,
     fleet: HashMap<[u8; 64], u64>,
 }
 
-/// The group being built, over the layers of groups in flight, over the store.
-struct Pending<'a> {
-    inner: &'a Inner,
-    below: &'a VecDeque<Layer>,
-    batch: WriteBatch,
-    size: u64,
-    own: Layer,
-}
-
-impl Pending<'_> {
-    fn layers(&self) -> impl Iterator<Item = &Layer> {
-        std::iter::once(&self.own).chain(self.below.iter().rev())
-    }
-
-    fn state(&self, release: &ReleaseHash) -> Result<DampeningState, LedgerError> {
-        match self.layers().find_map(|l| l.states.get(release)) {
-            Some(s) => Ok(*s),
-            None => self.inner.dampening_state(release),
-        }
-    }
-}
-
 impl HashReader for Pending<'_> {
     fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, TreeError> {
-        let found: Vec<Option<Hash>> =
-            indexes.iter().map(|i| self.layers().find_map(|l| l.hashes.get(i)).copied()).collect();
-        let missing: Vec<u64> = indexes.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(i, _)| *i).collect();
+        let missing: Vec<u64> = indexes.iter().copied().filter(|i| !self.hashes.contains_key(i)).collect();
         let mut from_db = if missing.is_empty() { Vec::new() } else { self.inner.read_hashes_db(&missing)? }.into_iter();
         indexes
             .iter()
-            .zip(found)
-            .map(|(i, f)| match f {
-                Some(h) => Ok(h),
+            .map(|i| match self.hashes.get(i) {
+                Some(h) => Ok(*h),
                 None => from_db.next().ok_or(TreeError::MissingHash(*i)),
             })
             .collect()
@@ -377,7 +345,7 @@ impl Pending<'_> {
         for (k, h) in new_hashes.into_iter().enumerate() {
             let at = first + k as u64;
             self.batch.put_cf(&hashes, be(at), h);
-            self.own.hashes.insert(at, h);
+            self.hashes.insert(at, h);
         }
         self.batch.put_cf(&by_release, release_key(&entry.release, index), b"");
         self.size += 1;
@@ -385,7 +353,10 @@ impl Pending<'_> {
     }
 
     fn call(&mut self, release: ReleaseHash, event: Event) -> Result<DampeningState, LedgerError> {
-        let before = self.state(&release)?;
+        let before = match self.states.get(&release) {
+            Some(s) => *s,
+            None => self.inner.dampening_state(&release)?,
+        };
         let mut state = before;
         state.on_call(&self.inner.config.dampening, event);
         let body =
@@ -403,7 +374,7 @@ impl Pending<'_> {
         }
         let cf = self.inner.cf(CF_DAMPENING)?;
         self.batch.put_cf(&cf, release.0, state.to_bytes());
-        self.own.states.insert(release, state);
+        self.states.insert(release, state);
         Ok(state)
     }
 
@@ -417,14 +388,17 @@ impl Pending<'_> {
         reason: &str,
     ) -> Result<(u64, bool), LedgerError> {
         let key = fleet_key(&release, &witness);
-        if let Some(i) = self.layers().find_map(|l| l.fleet.get(&key)) {
+        if let Some(i) = self.fleet.get(&key) {
             return Ok((*i, false));
         }
         let cf = self.inner.cf(CF_FLEET_SUPPRESSED)?;
         if let Some(v) = self.inner.db.get_cf(&cf, key).map_err(db_err("reading fleet suppressions"))? {
             return Ok((read_u64(&v, "fleet suppression index")?, false));
         }
-        let penalty = self.state(&release)?.penalty;
+        let penalty = match self.states.get(&release) {
+            Some(s) => s.penalty,
+            None => self.inner.dampening_state(&release)?.penalty,
+        };
         let body = serde_json::to_vec(&SuppressionBody {
             suppressed: true,
             penalty,
@@ -434,7 +408,7 @@ impl Pending<'_> {
         .map_err(|e| LedgerError::Encode(e.to_string()))?;
         let receipt = self.append(&Entry::new(EntryKind::Suppression, release, body))?;
         self.batch.put_cf(&cf, key, be(receipt.index));
-        self.own.fleet.insert(key, receipt.index);
+        self.fleet.insert(key, receipt.index);
         Ok((receipt.index, true))
     }
 }
@@ -466,49 +440,8 @@ fn fleet_key_of(entry: &Entry) -> Option<[u8; 64]> {
     body.suppressed.then(|| fleet_key(&entry.release, &w))
 }
 
-/// A group built into one write batch, handed to the sync thread.
-struct Built {
-    seq: u64,
-    /// [`Inner::failed_writes`] when the builder started from the store; a group built
-    /// over a group whose write then failed is refused, not written.
-    generation: u64,
-    end: u64,
-    batch: WriteBatch,
-    group: Group,
-    answers: Vec<Result<Vec<OpResult>, LedgerError>>,
-}
-
-enum Stage {
-    Commit(Built),
-    Rebuild(mpsc::SyncSender<Result<(), LedgerError>>),
-}
-
-type Group = Vec<(Vec<Op>, mpsc::SyncSender<Result<Vec<OpResult>, LedgerError>>)>;
-
-/// The writer: merges waiting jobs into groups and builds each group's write batch (the
-/// Merkle hashes need the groups before it, so building is sequential), then hands it
-/// to the sync thread and builds the next group while that one is written and synced.
-struct Builder {
-    inner: Arc<Inner>,
-    out: mpsc::SyncSender<Stage>,
-    /// Groups handed to the sync thread and not yet known settled, oldest first.
-    layers: VecDeque<Layer>,
-    /// Log size after the groups handed over so far.
-    size: u64,
-    generation: u64,
-    seq: u64,
-}
-
-fn writer_loop(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, out: mpsc::SyncSender<Stage>) {
+fn writer_loop(inner: Arc<Inner>, rx: mpsc::Receiver<Job>) {
     let max_batch = inner.config.max_batch.max(1);
-    let mut builder = Builder {
-        size: inner.size.load(Ordering::Acquire),
-        generation: inner.failed_writes.load(Ordering::Acquire),
-        inner,
-        out,
-        layers: VecDeque::new(),
-        seq: 0,
-    };
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         let mut count = 0usize;
@@ -530,158 +463,100 @@ fn writer_loop(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, out: mpsc::SyncSender
             match job {
                 Job::Ops { ops, reply } => group.push((ops, reply)),
                 Job::Rebuild { reply } => {
-                    builder.build(std::mem::take(&mut group));
-                    builder.rebuild(reply);
+                    commit_group(&inner, std::mem::take(&mut group));
+                    let _ = reply.send(rebuild(&inner));
                 }
             }
         }
-        builder.build(group);
+        commit_group(&inner, group);
     }
 }
 
-impl Builder {
-    /// Runs a rebuild on the sync thread after every group handed over, and starts
-    /// again from the store.
-    fn rebuild(&mut self, reply: mpsc::SyncSender<Result<(), LedgerError>>) {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let result = match self.out.send(Stage::Rebuild(tx)) {
-            Ok(()) => rx.recv().unwrap_or(Err(LedgerError::Closed)),
-            Err(_) => Err(LedgerError::Closed),
-        };
-        self.layers.clear();
-        self.size = self.inner.size.load(Ordering::Acquire);
-        self.generation = self.inner.failed_writes.load(Ordering::Acquire);
-        let _ = reply.send(result);
-    }
+type Group = Vec<(Vec<Op>, mpsc::SyncSender<Result<Vec<OpResult>, LedgerError>>)>;
 
-    /// Builds one write batch from a group of jobs and hands it to the sync thread; a
-    /// job that cannot be built fails the whole group, which is then answered here.
-    fn build(&mut self, group: Group) {
-        if group.is_empty() {
-            return;
+/// Builds one write batch from all pending jobs, writes it durably, then answers them.
+fn commit_group(inner: &Inner, group: Group) {
+    if group.is_empty() {
+        return;
+    }
+    let start = inner.size.load(Ordering::Acquire);
+    let mut pending = Pending {
+        inner,
+        batch: WriteBatch::default(),
+        size: start,
+        hashes: HashMap::new(),
+        states: HashMap::new(),
+        fleet: HashMap::new(),
+    };
+    let mut answers: Vec<Result<Vec<OpResult>, LedgerError>> = Vec::with_capacity(group.len());
+    let mut failure: Option<String> = None;
+    for (ops, _) in &group {
+        let invalid = ops.iter().find_map(|op| match op {
+            Op::Append(e) => e.validate().err(),
+            Op::Call(..) | Op::FleetSuppress { .. } => None,
+        });
+        if let Some(e) = invalid {
+            answers.push(Err(LedgerError::Entry(e)));
+            continue;
         }
-        let inner = &*self.inner;
-        let settled = inner.settled_groups.load(Ordering::Acquire);
-        let failed = inner.failed_writes.load(Ordering::Acquire);
-        if failed != self.generation {
-            // A write failed: every group after it is refused, so the committed store
-            // is final for them; start over from it.
-            self.layers.clear();
-            self.size = inner.size.load(Ordering::Acquire);
-            self.generation = failed;
-        } else {
-            while self.layers.front().is_some_and(|l| l.seq <= settled) {
-                self.layers.pop_front();
-            }
-        }
-        let mut pending = Pending {
-            inner,
-            below: &self.layers,
-            batch: WriteBatch::default(),
-            size: self.size,
-            own: Layer { seq: self.seq + 1, ..Layer::default() },
-        };
-        let mut answers: Vec<Result<Vec<OpResult>, LedgerError>> = Vec::with_capacity(group.len());
-        let mut failure: Option<String> = None;
-        for (ops, _) in &group {
-            let invalid = ops.iter().find_map(|op| match op {
-                Op::Append(e) => e.validate().err(),
-                Op::Call(..) | Op::FleetSuppress { .. } => None,
-            });
-            if let Some(e) = invalid {
-                answers.push(Err(LedgerError::Entry(e)));
-                continue;
-            }
-            let mut results = Vec::with_capacity(ops.len());
-            for op in ops {
-                let r = match op {
-                    Op::Append(e) => pending.append(e).map(OpResult::Appended),
-                    Op::Call(release, event) => pending.call(*release, *event).map(OpResult::Called),
-                    Op::FleetSuppress { release, witness, reason, peer } => {
-                        pending.fleet_suppress(*release, *witness, reason).and_then(|(i, new)| {
-                            let peer = match peer {
-                                Some((name, rec)) => {
-                                    let mut rec = rec.clone();
-                                    rec.suppressions += u64::from(new);
-                                    pending.put_peer(name, &rec)?;
-                                    Some(rec)
-                                }
-                                None => None,
-                            };
-                            Ok(OpResult::Suppressed(i, new, peer))
-                        })
-                    }
-                };
-                match r {
-                    Ok(r) => results.push(r),
-                    Err(e) => {
-                        failure = Some(e.to_string());
-                        break;
-                    }
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            let r = match op {
+                Op::Append(e) => pending.append(e).map(OpResult::Appended),
+                Op::Call(release, event) => pending.call(*release, *event).map(OpResult::Called),
+                Op::FleetSuppress { release, witness, reason, peer } => {
+                    pending.fleet_suppress(*release, *witness, reason).and_then(|(i, new)| {
+                        let peer = match peer {
+                            Some((name, rec)) => {
+                                let mut rec = rec.clone();
+                                rec.suppressions += u64::from(new);
+                                pending.put_peer(name, &rec)?;
+                                Some(rec)
+                            }
+                            None => None,
+                        };
+                        Ok(OpResult::Suppressed(i, new, peer))
+                    })
+                }
+            };
+            match r {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break;
                 }
             }
-            if failure.is_some() {
-                break;
-            }
-            answers.push(Ok(results));
         }
-        let end = pending.size;
-        let failure = failure.or_else(|| match inner.cf(CF_META) {
-            Ok(meta) => {
-                pending.batch.put_cf(&meta, META_SIZE, be(end));
-                None
+        if failure.is_some() {
+            break;
+        }
+        answers.push(Ok(results));
+    }
+    let outcome = match failure {
+        Some(f) => Err(f),
+        None => {
+            let end = pending.size;
+            match inner.cf(CF_META) {
+                Ok(meta) => {
+                    pending.batch.put_cf(&meta, META_SIZE, be(end));
+                    inner.write(pending.batch).map(|()| end).map_err(|e| e.to_string())
+                }
+                Err(e) => Err(e.to_string()),
             }
-            Err(e) => Some(e.to_string()),
-        });
-        if let Some(msg) = failure {
+        }
+    };
+    match outcome {
+        Ok(end) => {
+            inner.size.store(end, Ordering::Release);
+            for ((_, reply), answer) in group.into_iter().zip(answers) {
+                let _ = reply.send(answer);
+            }
+        }
+        Err(msg) => {
             for (_, reply) in group {
                 let _ = reply.send(Err(LedgerError::Write(msg.clone())));
             }
-            return;
         }
-        let Pending { batch, own, .. } = pending;
-        self.seq += 1;
-        self.size = end;
-        self.layers.push_back(own);
-        let built = Built { seq: self.seq, generation: self.generation, end, batch, group, answers };
-        // If the sync thread is gone, dropping the replies tells the callers so.
-        let _ = self.out.send(Stage::Commit(built));
-    }
-}
-
-/// The sync thread: writes each built group with one synced write, in order, then
-/// answers its callers. A failed write fails the groups built on it too.
-fn sync_loop(inner: Arc<Inner>, rx: mpsc::Receiver<Stage>) {
-    for stage in rx {
-        let built = match stage {
-            Stage::Commit(b) => b,
-            Stage::Rebuild(reply) => {
-                let _ = reply.send(rebuild(&inner));
-                continue;
-            }
-        };
-        let outcome = if built.generation != inner.failed_writes.load(Ordering::Acquire) {
-            Err("an earlier write of the log failed".to_string())
-        } else {
-            inner.write(built.batch).map_err(|e| {
-                inner.failed_writes.fetch_add(1, Ordering::AcqRel);
-                e.to_string()
-            })
-        };
-        match outcome {
-            Ok(()) => {
-                inner.size.store(built.end, Ordering::Release);
-                for ((_, reply), answer) in built.group.into_iter().zip(built.answers) {
-                    let _ = reply.send(answer);
-                }
-            }
-            Err(msg) => {
-                for (_, reply) in built.group {
-                    let _ = reply.send(Err(LedgerError::Write(msg.clone())));
-                }
-            }
-        }
-        inner.settled_groups.store(built.seq, Ordering::Release);
     }
 }
 
@@ -866,8 +741,6 @@ impl Ledger {
             config,
             size: AtomicU64::new(0),
             checkpoint_lock: Mutex::new(()),
-            settled_groups: AtomicU64::new(0),
-            failed_writes: AtomicU64::new(0),
             #[cfg(test)]
             fail_writes: AtomicU64::new(0),
         };
@@ -878,27 +751,12 @@ impl Ledger {
         }
         let inner = Arc::new(inner);
         let (tx, rx) = mpsc::channel();
-        // One built group may wait while another is being synced.
-        let (stage_tx, stage_rx) = mpsc::sync_channel(1);
-        let sync_inner = Arc::clone(&inner);
-        let syncer = std::thread::Builder::new()
-            .name("ledger-sync".into())
-            .spawn(move || sync_loop(sync_inner, stage_rx))
-            .map_err(io_err("starting the ledger sync thread"))?;
         let writer_inner = Arc::clone(&inner);
         let writer = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer_loop(writer_inner, rx, stage_tx))
-            .map_err(io_err("starting the ledger writer thread"));
-        let writer = match writer {
-            Ok(w) => w,
-            Err(e) => {
-                // stage_tx went with the failed closure, so the sync thread ends.
-                let _ = syncer.join();
-                return Err(e);
-            }
-        };
-        Ok(Ledger { inner, dir, tx: Some(tx), writer: Some(writer), syncer: Some(syncer) })
+            .spawn(move || writer_loop(writer_inner, rx))
+            .map_err(io_err("starting the ledger writer thread"))?;
+        Ok(Ledger { inner, dir, tx: Some(tx), writer: Some(writer) })
     }
 
     fn submit_async(&self, ops: Vec<Op>) -> Result<Reply, LedgerError> {
@@ -1489,13 +1347,9 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        // Closing the channel lets the writer finish queued jobs and exit, which closes
-        // the sync thread's channel once it has written every group.
+        // Closing the channel lets the writer finish queued jobs and exit.
         self.tx.take();
         if let Some(w) = self.writer.take() {
-            let _ = w.join();
-        }
-        if let Some(w) = self.syncer.take() {
             let _ = w.join();
         }
         // Let merges started by this process finish; closing would abort them, and a

@@ -411,11 +411,11 @@ fn pipelined_appends_are_logged_in_submission_order_and_durable_on_wait() {
     assert_eq!(ledger.get(499).expect("get"), entry(499));
 }
 
-/// A group's write fails while later groups are already built on it: those must be
-/// refused too (their indexes and hashes assume the failed entries), and the log must
-/// go on from what is durable, with exactly the acknowledged entries in it.
+/// A group's write fails with many appends in flight: its callers get the error, the
+/// groups after it are built from what is durable, and the log holds exactly the
+/// acknowledged entries, contiguous and verifiable.
 #[test]
-fn a_failed_group_write_fails_the_groups_built_on_it_and_the_log_stays_contiguous() {
+fn a_failed_group_write_fails_only_its_callers_and_the_log_stays_contiguous() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ledger = open(dir.path());
     fill(&ledger, 10);
