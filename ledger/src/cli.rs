@@ -402,7 +402,8 @@ fn append_run(dir: &Path, threads: u64, total: u64, window: usize) -> Result<f64
 }
 
 fn bench_in(dir: &Path, args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
-    std::fs::create_dir_all(dir).map_err(|source| LedgerError::Io { context: format!("creating {}", dir.display()), source })?;
+    std::fs::create_dir_all(dir)
+        .map_err(|source| LedgerError::Io { context: format!("creating {}", dir.display()), source })?;
     let configs = [
         ("1 writer, one append at a time", 1, 1),
         ("writers, one append at a time each", args.threads, 1),
@@ -513,7 +514,8 @@ fn cli_call(exe: &Path, data: &Path, release: &str) -> Result<f64, LedgerError> 
 /// ledger's files as it grows. Then compares the grown ledger with a new one (a few
 /// entries), alternating calls between them so both see the same machine load.
 fn bench_cli_calls(data: &Path, calls: u64) -> Result<(), LedgerError> {
-    let exe = std::env::current_exe().map_err(|source| LedgerError::Io { context: "locating this program".into(), source })?;
+    let exe = std::env::current_exe()
+        .map_err(|source| LedgerError::Io { context: "locating this program".into(), source })?;
     let release = ReleaseHash::of_bytes(b"bench-cli").to_hex();
     let window = (calls / 10).clamp(1, 200) as usize;
     let report_every = (calls / 10).max(1);

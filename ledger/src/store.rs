@@ -320,7 +320,8 @@ struct Pending<'a> {
 impl HashReader for Pending<'_> {
     fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, TreeError> {
         let missing: Vec<u64> = indexes.iter().copied().filter(|i| !self.hashes.contains_key(i)).collect();
-        let mut from_db = if missing.is_empty() { Vec::new() } else { self.inner.read_hashes_db(&missing)? }.into_iter();
+        let mut from_db =
+            if missing.is_empty() { Vec::new() } else { self.inner.read_hashes_db(&missing)? }.into_iter();
         indexes
             .iter()
             .map(|i| match self.hashes.get(i) {

@@ -45,7 +45,10 @@ fn run() -> Result<(), String> {
                     let mut in_flight = VecDeque::new();
                     for seq in 0..per_thread {
                         let body = format!(r#"{{"round":{round},"thread":{t},"seq":{seq}}}"#);
-                        in_flight.push_back((seq, ledger.append_async(Entry::new(EntryKind::Witness, release, body.into_bytes()))?));
+                        in_flight.push_back((
+                            seq,
+                            ledger.append_async(Entry::new(EntryKind::Witness, release, body.into_bytes()))?,
+                        ));
                         if in_flight.len() as u64 >= window {
                             if let Some((s, p)) = in_flight.pop_front() {
                                 ack(s, p)?;
