@@ -666,6 +666,26 @@ const INFO_LOG_MAX_BYTES: usize = 1 << 20;
 const RUNS_BEFORE_MERGE: i32 = 4;
 /// How long closing waits for merges already under way.
 const CLOSE_COMPACTION_WAIT_US: u64 = 10_000_000;
+/// Table files in one column family above which opening merges it whole. Universal
+/// compaction keeps a handful; logs written before it (one sorted run of hundreds of
+/// tiny files per open) are merged once.
+const TABLE_FILES_MERGE_ABOVE: usize = 64;
+
+/// Merges every column family that has more than [`TABLE_FILES_MERGE_ABOVE`] files.
+fn merge_scattered_tables(db: &Db) -> Result<(), LedgerError> {
+    let mut per_cf: HashMap<String, usize> = HashMap::new();
+    for f in db.live_files().map_err(db_err("listing table files"))? {
+        *per_cf.entry(f.column_family_name).or_default() += 1;
+    }
+    for (name, files) in per_cf {
+        if files > TABLE_FILES_MERGE_ABOVE {
+            if let Some(cf) = db.cf_handle(&name) {
+                db.compact_range_cf(&cf, None::<&[u8]>, None::<&[u8]>);
+            }
+        }
+    }
+    Ok(())
+}
 
 fn db_options() -> Options {
     let mut opts = Options::default();
@@ -712,6 +732,7 @@ impl Ledger {
         let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options()));
         let db =
             Db::open_cf_descriptors(&opts, &db_path, cfs).map_err(db_err(format!("opening {}", db_path.display())))?;
+        merge_scattered_tables(&db)?;
 
         let meta = db.cf_handle(CF_META).ok_or_else(|| LedgerError::Corrupt("meta column family missing".into()))?;
         let stored_origin = db

@@ -447,3 +447,33 @@ fn a_failed_group_write_fails_only_its_callers_and_the_log_stays_contiguous() {
     assert_eq!(ledger.size(), size);
     assert!(ledger.verify().expect("verify").is_ok());
 }
+
+/// A log written before universal compaction can hold hundreds of tiny table files per
+/// column family; the first open merges them.
+#[test]
+fn opening_merges_a_column_family_scattered_over_many_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_path = dir.path().join(DB_DIR);
+    {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let mut cf_opts = Options::default();
+        cf_opts.set_disable_auto_compactions(true);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_opts.clone()));
+        let db = Db::open_cf_descriptors(&opts, &db_path, cfs).expect("open legacy layout");
+        let peers = db.cf_handle(CF_FLEET_PEERS).expect("cf");
+        for i in 0..100 {
+            db.put_cf(&peers, format!("peer-{i:03}"), b"{}").expect("put");
+            db.flush_cf(&peers).expect("flush");
+        }
+    }
+    let (before, _) = crate::cli::dir_usage(&db_path).expect("usage");
+    assert!(before > 100, "{before} files before");
+    let ledger = open(dir.path());
+    let (after, _) = crate::cli::dir_usage(&db_path).expect("usage");
+    eprintln!("{before} files before the first open, {after} after");
+    assert!(after <= 30, "{after} files after opening");
+    let peers = ledger.inner.cf(CF_FLEET_PEERS).expect("cf");
+    assert!(ledger.inner.db.get_cf(&peers, b"peer-042").expect("get").is_some());
+}
