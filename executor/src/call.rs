@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use germline_model::{
     plan_groups, CallRecords, Clearance, ConsumerName, Group, Horizon, HostName, Item, ItemName, Label, Member,
-    OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, View,
+    OutputLabel, Plan, PlanInput, ReleaseHash, Slot, SlotKey, Trigger, TriggerKind, View,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -81,8 +81,13 @@ pub struct CallOutcome {
     pub label: Option<Label>,
     /// How many copies ran.
     pub copies: usize,
-    /// Triggers recorded in this call.
+    /// Triggers recorded in this call, in full: for the host's own use (dampening,
+    /// evidence), never printed. What the consumers see is `triggers_shown`.
+    #[serde(skip)]
     pub triggers: Vec<Trigger>,
+    /// Triggers as the call's consumers may see them (see [`reduce_triggers`]).
+    #[serde(rename = "triggers", default)]
+    pub triggers_shown: Vec<TriggerOut>,
     /// Why the call (or the first consumer's copy) failed.
     pub error: Option<String>,
     /// Per consumer: result, label and error.
@@ -94,6 +99,94 @@ pub struct CallOutcome {
     /// What a verifier needs to replay each trigger (also in the trigger log).
     #[serde(skip)]
     pub evidence: Vec<TriggerEvidence>,
+    /// The join of every copy's output label: the label of everything about the call that
+    /// depends on all its copies (its duration, its trigger count). Metrics and log lines
+    /// carry such facts only when this is empty.
+    #[serde(skip)]
+    pub held: Label,
+}
+
+/// A trigger as the call's consumers see it (see [`reduce_triggers`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TriggerOut {
+    /// The declared host whose record was diverged from; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostName>,
+    /// The copy that diverged; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_index: Option<usize>,
+    /// The copy that wrote the host's record; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_group_index: Option<usize>,
+    /// How the requests diverged; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TriggerKind>,
+    /// Where they diverged; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    /// The label of what the trigger was made of: the output labels of the diverging and
+    /// the serving copy.
+    #[serde(default)]
+    pub label: Label,
+}
+
+/// Debug builds only: `GERMLINE_TEST_OUTPUT_REDUCTION_OFF=1` shows triggers in full and
+/// lets log lines and metrics carry what labelled copies did (their timings, whether
+/// their slot writes or tunnels failed), to show what the reduction stops.
+pub fn output_reduction_off() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_OUTPUT_REDUCTION_OFF").is_some_and(|v| v == "1") {
+        return true;
+    }
+    false
+}
+
+/// Whether a log line or metric may carry a fact that depends on a copy with `label`:
+/// only when the label is empty (a log reader is cleared for nothing).
+pub fn loggable(label: &Label) -> bool {
+    label.is_empty() || output_reduction_off()
+}
+
+/// The triggers as the call's consumers may see them. A trigger is what the diverging copy
+/// sent, compared with the serving copy's record: its host, copies, kind and position are
+/// choices of those copies (a copy matching the record up to request `b` and then
+/// differing spells `b` in the position: a byte per host and call). Triggers whose label
+/// every consumer's clearance covers are shown in full; all others become one entry that
+/// says only that such triggers exist (the bit the call's dampening event publishes
+/// anyway), with their joined label.
+pub fn reduce_triggers(triggers: &[Trigger], labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
+    let label_of = |t: &Trigger| {
+        let get = |i: usize| labels.get(i).cloned().unwrap_or_default();
+        get(t.group_index).join(&get(t.serving_group_index))
+    };
+    let mut shown = Vec::new();
+    let mut withheld: Option<Label> = None;
+    for t in triggers {
+        let label = label_of(t);
+        if output_reduction_off() || consumers.iter().all(|c| label.flows_to(c)) {
+            shown.push(TriggerOut {
+                host: Some(t.host.clone()),
+                group_index: Some(t.group_index),
+                serving_group_index: Some(t.serving_group_index),
+                kind: Some(t.kind),
+                position: Some(t.position),
+                label,
+            });
+        } else {
+            withheld = Some(withheld.map_or(label.clone(), |w| w.join(&label)));
+        }
+    }
+    if let Some(label) = withheld {
+        shown.push(TriggerOut {
+            host: None,
+            group_index: None,
+            serving_group_index: None,
+            kind: None,
+            position: None,
+            label,
+        });
+    }
+    shown
 }
 
 /// The part of a call one consumer receives.
@@ -448,6 +541,7 @@ impl GermlineRuntime {
             outcome.egress.extend(run.egress.into_iter().map(|e| EgressEventOut::of(e, &copy_label)));
             runs.push(GroupRun {
                 view: group.view.items().cloned().collect(),
+                label: copy_label.clone(),
                 slot: slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect(),
                 slot_label: slot.label(),
                 received: run.received,
@@ -455,11 +549,19 @@ impl GermlineRuntime {
             let final_label = label.label();
             if result.is_ok() && !writes.is_empty() {
                 let mut slot = slot;
+                // Whether a write is refused is the copy's choice: a log line saying so is
+                // written only for a copy whose label is empty (else its presence is a bit of
+                // what the copy holds, for a log reader cleared for nothing).
                 match slot.apply_writes(writes, &final_label) {
                     Ok(()) if slot.fits(&group.horizon) => self.slots.put(key, slot),
-                    Ok(()) => tracing::warn!("slot write refused: label escapes horizon {}", group.horizon),
+                    Ok(()) if loggable(&final_label) => {
+                        tracing::warn!("slot write refused: label escapes horizon {}", group.horizon)
+                    }
                     // The error may name a key the copy chose: not logged.
-                    Err(_) => tracing::warn!(group = gi, "slot write refused: a slot bound was broken"),
+                    Err(_) if loggable(&final_label) => {
+                        tracing::warn!(group = gi, "slot write refused: a slot bound was broken")
+                    }
+                    _ => {}
                 }
             }
             // A result and an error alike come from the copy: both carry its label.
@@ -519,8 +621,19 @@ impl GermlineRuntime {
         let declared: Vec<HostName> = prepared.plan_input.hosts.iter().map(|(h, _)| h.clone()).collect();
         let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
         outcome.egress = reduce_egress(std::mem::take(&mut outcome.egress), &declared, &clearances);
-        for t in &outcome.triggers {
-            tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
+        let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
+        outcome.triggers_shown = reduce_triggers(&outcome.triggers, &labels, &clearances);
+        outcome.held = labels.iter().fold(Label::empty(), |a, l| a.join(l));
+        // Host, kind, position and number of triggers are the copies' choices: the log
+        // says only that the call recorded some (the bit its dampening event publishes).
+        if !outcome.triggers.is_empty() {
+            if loggable(&outcome.held) {
+                for t in &outcome.triggers {
+                    tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
+                }
+            } else {
+                tracing::warn!("the call recorded triggers");
+            }
         }
         if let (Some(path), false) = (&self.trigger_log, outcome.evidence.is_empty()) {
             append_evidence(path, &outcome.evidence, self.evidence_switches.commitments)?;
@@ -618,12 +731,10 @@ impl GermlineRuntime {
             label: OutputLabel::new(Label::empty(), Label::empty()),
             killer: copy.killer()?,
         };
-        let r = serve_copy(job, &shared);
+        // Whether the replayed copy answered is its choice (a probe holds the items the
+        // trigger's copy saw): not logged, not even as a bare line.
+        let _ = serve_copy(job, &shared);
         copy.kill()?;
-        if r.result.is_err() {
-            // Its error is the copy's text: not logged.
-            tracing::debug!("replayed copy ended without a result");
-        }
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
         Ok(sh.replay.as_mut().and_then(|r| r.sent.remove(&ev.host)).unwrap_or_default())
     }
@@ -696,7 +807,12 @@ impl GermlineRuntime {
         let t_served = t0.elapsed();
         copy.kill()?;
         drop(copy);
-        tracing::debug!(group = gi, ?t_fork, ?t_setup, ?t_served, total = ?t0.elapsed(), "copy timings");
+        // How long a copy ran is its choice: a timing line is written only for a copy whose
+        // label is empty (a log reader is cleared for nothing; a labelled copy sleeping in
+        // proportion to an item would spell it here to the microsecond).
+        if loggable(&r.label.label()) {
+            tracing::debug!(group = gi, ?t_fork, ?t_setup, ?t_served, total = ?t0.elapsed(), "copy timings");
+        }
         {
             let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             sh.records.finish_copy(gi);
@@ -763,6 +879,8 @@ fn transcript_of(
 /// What the broker keeps of each group's copy for evidence.
 struct GroupRun {
     view: Vec<ItemName>,
+    /// The copy's final output label.
+    label: Label,
     slot: Map<String, Value>,
     slot_label: Label,
     received: BTreeMap<HostName, Vec<Vec<u8>>>,
