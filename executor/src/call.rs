@@ -153,14 +153,21 @@ pub fn loggable(label: &Label) -> bool {
 /// differing spells `b` in the position: a byte per host and call). Triggers whose label
 /// every consumer's clearance covers are shown in full; all others become one entry that
 /// says only that such triggers exist (the bit the call's dampening event publishes
-/// anyway), with their joined label.
-pub fn reduce_triggers(triggers: &[Trigger], labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
+/// anyway), labelled `bound`: the join of the plan's horizons, which holds every copy's
+/// label and, unlike the copies' own labels, is metadata (a copy widens its label by the
+/// hosts it contacts, so printing it would be a few more bits of its choosing).
+pub fn reduce_triggers(
+    triggers: &[Trigger],
+    labels: &[Label],
+    bound: &Label,
+    consumers: &[Clearance],
+) -> Vec<TriggerOut> {
     let label_of = |t: &Trigger| {
         let get = |i: usize| labels.get(i).cloned().unwrap_or_default();
         get(t.group_index).join(&get(t.serving_group_index))
     };
     let mut shown = Vec::new();
-    let mut withheld: Option<Label> = None;
+    let mut withheld = false;
     for t in triggers {
         let label = label_of(t);
         if output_reduction_off() || consumers.iter().all(|c| label.flows_to(c)) {
@@ -173,17 +180,17 @@ pub fn reduce_triggers(triggers: &[Trigger], labels: &[Label], consumers: &[Clea
                 label,
             });
         } else {
-            withheld = Some(withheld.map_or(label.clone(), |w| w.join(&label)));
+            withheld = true;
         }
     }
-    if let Some(label) = withheld {
+    if withheld {
         shown.push(TriggerOut {
             host: None,
             group_index: None,
             serving_group_index: None,
             kind: None,
             position: None,
-            label,
+            label: bound.clone(),
         });
     }
     shown
@@ -622,7 +629,8 @@ impl GermlineRuntime {
         let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
         outcome.egress = reduce_egress(std::mem::take(&mut outcome.egress), &declared, &clearances);
         let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
-        outcome.triggers_shown = reduce_triggers(&outcome.triggers, &labels, &clearances);
+        let bound = plan.groups.iter().fold(Label::empty(), |a, g| a.join_clearance(&g.horizon.0));
+        outcome.triggers_shown = reduce_triggers(&outcome.triggers, &labels, &bound, &clearances);
         outcome.held = labels.iter().fold(Label::empty(), |a, l| a.join(l));
         // Host, kind, position and number of triggers are the copies' choices: the log
         // says only that the call recorded some (the bit its dampening event publishes).
@@ -733,8 +741,11 @@ impl GermlineRuntime {
         };
         // Whether the replayed copy answered is its choice (a probe holds the items the
         // trigger's copy saw): not logged, not even as a bare line.
-        let _ = serve_copy(job, &shared);
+        let r = serve_copy(job, &shared);
         copy.kill()?;
+        if r.result.is_err() && output_reduction_off() {
+            tracing::debug!("replayed copy ended without a result");
+        }
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
         Ok(sh.replay.as_mut().and_then(|r| r.sent.remove(&ev.host)).unwrap_or_default())
     }
@@ -1234,6 +1245,29 @@ mod tests {
             shown,
             [(0, Some("7361.example"), "denied", 1), (1, None, "denied", 2), (1, Some("hr.example"), "delivered", 1)]
         );
+    }
+
+    #[test]
+    fn triggers_of_uncleared_copies_are_reduced_to_their_existence() {
+        let hr: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        let trig = |group_index, position| Trigger {
+            host: HostName::new("stats.example").unwrap(),
+            group_index,
+            serving_group_index: 0,
+            kind: TriggerKind::Mismatch,
+            position,
+        };
+        let labels = [Label::empty(), Label::empty(), hr.clone()];
+        let triggers = [trig(1, 7), trig(2, 75), trig(2, 3)];
+        let out = reduce_triggers(&triggers, &labels, &hr, &[Clearance::empty()]);
+        let text = serde_json::to_string(&out).unwrap();
+        assert!(!text.contains("75") && !text.contains(":3"), "{text}");
+        assert_eq!(out.len(), 2, "{text}");
+        assert_eq!(out[0].position, Some(7), "a trigger between unlabelled copies is shown: {text}");
+        assert!(out[1].host.is_none() && out[1].kind.is_none() && out[1].position.is_none(), "{text}");
+        assert_eq!(out[1].label, hr);
+        let cleared: Clearance = serde_json::from_value(json!(["hr"])).unwrap();
+        assert_eq!(reduce_triggers(&triggers, &labels, &hr, &[cleared]).len(), 3);
     }
 
     #[test]

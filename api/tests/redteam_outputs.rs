@@ -1,0 +1,311 @@
+//! Issue 12, adversarial pass over what germline itself emits. Each release under
+//! `tests/attacks/outputs/` holds an hr document in one copy and tries to get it to a
+//! party not cleared for `hr`: the caller of a call whose only consumer is `public`, or a
+//! reader of the log. Every test runs the release under full germline with the output
+//! reduction off (`GERMLINE_TEST_OUTPUT_REDUCTION_OFF=1`, debug builds only) and asserts
+//! the canary arrives, then with it on and asserts it does not. Channels that stay open
+//! are `#[ignore]`d tests asserting what was measured.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+const OFF: &[(&str, &str)] = &[("GERMLINE_TEST_OUTPUT_REDUCTION_OFF", "1")];
+
+fn python() -> PathBuf {
+    std::env::var_os("GERMLINE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
+}
+
+/// Copies the attack release `name` to `dir/rel`.
+fn release(name: &str, dir: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/attacks/outputs").join(name);
+    let dst = dir.join("rel");
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["germline.toml", "server.py"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap_or_else(|e| panic!("{name}/{f}: {e}"));
+    }
+}
+
+/// The hr document holding `content` under `dir/items/hr`, and a policy clearing
+/// `hr.example` for hr, `stats.example` and the `public` consumer for nothing, both hosts
+/// at one loopback sink. Returns the document's path.
+fn world(dir: &Path, content: &str, sink_connections: usize) -> PathBuf {
+    let items = dir.join("items/hr");
+    std::fs::create_dir_all(&items).unwrap();
+    let doc = items.join("payslip.txt");
+    std::fs::write(&doc, content).unwrap();
+    let port = common::ok_sink(sink_connections);
+    std::fs::write(
+        dir.join("policy.toml"),
+        format!(
+            "tags = [\"hr\"]\n[[items]]\npath = \"{}/**\"\nlabel = [\"hr\"]\n[destinations.\"hr.example\"]\nclearance = [\"hr\"]\n[destinations.\"stats.example\"]\nclearance = []\n[consumers.public]\nclearance = []\n[hosts]\n\"hr.example\" = \"127.0.0.1:{port}\"\n\"stats.example\" = \"127.0.0.1:{port}\"\n",
+            items.display()
+        ),
+    )
+    .unwrap();
+    doc
+}
+
+/// One call per index, each with the document as its item and `public` as its consumer.
+fn calls(doc: &Path, indexes: impl IntoIterator<Item = usize>) -> Vec<Value> {
+    indexes
+        .into_iter()
+        .map(|i| json!({"tool": "scan", "arguments": {"document": doc, "index": i}, "items": [doc], "consumers": ["public"]}))
+        .collect()
+}
+
+fn germline(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_germline"));
+    cmd.args(args)
+        .args(["--release", "rel", "--policy", "policy.toml"])
+        .current_dir(dir)
+        .env("GERMLINE_HOME", dir.join("home"))
+        .env("GERMLINE_DATA_DIR", dir.join("data"))
+        .env("GERMLINE_PYTHON", python())
+        .env_remove("GERMLINE_TEST_OUTPUT_REDUCTION_OFF")
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// Runs `germline session` over `calls` with stdout and stderr in one file, so every log
+/// line sits before the outcome of the call during which it was written. Returns, per
+/// call, its outcome and the log lines written since the previous outcome.
+fn session(dir: &Path, calls: &[Value], env: &[(&str, &str)]) -> Vec<(Value, Vec<String>)> {
+    session_with_tail(dir, calls, env).0
+}
+
+/// [`session`], and the log lines written after the last outcome (a call's triggers are
+/// verified after its outcome is printed, so their lines sit before the next outcome).
+fn session_with_tail(dir: &Path, calls: &[Value], env: &[(&str, &str)]) -> (Vec<(Value, Vec<String>)>, Vec<String>) {
+    let lines: String = calls.iter().map(|c| format!("{c}\n")).collect();
+    std::fs::write(dir.join("calls.jsonl"), lines).unwrap();
+    let log = dir.join("session.out");
+    let f = std::fs::File::create(&log).unwrap();
+    let status = germline(dir, &["session", "--calls", "calls.jsonl"], env)
+        .stdout(Stdio::from(f.try_clone().unwrap()))
+        .stderr(Stdio::from(f))
+        .status()
+        .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut out = Vec::new();
+    let mut pending = Vec::new();
+    for line in text.lines() {
+        match serde_json::from_str::<Value>(line) {
+            Ok(v) if v.is_object() => out.push((v, std::mem::take(&mut pending))),
+            _ => pending.push(line.to_owned()),
+        }
+    }
+    assert_eq!(out.len(), calls.len(), "session exited {status}; output:\n{text}");
+    (out, pending)
+}
+
+/// Seconds in a `Debug`-printed `Duration` (`1.2s`, `850.1ms`, `12µs`, `7ns`).
+fn seconds(d: &str) -> Option<f64> {
+    for (suffix, scale) in [("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9), ("s", 1.0)] {
+        if let Some(n) = d.strip_suffix(suffix) {
+            return n.parse::<f64>().ok().map(|n| n * scale);
+        }
+    }
+    None
+}
+
+/// The value of field `name` in a `tracing` line (`name=value`).
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// The copy that holds nothing sends 128 identical requests to stats.example; the copy
+/// holding the hr document sends as many as byte `index` says, then a different one. The
+/// trigger's position spells the byte in the outcome every caller gets: off, four calls
+/// give the public caller the document's first four bytes; on, triggers of copies the
+/// consumer is not cleared for say only that they exist.
+#[test]
+fn trigger_positions_spell_an_hr_document_to_a_public_caller() {
+    const CANARY: &str = "K7Q2";
+    let run = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        release("trigger-position", tmp.path());
+        let doc = world(tmp.path(), CANARY, 4000);
+        let outs = session(tmp.path(), &calls(&doc, 0..CANARY.len()), env);
+        let mut spelled = String::new();
+        for (o, _) in &outs {
+            assert_eq!(o["status"], "answered", "{o}");
+            assert_eq!(o["label"], json!([]), "the public consumer's own copy held nothing: {o}");
+            let triggers = o["triggers"].as_array().unwrap_or_else(|| panic!("no triggers: {o}"));
+            assert!(!triggers.is_empty(), "the hr copy diverged: {o}");
+            for t in triggers {
+                if let Some(p) = t["position"].as_u64() {
+                    spelled.push(char::from(p as u8));
+                }
+            }
+        }
+        (spelled, outs)
+    };
+
+    let (off, _) = run(OFF);
+    eprintln!("reduction off: trigger positions spell {off:?}");
+    assert_eq!(off, CANARY, "off: the trigger positions spell the hr document to the public caller");
+
+    let (on, outs) = run(&[]);
+    eprintln!("reduction on: trigger positions spell {on:?}");
+    assert_eq!(on, "", "on: no position of an uncleared copy's trigger is printed");
+    for (o, _) in &outs {
+        let t = &o["triggers"][0];
+        assert!(t.get("host").is_none() && t.get("kind").is_none(), "{o}");
+        assert_eq!(t["label"], json!(["hr"]), "the withheld trigger carries the plan's bound: {o}");
+    }
+}
+
+/// The copy holding the hr document sleeps 0.3 s per unit of digit `index`. At debug level
+/// the broker logged every copy's timings, so the log reader reads the digit off the hr
+/// copy's `t_served`; on, only copies with an empty label have timing lines.
+#[test]
+fn copy_timings_in_the_log_spell_an_hr_digit() {
+    const DIGIT: u32 = 7;
+    let run = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        release("copy-timing", tmp.path());
+        let doc = world(tmp.path(), &DIGIT.to_string(), 100);
+        let env: Vec<(&str, &str)> = env.iter().copied().chain([("GERMLINE_LOG", "debug")]).collect();
+        let outs = session(tmp.path(), &calls(&doc, [0]), &env);
+        let (o, log) = &outs[0];
+        assert_eq!(o["status"], "answered", "{o}");
+        let served = |group: &str| {
+            log.iter()
+                .filter(|l| l.contains("copy timings") && field(l, "group") == Some(group))
+                .find_map(|l| field(l, "t_served").and_then(seconds))
+        };
+        (served("0"), served("1"), log.join("\n"))
+    };
+
+    let (public, hr, log) = run(OFF);
+    let (public, hr) = (public.expect("the public copy's timing line"), hr.unwrap_or_else(|| panic!("{log}")));
+    let read = ((hr - public) / 0.3).round();
+    eprintln!("reduction off: t_served public {public:.3} s, hr {hr:.3} s: digit {read}");
+    assert_eq!(read, f64::from(DIGIT), "off: the hr copy's timing line spells the digit:\n{log}");
+
+    let (public, hr, log) = run(&[]);
+    eprintln!("reduction on: t_served public {public:?}, hr {hr:?}");
+    assert!(public.is_some(), "on: the unlabelled copy's timing is still logged:\n{log}");
+    assert!(hr.is_none(), "on: no timing line for the hr copy:\n{log}");
+    assert!(!log.contains("copy MCP timings"), "{log}");
+}
+
+/// The copy holding the hr document breaks a slot bound when bit `index` of its first
+/// byte is 1; the host logged "a slot bound was broken" for it, so eight calls give a log
+/// reader the byte. On, the line is written only for copies with an empty label.
+#[test]
+fn slot_refusal_lines_spell_an_hr_byte() {
+    const CANARY: u8 = b'Z';
+    let run = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        release("slot-bound-bit", tmp.path());
+        let doc = world(tmp.path(), &char::from(CANARY).to_string(), 100);
+        let outs = session(tmp.path(), &calls(&doc, 0..8), env);
+        let mut byte = 0u8;
+        for (i, (o, log)) in outs.iter().enumerate() {
+            assert_eq!(o["status"], "answered", "{o}");
+            if log.iter().any(|l| l.contains("slot bound was broken")) {
+                byte |= 1 << i;
+            }
+        }
+        byte
+    };
+    let off = run(OFF);
+    eprintln!("reduction off: log lines spell {off:#04x}");
+    assert_eq!(off, CANARY, "off: the slot refusal lines spell the hr byte to a log reader");
+    let on = run(&[]);
+    eprintln!("reduction on: log lines spell {on:#04x}");
+    assert_eq!(on, 0, "on: no refusal line for a labelled copy");
+}
+
+/// The probe replay of a trigger holds the hr document and kills itself when bit `index`
+/// of its first byte is 1; the host logged "replayed copy ended without a result" at debug
+/// level for each such replay, after the call's outcome. Eight calls give a log reader
+/// the byte; on, no line says how a replay ended.
+#[test]
+fn replay_outcome_lines_spell_an_hr_byte() {
+    const CANARY: u8 = b'R';
+    let run = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        release("replay-bit", tmp.path());
+        let doc = world(tmp.path(), &char::from(CANARY).to_string(), 100);
+        let env: Vec<(&str, &str)> = env.iter().copied().chain([("GERMLINE_LOG", "debug")]).collect();
+        let (outs, tail) = session_with_tail(tmp.path(), &calls(&doc, 0..8), &env);
+        // Lines written while call i's triggers were verified precede outcome i + 1.
+        let mut after: Vec<&Vec<String>> = outs.iter().skip(1).map(|(_, log)| log).collect();
+        after.push(&tail);
+        let mut byte = 0u8;
+        for (i, ((o, _), log)) in outs.iter().zip(after).enumerate() {
+            assert_eq!(o["status"], "answered", "{o}");
+            assert!(!o["triggers"].as_array().is_none_or(Vec::is_empty), "call {i} triggers: {o}");
+            if log.iter().any(|l| l.contains("replayed copy ended without a result")) {
+                byte |= 1 << i;
+            }
+        }
+        byte
+    };
+    let off = run(OFF);
+    eprintln!("reduction off: replay lines spell {off:#04x}");
+    assert_eq!(off, CANARY, "off: the replay lines spell the hr byte to a log reader");
+    let on = run(&[]);
+    eprintln!("reduction on: replay lines spell {on:#04x}");
+    assert_eq!(on, 0, "on: no line says how a replay ended");
+}
+
+/// Open: how long a call takes is the sum of its copies' runs, and the hr copy chooses its
+/// own. The public caller of a session sees each outcome arrive (as the front's client
+/// sees each answer, and the API's caller `latency_ms`); a fleet peer sees the call's
+/// dampening entry appended to the ledger, in milliseconds. Measured under full germline:
+/// both read the hr digit. Bound: log2(deadline / resolution) per copy and call, about
+/// 15 bits at the default 30 s deadline and a 1 ms clock.
+#[test]
+#[ignore = "open channel: see SECURITY.md"]
+fn call_durations_spell_an_hr_digit_to_the_caller_and_the_ledger() {
+    const DIGIT: u32 = 7;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    release("copy-timing", dir);
+    let doc = world(dir, &format!("00{DIGIT}"), 100);
+    let lines: String = calls(&doc, 0..3).iter().map(|c| format!("{c}\n")).collect();
+    std::fs::write(dir.join("calls.jsonl"), lines).unwrap();
+    let mut child = germline(dir, &["session", "--calls", "calls.jsonl"], &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut arrivals = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        assert!(!line.contains(&format!("00{DIGIT}")), "{line}");
+        arrivals.push(Instant::now());
+    }
+    assert!(child.wait().unwrap().success());
+    assert_eq!(arrivals.len(), 3);
+    let base = (arrivals[1] - arrivals[0]).as_secs_f64();
+    let slow = (arrivals[2] - arrivals[1]).as_secs_f64();
+    let by_caller = ((slow - base) / 0.3).round();
+    eprintln!("caller: call 2 took {base:.3} s, call 3 {slow:.3} s: digit {by_caller}");
+    assert_eq!(by_caller, f64::from(DIGIT), "the public caller reads the digit from when outcomes arrive");
+
+    let ledger =
+        germline_ledger::Ledger::open(dir.join("data/ledger"), germline_ledger::LedgerConfig::default()).unwrap();
+    let times: Vec<u64> = (0..ledger.size())
+        .filter_map(|i| ledger.get(i).ok())
+        .filter(|e| e.kind == germline_ledger::EntryKind::DampeningEvent)
+        .map(|e| e.time_ms)
+        .collect();
+    assert_eq!(times.len(), 3, "one dampening entry per call");
+    let base = (times[1] - times[0]) as f64 / 1000.0;
+    let slow = (times[2] - times[1]) as f64 / 1000.0;
+    let by_peer = ((slow - base) / 0.3).round();
+    eprintln!("ledger: entries {base:.3} s and {slow:.3} s apart: digit {by_peer}");
+    assert_eq!(by_peer, f64::from(DIGIT), "a ledger reader (fleet peer) reads the digit from entry times");
+}
