@@ -309,3 +309,163 @@ fn call_durations_spell_an_hr_digit_to_the_caller_and_the_ledger() {
     eprintln!("ledger: entries {base:.3} s and {slow:.3} s apart: digit {by_peer}");
     assert_eq!(by_peer, f64::from(DIGIT), "a ledger reader (fleet peer) reads the digit from entry times");
 }
+
+/// `germline serve` on an ephemeral loopback port, killed when dropped.
+struct Service {
+    child: std::process::Child,
+    port: u16,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Service {
+    /// Publishes `dir/rel` in a fresh TUF repository, starts the service with the policy
+    /// of [`world`] and `env`, and admits the release; returns the service and the hash.
+    fn start(dir: &Path, env: &[(&str, &str)]) -> (Service, String) {
+        let run = |args: &[&str]| {
+            let out = Command::new(env!("CARGO_BIN_EXE_germline"))
+                .args(args)
+                .current_dir(dir)
+                .env("GERMLINE_HOME", dir.join("home"))
+                .env("GERMLINE_PYTHON", python())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "germline {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        run(&["release", "build", "rel", "--out", "rel.tar.gz"]);
+        run(&["repo", "init", "repo", "--keys", "keys"]);
+        run(&["repo", "add", "repo", "rel.tar.gz", "--keys", "keys"]);
+        let data = dir.join("data");
+        std::fs::write(
+            dir.join("serve.toml"),
+            format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicy = \"{}\"\n", data.display(), dir.join("policy.toml").display()),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_germline"))
+            .args(["serve", "--config", "serve.toml"])
+            .current_dir(dir)
+            .env("GERMLINE_HOME", dir.join("home"))
+            .env("GERMLINE_PYTHON", python())
+            .env_remove("GERMLINE_DATA_DIR")
+            .env_remove("GERMLINE_LISTEN")
+            .env_remove("GERMLINE_TEST_OUTPUT_REDUCTION_OFF")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut line = String::new();
+        let port = loop {
+            line.clear();
+            let n = err.read_line(&mut line).unwrap();
+            log.lock().unwrap().push_str(&line);
+            assert!(n > 0, "the service exited: {}", log.lock().unwrap());
+            if let Some(rest) = line.trim().strip_prefix("germline: serving the API on http://127.0.0.1:") {
+                break rest.parse::<u16>().unwrap();
+            }
+        };
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while err.read_line(&mut line).is_ok_and(|n| n > 0) {
+                sink.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let svc = Service { child, port, log };
+        let end = Instant::now() + std::time::Duration::from_secs(120);
+        while svc.http("GET", "/readyz", None).0 != 200 {
+            assert!(Instant::now() < end, "not ready: {}", svc.log.lock().unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let token = std::fs::read_to_string(data.join("api-token")).unwrap().trim().to_owned();
+        let root = std::fs::read_to_string(dir.join("repo/metadata/1.root.json")).unwrap();
+        // The repository lists the release by its manifest name.
+        let manifest = std::fs::read_to_string(dir.join("rel/germline.toml")).unwrap();
+        let name = manifest.lines().find_map(|l| l.strip_prefix("name = ")).unwrap().trim_matches('"');
+        let admit = json!({"repo": dir.join("repo"), "root": root, "target": name});
+        let (status, body) = svc.http("POST", "/v1/releases/tuf", Some((&token, &admit)));
+        assert_eq!(status, 201, "{body}");
+        let hash = serde_json::from_str::<Value>(&body).unwrap()["hash"].as_str().unwrap().to_owned();
+        std::fs::write(dir.join("token"), token).unwrap();
+        (svc, hash)
+    }
+
+    /// One request on a fresh connection: (status, body).
+    fn http(&self, method: &str, path: &str, post: Option<(&str, &Value)>) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(120))).unwrap();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n", self.port);
+        let body = post.map(|(token, b)| {
+            head.push_str(&format!("Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"));
+            b.to_string()
+        });
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.as_ref().map_or(0, String::len)));
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body.unwrap_or_default().as_bytes()).unwrap();
+        let mut raw = String::new();
+        s.take(8 << 20).read_to_string(&mut raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        (head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), body.to_owned())
+    }
+
+    /// The value of `name{...release="hash"...}` in /metrics.
+    fn metric(&self, name: &str, hash: &str, extra: &str) -> Option<f64> {
+        let (_, text) = self.http("GET", "/metrics", None);
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("release=\"{hash}\"")) && l.contains(extra))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+/// `/metrics` (read without a token) and the service's log had every call's latency: the
+/// histogram's sum, the span's `latency_ms`. The copy holding the hr document sleeps 0.3 s
+/// per unit of a digit, so two calls give a metrics reader the digit. On, a call with a
+/// labelled copy adds no latency sample, counts as `ran`, and its span has no latency.
+#[test]
+fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
+    const DIGIT: u32 = 7;
+    let run = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        release("copy-timing", dir);
+        let doc = world(dir, &format!("0{DIGIT}"), 100);
+        let (svc, hash) = Service::start(dir, env);
+        let token = std::fs::read_to_string(dir.join("token")).unwrap();
+        let mut sums = vec![0.0];
+        for call in calls(&doc, 0..2) {
+            let (status, body) = svc.http("POST", &format!("/v1/releases/{hash}/calls"), Some((&token, &call)));
+            assert_eq!(status, 200, "{body}");
+            assert!(!body.contains(&format!("0{DIGIT}")), "{body}");
+            sums.push(svc.metric("germline_call_duration_seconds_sum", &hash, "").unwrap_or(0.0));
+        }
+        let ran = svc.metric("germline_calls_total", &hash, "outcome=\"ran\"");
+        let log = svc.log.lock().unwrap().clone();
+        (sums, ran, log)
+    };
+
+    let (sums, ran, log) = run(OFF);
+    let (base, slow) = (sums[1] - sums[0], sums[2] - sums[1]);
+    let read = ((slow - base) / 0.3).round();
+    eprintln!("reduction off: /metrics latency {base:.3} s then {slow:.3} s: digit {read}");
+    assert_eq!(read, f64::from(DIGIT), "off: the latency histogram spells the digit");
+    assert_eq!(ran, None);
+    assert!(log.contains("latency_ms="), "off: the call span carries the latency: {log}");
+
+    let (sums, ran, log) = run(&[]);
+    eprintln!("reduction on: /metrics latency sums {sums:?}, calls counted as ran: {ran:?}");
+    assert_eq!(sums, [0.0, 0.0, 0.0], "on: no latency sample of a call with a labelled copy");
+    assert_eq!(ran, Some(2.0), "on: both calls counted, as `ran`");
+    assert!(!log.contains("latency_ms="), "on: no latency in the call span: {log}");
+}
