@@ -226,6 +226,58 @@ fn slot_refusal_lines_spell_an_hr_byte() {
     assert_eq!(on, 0, "on: no refusal line for a labelled copy");
 }
 
+/// Attempts that failed: the copy holding the hr document misbehaves on its channel in
+/// eight ways (dies, sends non-UTF-8, an oversized line, a JSON-RPC error, other request
+/// ids and notifications, an `isError` result with resource links, embedded resources and
+/// images, runs past its deadline), each carrying the document. Under `nosplit` (one copy
+/// holding everything: splitting off) the public consumer's outcome changes with the
+/// misbehaviour and carries the canary; under germline every outcome is the public copy's
+/// same answer, and no log line (debug level) carries the canary.
+#[test]
+fn hr_copy_misbehaviour_leaves_the_public_outcome_unchanged() {
+    const CANARY: &str = "CANARY-misbehave-5e1";
+    let run = |runtime: &str| {
+        let tmp = tempfile::tempdir().unwrap();
+        release("misbehave", tmp.path());
+        let doc = world(tmp.path(), CANARY, 100);
+        let mut policy = std::fs::read_to_string(tmp.path().join("policy.toml")).unwrap();
+        policy.push_str("[limits]\ndeadline_ms = 4000\n");
+        std::fs::write(tmp.path().join("policy.toml"), policy).unwrap();
+        let env = [("GERMLINE_LOG", "debug")];
+        let (outs, tail) = if runtime == "germline" {
+            session_with_tail(tmp.path(), &calls(&doc, 0..8), &env)
+        } else {
+            // The runtime flag goes after the subcommand's own arguments.
+            let lines: String = calls(&doc, 0..8).iter().map(|c| format!("{c}\n")).collect();
+            std::fs::write(tmp.path().join("calls.jsonl"), lines).unwrap();
+            let out = germline(tmp.path(), &["session", "--calls", "calls.jsonl", "--runtime", runtime], &[]).output().unwrap();
+            let outs = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| (serde_json::from_str::<Value>(l).unwrap(), Vec::new()))
+                .collect();
+            (outs, Vec::new())
+        };
+        (outs, tail)
+    };
+
+    let (off, _) = run("nosplit");
+    let texts: Vec<String> = off.iter().map(|(o, _)| o.to_string()).collect();
+    let leaked = texts.iter().filter(|t| t.contains(CANARY)).count();
+    let distinct: std::collections::BTreeSet<&String> = texts.iter().collect();
+    eprintln!("nosplit: {leaked} of 8 public outcomes carry the canary, {} distinct outcomes", distinct.len());
+    assert!(leaked > 0 && distinct.len() > 1, "off: the misbehaviour reaches the public consumer: {texts:#?}");
+
+    let (on, tail) = run("germline");
+    let first = on[0].0.to_string();
+    for (i, (o, log)) in on.iter().enumerate() {
+        assert_eq!(o.to_string(), first, "mode {i}: the public outcome differs");
+        assert!(!log.join("\n").contains(CANARY), "mode {i}: a log line carries the canary");
+    }
+    assert!(!tail.join("\n").contains(CANARY));
+    assert_eq!(on[0].0["result"]["content"][0]["text"], "scanned", "{first}");
+    eprintln!("germline: 8 identical public outcomes: {first}");
+}
+
 /// The probe replay of a trigger holds the hr document and kills itself when bit `index`
 /// of its first byte is 1; the host logged "replayed copy ended without a result" at debug
 /// level for each such replay, after the call's outcome. Eight calls give a log reader
