@@ -185,11 +185,19 @@ fn copy_timings_in_the_log_spell_an_hr_digit() {
         (served("0"), served("1"), log.join("\n"))
     };
 
-    let (public, hr, log) = run(OFF);
-    let (public, hr) = (public.expect("the public copy's timing line"), hr.unwrap_or_else(|| panic!("{log}")));
-    let read = ((hr - public) / 0.3).round();
-    eprintln!("reduction off: t_served public {public:.3} s, hr {hr:.3} s: digit {read}");
-    assert_eq!(read, f64::from(DIGIT), "off: the hr copy's timing line spells the digit:\n{log}");
+    // Timing on a loaded host is noisy: the digit must be read in one of three tries.
+    let mut reads = Vec::new();
+    for _ in 0..3 {
+        let (public, hr, log) = run(OFF);
+        let (public, hr) = (public.expect("the public copy's timing line"), hr.unwrap_or_else(|| panic!("{log}")));
+        let read = ((hr - public) / 0.3).round();
+        eprintln!("reduction off: t_served public {public:.3} s, hr {hr:.3} s: digit {read}");
+        reads.push(read);
+        if read == f64::from(DIGIT) {
+            break;
+        }
+    }
+    assert!(reads.contains(&f64::from(DIGIT)), "off: the hr copy's timing line spells the digit: {reads:?}");
 
     let (public, hr, log) = run(&[]);
     eprintln!("reduction on: t_served public {public:?}, hr {hr:?}");
@@ -492,14 +500,14 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         release("copy-timing", dir);
-        let doc = world(dir, &format!("0{DIGIT}"), 100);
+        let doc = world(dir, &format!("00{DIGIT}"), 100);
         let (svc, hash) = Service::start(dir, env);
         let token = std::fs::read_to_string(dir.join("token")).unwrap();
         let mut sums = vec![0.0];
-        for call in calls(&doc, 0..2) {
+        for call in calls(&doc, 0..3) {
             let (status, body) = svc.http("POST", &format!("/v1/releases/{hash}/calls"), Some((&token, &call)));
             assert_eq!(status, 200, "{body}");
-            assert!(!body.contains(&format!("0{DIGIT}")), "{body}");
+            assert!(!body.contains(&format!("00{DIGIT}")), "{body}");
             sums.push(svc.metric("germline_call_duration_seconds_sum", &hash, "").unwrap_or(0.0));
         }
         let ran = svc.metric("germline_calls_total", &hash, "outcome=\"ran\"");
@@ -507,17 +515,26 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
         (sums, ran, log)
     };
 
-    let (sums, ran, log) = run(OFF);
-    let (base, slow) = (sums[1] - sums[0], sums[2] - sums[1]);
-    let read = ((slow - base) / 0.3).round();
-    eprintln!("reduction off: /metrics latency {base:.3} s then {slow:.3} s: digit {read}");
-    assert_eq!(read, f64::from(DIGIT), "off: the latency histogram spells the digit");
-    assert_eq!(ran, None);
-    assert!(log.contains("latency_ms="), "off: the call span carries the latency: {log}");
+    // Timing on a loaded host is noisy: the digit must be read in one of three tries.
+    let mut reads = Vec::new();
+    for _ in 0..3 {
+        let (sums, ran, log) = run(OFF);
+        // The first call is a warm-up; the second is the base.
+        let (base, slow) = (sums[2] - sums[1], sums[3] - sums[2]);
+        let read = ((slow - base) / 0.3).round();
+        eprintln!("reduction off: /metrics latency {base:.3} s then {slow:.3} s: digit {read}");
+        assert_eq!(ran, None);
+        assert!(log.contains("latency_ms="), "off: the call span carries the latency: {log}");
+        reads.push(read);
+        if read == f64::from(DIGIT) {
+            break;
+        }
+    }
+    assert!(reads.contains(&f64::from(DIGIT)), "off: the latency histogram spells the digit: {reads:?}");
 
     let (sums, ran, log) = run(&[]);
     eprintln!("reduction on: /metrics latency sums {sums:?}, calls counted as ran: {ran:?}");
-    assert_eq!(sums, [0.0, 0.0, 0.0], "on: no latency sample of a call with a labelled copy");
-    assert_eq!(ran, Some(2.0), "on: both calls counted, as `ran`");
+    assert_eq!(sums, [0.0; 4], "on: no latency sample of a call with a labelled copy");
+    assert_eq!(ran, Some(3.0), "on: every call counted, as `ran`");
     assert!(!log.contains("latency_ms="), "on: no latency in the call span: {log}");
 }
