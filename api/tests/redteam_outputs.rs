@@ -258,7 +258,9 @@ fn hr_copy_misbehaviour_leaves_the_public_outcome_unchanged() {
             // The runtime flag goes after the subcommand's own arguments.
             let lines: String = calls(&doc, 0..8).iter().map(|c| format!("{c}\n")).collect();
             std::fs::write(tmp.path().join("calls.jsonl"), lines).unwrap();
-            let out = germline(tmp.path(), &["session", "--calls", "calls.jsonl", "--runtime", runtime], &[]).output().unwrap();
+            let out = germline(tmp.path(), &["session", "--calls", "calls.jsonl", "--runtime", runtime], &[])
+                .output()
+                .unwrap();
             let outs = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .map(|l| (serde_json::from_str::<Value>(l).unwrap(), Vec::new()))
@@ -404,7 +406,11 @@ impl Service {
         let data = dir.join("data");
         std::fs::write(
             dir.join("serve.toml"),
-            format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicy = \"{}\"\n", data.display(), dir.join("policy.toml").display()),
+            format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicy = \"{}\"\n",
+                data.display(),
+                dir.join("policy.toml").display()
+            ),
         )
         .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_germline"))
@@ -483,7 +489,9 @@ impl Service {
     fn metric(&self, name: &str, hash: &str, extra: &str) -> Option<f64> {
         let (_, text) = self.http("GET", "/metrics", None);
         text.lines()
-            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("release=\"{hash}\"")) && l.contains(extra))
+            .find(|l| {
+                l.starts_with(&format!("{name}{{")) && l.contains(&format!("release=\"{hash}\"")) && l.contains(extra)
+            })
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
     }
