@@ -158,8 +158,73 @@ fn trigger_positions_spell_an_hr_document_to_a_public_caller() {
     assert_eq!(on, "", "on: no position of an uncleared copy's trigger is printed");
     for (o, _) in &outs {
         let t = &o["triggers"][0];
-        assert!(t.get("host").is_none() && t.get("kind").is_none(), "{o}");
-        assert_eq!(t["label"], json!(["hr"]), "the withheld trigger carries the plan's bound: {o}");
+        assert!(t.get("kind").is_none() && t.get("position").is_none(), "{o}");
+        assert_eq!(t["label"], json!(["hr"]), "the trigger carries the copies' labels: {o}");
+    }
+}
+
+/// The same channel with the hr byte on the serving side: an hr copy keeps a byte in the
+/// hr slot; in a later call for a consumer cleared for finance only, hr.example's copy
+/// (no item, the hr slot) sends that many requests, and the finance copy, running after
+/// it, sends more. The trigger's position is where the finance copy parts from the hr
+/// record: the hr byte, although the diverging copy's own label is finance (so a rule that
+/// looks at the diverging copy's label alone shows it). Off, four byte-pairs of calls
+/// give the finance consumer the document's first four bytes; on, the trigger carries
+/// both copies' labels and no position.
+#[test]
+fn a_serving_copys_hr_slot_spells_itself_in_a_trigger_position() {
+    const CANARY: &str = "W9dE";
+    let run = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        release("trigger-serving-slot", dir);
+        for d in ["items/hr", "items/finance"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let (doc, invoice) = (dir.join("items/hr/payslip.txt"), dir.join("items/finance/invoice.txt"));
+        std::fs::write(&doc, CANARY).unwrap();
+        std::fs::write(&invoice, "invoice 12").unwrap();
+        let port = common::ok_sink(2000);
+        std::fs::write(
+            dir.join("policy.toml"),
+            format!(
+                "tags = [\"hr\", \"finance\"]\n[[items]]\npath = \"{i}/hr/**\"\nlabel = [\"hr\"]\n[[items]]\npath = \"{i}/finance/**\"\nlabel = [\"finance\"]\n[destinations.\"hr.example\"]\nclearance = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"hr\", \"finance\"]\n[consumers.fin]\nclearance = [\"finance\"]\n[hosts]\n\"hr.example\" = \"127.0.0.1:{port}\"\n\"ocr.example\" = \"127.0.0.1:{port}\"\n",
+                i = dir.join("items").display()
+            ),
+        )
+        .unwrap();
+        let mut calls = Vec::new();
+        for i in 0..CANARY.len() {
+            calls.push(json!({"tool": "scan", "arguments": {"document": doc, "mode": "store", "index": i}, "items": [doc], "consumers": ["agent"]}));
+            calls.push(json!({"tool": "scan", "arguments": {"document": invoice, "mode": "probe"}, "items": [invoice], "consumers": ["fin"]}));
+        }
+        let outs = session(dir, &calls, env);
+        let mut spelled = String::new();
+        for (o, _) in outs.iter().skip(1).step_by(2) {
+            assert_eq!(o["status"], "answered", "{o}");
+            assert_eq!(o["label"], json!(["finance"]), "the fin consumer's own copy: {o}");
+            let t = &o["triggers"][0];
+            assert_eq!(t["group_index"], 1, "the finance copy diverged: {o}");
+            // The diverging copy's own label is finance only (its egress entries say so).
+            let egress = o["egress"].as_array().unwrap_or_else(|| panic!("{o}"));
+            assert!(egress.iter().filter(|e| e["group"] == 1).all(|e| e["label"] == json!(["finance"])), "{o}");
+            if let Some(p) = t["position"].as_u64() {
+                spelled.push(char::from(p as u8));
+            }
+        }
+        (spelled, outs)
+    };
+
+    let (off, _) = run(OFF);
+    eprintln!("reduction off: trigger positions spell {off:?}");
+    assert_eq!(off, CANARY, "off: the serving hr record's length reaches the finance consumer");
+
+    let (on, outs) = run(&[]);
+    eprintln!("reduction on: trigger positions spell {on:?}");
+    assert_eq!(on, "", "on: the position is withheld");
+    for (o, _) in outs.iter().skip(1).step_by(2) {
+        assert_eq!(o["triggers"][0]["label"], json!(["finance", "hr"]), "{o}");
+        assert!(o["triggers"][0].get("kind").is_none(), "{o}");
     }
 }
 

@@ -420,7 +420,56 @@ def _own_stdio():
             os.close(null)
 
 
+def _enter_pid_namespace():
+    """Makes this process the germline inside the PID namespace the broker's pre-exec step
+    created for its children (it is not in it itself: only processes born there are).
+
+    Forks the keeper first, the namespace's init: it only reaps. A process the germline
+    leaves behind is reparented to the keeper, where the broker sees it as the keeper's
+    child and refuses the germline, and killing the keeper tears the whole namespace
+    down. Then forks the germline, which continues here, PID 2 of the namespace, so the
+    copies it forks get PID namespaces nested inside it. The first process waits for the
+    germline and exits with it. All of this happens before the release is imported: no
+    release code ever runs in the keeper or the first process.
+    """
+    keeper = os.fork()
+    if keeper == 0:
+        try:
+            chld = {signal.SIGCHLD}
+            signal.pthread_sigmask(signal.SIG_BLOCK, chld)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _close_stdio()
+            while True:
+                try:
+                    while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                        pass
+                except ChildProcessError:
+                    pass
+                signal.sigwait(chld)
+        finally:
+            os._exit(0)
+    germline = os.fork()
+    if germline == 0:
+        return
+    code = 1
+    try:
+        _close_stdio()
+        while True:
+            try:
+                _, status = os.waitpid(germline, 0)
+                code = os.waitstatus_to_exitcode(status)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
+    finally:
+        os._exit(code if code >= 0 else 1)
+
+
 def germline_main(release_dir):
+    if os.environ.get("GERMLINE_PID_NAMESPACE") == "1":
+        _enter_pid_namespace()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     server = _build_server(release_dir)
     _preload()
@@ -439,6 +488,8 @@ def germline_main(release_dir):
     while True:
         signal.sigwait(wake)
         pid = _clone(libc, ctid)
+        if pid < 0 and os.environ.get("GERMLINE_KEEP_STDERR") == "1":
+            print("germline: clone failed: errno %d" % ctypes.get_errno(), file=sys.stderr)
         if pid == 0:
             code = 0
             try:

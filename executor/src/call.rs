@@ -81,13 +81,8 @@ pub struct CallOutcome {
     pub label: Option<Label>,
     /// How many copies ran.
     pub copies: usize,
-    /// Triggers recorded in this call, in full: for the host's own use (dampening,
-    /// evidence), never printed. What the consumers see is `triggers_shown`.
-    #[serde(skip)]
-    pub triggers: Vec<Trigger>,
-    /// Triggers as the call's consumers may see them (see [`reduce_triggers`]).
-    #[serde(rename = "triggers", default)]
-    pub triggers_shown: Vec<TriggerOut>,
+    /// Triggers recorded in this call (see [`reduce_triggers`]).
+    pub triggers: Vec<TriggerOut>,
     /// Why the call (or the first consumer's copy) failed.
     pub error: Option<String>,
     /// Per consumer: result, label and error.
@@ -106,30 +101,6 @@ pub struct CallOutcome {
     pub held: Label,
 }
 
-/// A trigger as the call's consumers see it (see [`reduce_triggers`]).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TriggerOut {
-    /// The declared host whose record was diverged from; absent when withheld.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<HostName>,
-    /// The copy that diverged; absent when withheld.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group_index: Option<usize>,
-    /// The copy that wrote the host's record; absent when withheld.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serving_group_index: Option<usize>,
-    /// How the requests diverged; absent when withheld.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<TriggerKind>,
-    /// Where they diverged; absent when withheld.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub position: Option<usize>,
-    /// The label of what the trigger was made of: the output labels of the diverging and
-    /// the serving copy.
-    #[serde(default)]
-    pub label: Label,
-}
-
 /// Debug builds only: `GERMLINE_TEST_OUTPUT_REDUCTION_OFF=1` shows triggers in full and
 /// lets log lines and metrics carry what labelled copies did (their timings, whether
 /// their slot writes or tunnels failed), to show what the reduction stops.
@@ -145,55 +116,6 @@ pub fn output_reduction_off() -> bool {
 /// only when the label is empty (a log reader is cleared for nothing).
 pub fn loggable(label: &Label) -> bool {
     label.is_empty() || output_reduction_off()
-}
-
-/// The triggers as the call's consumers may see them. A trigger is what the diverging copy
-/// sent, compared with the serving copy's record: its host, copies, kind and position are
-/// choices of those copies (a copy matching the record up to request `b` and then
-/// differing spells `b` in the position: a byte per host and call). Triggers whose label
-/// every consumer's clearance covers are shown in full; all others become one entry that
-/// says only that such triggers exist (the bit the call's dampening event publishes
-/// anyway), labelled `bound`: the join of the plan's horizons, which holds every copy's
-/// label and, unlike the copies' own labels, is metadata (a copy widens its label by the
-/// hosts it contacts, so printing it would be a few more bits of its choosing).
-pub fn reduce_triggers(
-    triggers: &[Trigger],
-    labels: &[Label],
-    bound: &Label,
-    consumers: &[Clearance],
-) -> Vec<TriggerOut> {
-    let label_of = |t: &Trigger| {
-        let get = |i: usize| labels.get(i).cloned().unwrap_or_default();
-        get(t.group_index).join(&get(t.serving_group_index))
-    };
-    let mut shown = Vec::new();
-    let mut withheld = false;
-    for t in triggers {
-        let label = label_of(t);
-        if output_reduction_off() || consumers.iter().all(|c| label.flows_to(c)) {
-            shown.push(TriggerOut {
-                host: Some(t.host.clone()),
-                group_index: Some(t.group_index),
-                serving_group_index: Some(t.serving_group_index),
-                kind: Some(t.kind),
-                position: Some(t.position),
-                label,
-            });
-        } else {
-            withheld = true;
-        }
-    }
-    if withheld {
-        shown.push(TriggerOut {
-            host: None,
-            group_index: None,
-            serving_group_index: None,
-            kind: None,
-            position: None,
-            label: bound.clone(),
-        });
-    }
-    shown
 }
 
 /// The part of a call one consumer receives.
@@ -228,6 +150,63 @@ pub struct EgressEventOut {
 
 fn one() -> usize {
     1
+}
+
+/// A trigger as the call's consumers see it. Which declared host and which pair of copies
+/// diverged is what dampening acts on; how and where the requests diverged is chosen by
+/// the diverging copy, which holds more items than the serving one, so it is shown only to
+/// callers whose every consumer is cleared for that copy's label (the full record is in
+/// the evidence opening).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TriggerOut {
+    /// The declared host whose record was diverged from.
+    pub host: HostName,
+    /// The Plan group of the copy that diverged.
+    pub group_index: usize,
+    /// The Plan group that serves `host`.
+    pub serving_group_index: usize,
+    /// Output labels of the diverging and the serving copy, joined.
+    #[serde(default)]
+    pub label: Label,
+    /// How the requests diverged; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TriggerKind>,
+    /// 0-based request position of the divergence; absent when withheld.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+}
+
+/// Triggers of one call for consumers with `clearances`: kind and position are withheld
+/// unless every consumer is cleared for the labels of both copies the trigger compares.
+/// The serving copy's label counts too: a position is where the diverging copy's requests
+/// part from the serving copy's record, so a serving copy that holds hr (its view, or an
+/// hr slot when its horizon is hr) sets it by the length of its record, whatever the
+/// diverging copy holds (`redteam_outputs`, `a_serving_copys_hr_slot_...`).
+pub fn reduce_triggers(triggers: &[Trigger], copy_labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
+    #[cfg(debug_assertions)]
+    let off = std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1")
+        || output_reduction_off();
+    #[cfg(not(debug_assertions))]
+    let off = false;
+    triggers
+        .iter()
+        .map(|t| {
+            // A group without a recorded label is treated as holding everything: withheld.
+            let label = copy_labels
+                .get(t.group_index)
+                .zip(copy_labels.get(t.serving_group_index))
+                .map(|(diverging, serving)| diverging.join(serving));
+            let shown = off || label.as_ref().is_some_and(|l| consumers.iter().all(|c| l.flows_to(c)));
+            TriggerOut {
+                host: t.host.clone(),
+                group_index: t.group_index,
+                serving_group_index: t.serving_group_index,
+                label: label.unwrap_or_default(),
+                kind: shown.then_some(t.kind),
+                position: shown.then_some(t.position),
+            }
+        })
+        .collect()
 }
 
 impl EgressEventOut {
@@ -548,10 +527,10 @@ impl GermlineRuntime {
             outcome.egress.extend(run.egress.into_iter().map(|e| EgressEventOut::of(e, &copy_label)));
             runs.push(GroupRun {
                 view: group.view.items().cloned().collect(),
-                label: copy_label.clone(),
                 slot: slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect(),
                 slot_label: slot.label(),
                 received: run.received,
+                label: copy_label.clone(),
             });
             let final_label = label.label();
             if result.is_ok() && !writes.is_empty() {
@@ -585,10 +564,15 @@ impl GermlineRuntime {
                 per_consumer.insert(c.to_string(), cr.clone());
             }
         }
+        let mut all_triggers: Vec<Trigger> = Vec::new();
         if self.evidence_switches.sequence_comparison {
             let sh = shared.lock().unwrap_or_else(|p| p.into_inner());
-            outcome.triggers = sh.records.triggers().to_vec();
-            for t in &outcome.triggers {
+            let triggers = sh.records.triggers().to_vec();
+            all_triggers.clone_from(&triggers);
+            let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
+            let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
+            outcome.triggers = reduce_triggers(&triggers, &labels, &clearances);
+            for t in &triggers {
                 let (Some(serving), Some(trig)) = (runs.get(t.serving_group_index), runs.get(t.group_index)) else {
                     continue;
                 };
@@ -629,14 +613,13 @@ impl GermlineRuntime {
         let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
         outcome.egress = reduce_egress(std::mem::take(&mut outcome.egress), &declared, &clearances);
         let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
-        let bound = plan.groups.iter().fold(Label::empty(), |a, g| a.join_clearance(&g.horizon.0));
-        outcome.triggers_shown = reduce_triggers(&outcome.triggers, &labels, &bound, &clearances);
         outcome.held = labels.iter().fold(Label::empty(), |a, l| a.join(l));
         // Host, kind, position and number of triggers are the copies' choices: the log
-        // says only that the call recorded some (the bit its dampening event publishes).
-        if !outcome.triggers.is_empty() {
+        // says only that the call recorded some (the bit its dampening event publishes),
+        // unless no copy held a label.
+        if !all_triggers.is_empty() {
             if loggable(&outcome.held) {
-                for t in &outcome.triggers {
+                for t in &all_triggers {
                     tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
                 }
             } else {
@@ -890,11 +873,11 @@ fn transcript_of(
 /// What the broker keeps of each group's copy for evidence.
 struct GroupRun {
     view: Vec<ItemName>,
-    /// The copy's final output label.
-    label: Label,
     slot: Map<String, Value>,
     slot_label: Label,
     received: BTreeMap<HostName, Vec<Vec<u8>>>,
+    /// The copy's output label.
+    label: Label,
 }
 
 /// Puts `label` in a result's `_meta` under [`LABEL_META_KEY`], whatever the release put
@@ -1248,26 +1231,48 @@ mod tests {
     }
 
     #[test]
-    fn triggers_of_uncleared_copies_are_reduced_to_their_existence() {
+    fn how_an_uncleared_copy_diverged_is_withheld() {
         let hr: Label = serde_json::from_value(json!(["hr"])).unwrap();
-        let trig = |group_index, position| Trigger {
-            host: HostName::new("stats.example").unwrap(),
+        let cleared = Clearance::parse(["hr"]).unwrap();
+        let host = HostName::new("ocr.example").unwrap();
+        let t = |group_index, position| Trigger {
+            host: host.clone(),
             group_index,
             serving_group_index: 0,
             kind: TriggerKind::Mismatch,
             position,
         };
-        let labels = [Label::empty(), Label::empty(), hr.clone()];
-        let triggers = [trig(1, 7), trig(2, 75), trig(2, 3)];
-        let out = reduce_triggers(&triggers, &labels, &hr, &[Clearance::empty()]);
-        let text = serde_json::to_string(&out).unwrap();
-        assert!(!text.contains("75") && !text.contains(":3"), "{text}");
-        assert_eq!(out.len(), 2, "{text}");
-        assert_eq!(out[0].position, Some(7), "a trigger between unlabelled copies is shown: {text}");
-        assert!(out[1].host.is_none() && out[1].kind.is_none() && out[1].position.is_none(), "{text}");
-        assert_eq!(out[1].label, hr);
-        let cleared: Clearance = serde_json::from_value(json!(["hr"])).unwrap();
-        assert_eq!(reduce_triggers(&triggers, &labels, &hr, &[cleared]).len(), 3);
+        let triggers = [t(0, 3), t(1, 41)];
+        let labels = [Label::empty(), hr.clone()];
+        let public = reduce_triggers(&triggers, &labels, &[Clearance::empty()]);
+        let text = serde_json::to_string(&public).unwrap();
+        assert!(!text.contains("41") && !text.contains("mismatch\",\"position\":41"), "{text}");
+        assert_eq!((public[0].kind, public[0].position), (Some(TriggerKind::Mismatch), Some(3)));
+        assert_eq!((public[1].kind, public[1].position), (None, None));
+        assert_eq!((public[1].host.as_str(), public[1].group_index), ("ocr.example", 1));
+        // A caller whose consumers are all cleared for hr sees how; a missing label hides it.
+        let all = reduce_triggers(&triggers, &labels, &[cleared.clone(), cleared.clone()]);
+        assert_eq!(all[1].position, Some(41));
+        let unknown = reduce_triggers(&triggers, &labels[..1], &[cleared]);
+        assert_eq!(unknown[1].position, None);
+    }
+
+    #[test]
+    fn a_trigger_carries_the_serving_copys_label_too() {
+        // The serving copy (group 0) held an hr slot; the diverging copy (group 1) held
+        // finance only. Where it parted from the record is the record's length: hr's.
+        let hr: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        let finance: Label = serde_json::from_value(json!(["finance"])).unwrap();
+        let t = Trigger {
+            host: HostName::new("hr.example").unwrap(),
+            group_index: 1,
+            serving_group_index: 0,
+            kind: TriggerKind::Extra,
+            position: 66,
+        };
+        let out = reduce_triggers(std::slice::from_ref(&t), &[hr, finance], &[Clearance::parse(["finance"]).unwrap()]);
+        assert_eq!((out[0].kind, out[0].position), (None, None), "{out:?}");
+        assert_eq!(out[0].label, Label::parse(["finance", "hr"]).unwrap());
     }
 
     #[test]

@@ -74,11 +74,17 @@ pub struct SandboxSwitches {
     /// When the broker runs as host root, the germline and its copies run as the
     /// unprivileged [`SandboxIds`]. Off: in-namespace root is host root.
     pub sandbox_ids: bool,
+    /// Everything the germline starts lives in a PID namespace of the germline's own,
+    /// held by a keeper process (its init, forked before the release is imported): a
+    /// process the germline leaves behind is reparented to the keeper, where the broker
+    /// sees it, and dies with the namespace. Off: the germline's children live in the
+    /// broker's PID namespace (an orphan is reparented out of sight).
+    pub pid_namespace: bool,
 }
 
 impl Default for SandboxSwitches {
     fn default() -> Self {
-        SandboxSwitches { minimal_root: true, sandbox_ids: true }
+        SandboxSwitches { minimal_root: true, sandbox_ids: true, pid_namespace: true }
     }
 }
 
@@ -154,6 +160,7 @@ pub struct PreparedSandbox {
     workdir: CString,
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
+    pid_namespace: bool,
     control_fd: Option<RawFd>,
     report: OwnedFd,
     report_rx: Option<OwnedFd>,
@@ -498,6 +505,7 @@ impl Confinement {
             workdir: cstring(workdir)?,
             seccomp,
             limits: self.limits.clone(),
+            pid_namespace: self.switches.pid_namespace,
             control_fd,
             report,
             report_rx: Some(report_rx),
@@ -715,8 +723,15 @@ impl PreparedSandbox {
 
     fn apply_in_child(&mut self) -> io::Result<()> {
         use libc::*;
-        const NAMESPACES: c_int =
-            CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
+        // CLONE_NEWPID moves the germline's children (not the germline) into a new PID
+        // namespace; the first of them, the keeper, is its init.
+        let namespaces: c_int = CLONE_NEWUSER
+            | CLONE_NEWNS
+            | CLONE_NEWNET
+            | CLONE_NEWIPC
+            | CLONE_NEWUTS
+            | CLONE_NEWCGROUP
+            | if self.pid_namespace { CLONE_NEWPID } else { 0 };
         match self.drop_to {
             Some(ids) => {
                 // As host root: build the root in a private mount namespace while root may
@@ -730,12 +745,12 @@ impl PreparedSandbox {
                 self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
                 self.step(Step::SandboxIds as u32, become_sandbox_ids(ids))?;
                 // SAFETY: plain syscall.
-                self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
+                self.step(Step::Namespaces as u32, check(unsafe { unshare(namespaces) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
             }
             None => {
                 // SAFETY: plain syscall.
-                self.step(Step::Namespaces as u32, check(unsafe { unshare(NAMESPACES) }))?;
+                self.step(Step::Namespaces as u32, check(unsafe { unshare(namespaces) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
                 self.populate_stage()?;
                 // SAFETY: chdir to a prepared path.

@@ -170,15 +170,108 @@ static LIVE_COPY_NAMESPACES: Mutex<BTreeSet<NsId>> = Mutex::new(BTreeSet::new())
 
 /// A running germline.
 pub struct Germline {
+    /// The process the broker spawned: the germline itself, or (with its own PID
+    /// namespace) the first process, which forks the keeper and the germline and waits.
     child: Option<Child>,
+    /// The germline's pid in the broker's PID namespace.
     pid: i32,
+    /// The germline, held by a pidfd (it need not be the broker's child).
+    pidfd: OwnedFd,
     /// Only with [`SHARED_CONTROL_SOCKET_FOR_TESTS`]: the broker's end, kept open.
     _control: Option<UnixStream>,
     allowed: AllowedFds,
     namespaces: Vec<NsId>,
     cgroups: Option<CgroupSet>,
+    /// The init of the germline's own PID namespace (see [`Keeper`]).
+    keeper: Option<Keeper>,
     /// Time the germline took to import the release.
     pub start_time: Duration,
+}
+
+/// The keeper: the first child of the germline, forked before the release is imported,
+/// init of the PID namespace every later child of the germline is born in. Orphans are
+/// reparented to it (so a process the germline leaves behind is its child, seen and
+/// refused), copies' namespaces are nested inside its namespace, and killing it tears
+/// down everything in there.
+struct Keeper {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// The germline's PID namespace for children, which the keeper is PID 1 of.
+    namespace: NsId,
+}
+
+impl Keeper {
+    /// Finds the keeper and the germline among the first process's children: PID 1 and
+    /// PID 2 of one PID namespace that is not the first process's own. Waits (bounded)
+    /// for both to exist; fails if the first process exits first.
+    fn find(first: &mut Child, timeout: Duration) -> Result<(Keeper, i32), ExecutorError> {
+        let leader = first.id() as i32;
+        let until = Instant::now() + timeout;
+        let own = inspect::namespace(leader, "pid")?;
+        loop {
+            if let Ok(Some(status)) = first.try_wait() {
+                return Err(ExecutorError::refused("start", format!("the germline exited ({status})")));
+            }
+            let children = inspect::live_children(leader)?;
+            let mut keeper = None;
+            let mut germline = None;
+            for &c in &children {
+                match inspect::pid_in_own_namespace(c) {
+                    Ok(1) => keeper = Some(c),
+                    Ok(2) => germline = Some(c),
+                    _ => {}
+                }
+            }
+            if let (Some(k), Some(g), 2) = (keeper, germline, children.len()) {
+                let pidfd = pidfd_open(k)?;
+                let namespace = inspect::namespace(k, "pid")?;
+                if namespace == own || inspect::namespace(g, "pid")? != namespace {
+                    let _ = pidfd_kill(&pidfd);
+                    return Err(ExecutorError::refused(
+                        "children",
+                        "the keeper and the germline are not in a PID namespace of their own",
+                    ));
+                }
+                return Ok((Keeper { pid: k, pidfd, namespace }, g));
+            }
+            if children.len() > 2 || Instant::now() > until {
+                kill_all(&children);
+                return Err(ExecutorError::refused(
+                    "children",
+                    format!(
+                        "expected the keeper and the germline in the germline's PID namespace, found {} processes",
+                        children.len()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Anything reparented to the keeper is a process the germline left behind.
+    fn check_no_orphans(&self) -> Result<(), ExecutorError> {
+        if !std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
+            return Err(ExecutorError::refused("processes", "the keeper of the germline's PID namespace is gone"));
+        }
+        if let Some(&p) = inspect::live_children(self.pid)?.first() {
+            return Err(ExecutorError::refused(
+                "processes",
+                format!(
+                    "stray process {p} ({}) in the germline's PID namespace: every process there must be the germline's \
+                     keeper or inside a copy the broker made",
+                    inspect::comm(p)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        // The namespace's init: everything left in the namespace dies with it.
+        let _ = pidfd_kill(&self.pidfd);
+    }
 }
 
 impl Germline {
@@ -240,6 +333,9 @@ impl Germline {
         if theirs.is_some() {
             cmd.env("GERMLINE_SHARED_CONTROL", "1");
         }
+        if spec.switches.pid_namespace {
+            cmd.env("GERMLINE_PID_NAMESPACE", "1");
+        }
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env(var, &proxy);
@@ -296,16 +392,27 @@ impl Germline {
         let report = sandbox.install(&mut cmd);
         let child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
         drop(theirs);
-        let pid = child.id() as i32;
+        let leader = child.id() as i32;
+        let leader_fd = pidfd_open(leader)?;
         let mut g = Germline {
             child: Some(child),
-            pid,
+            pid: leader,
+            pidfd: leader_fd,
             _control: ours,
             allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr },
             namespaces: Vec::new(),
             cgroups,
+            keeper: None,
             start_time: Duration::ZERO,
         };
+        if spec.switches.pid_namespace {
+            let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
+            let (keeper, pid) = Keeper::find(first, spec.start_timeout)?;
+            g.keeper = Some(keeper);
+            g.pidfd = pidfd_open(pid)?;
+            g.pid = pid;
+        }
+        let pid = g.pid;
         // The germline stops itself once the release is imported.
         g.wait_stopped(spec.start_timeout)
             .map_err(|e| ExecutorError::refused("start", format!("the release did not finish importing: {e}")))?;
@@ -329,16 +436,26 @@ impl Germline {
     /// child left over from import) is refused, named. Listing and checking repeat until
     /// two listings agree, so a process that forks and exits meanwhile is still seen.
     fn account_processes(&self) -> Result<(), ExecutorError> {
-        let Some(cg) = &self.cgroups else {
-            return Ok(());
-        };
         if PROCESS_ACCOUNTING_OFF_FOR_TESTS.load(Ordering::SeqCst) {
             return Ok(());
         }
+        if let Some(k) = &self.keeper {
+            k.check_no_orphans()?;
+        }
+        let Some(cg) = &self.cgroups else {
+            return Ok(());
+        };
+        // The germline, its keeper and the first process (which only waits for it).
+        let keeper = self.keeper.as_ref().map(|k| k.pid);
+        let first = self.child.as_ref().map(|c| c.id() as i32);
         let mut seen = cg.processes();
         for _ in 0..8 {
             for &p in &seen {
-                if p != self.pid && !inspect::in_live_copy(p, &live_pid_namespaces()) {
+                if p != self.pid
+                    && Some(p) != keeper
+                    && Some(p) != first
+                    && !inspect::in_live_copy(p, &live_pid_namespaces())
+                {
                     // Gone already: the next listing decides.
                     if std::path::Path::new(&format!("/proc/{p}")).exists() {
                         return Err(ExecutorError::refused(
@@ -366,33 +483,23 @@ impl Germline {
         self.pid
     }
 
-    /// Waits until the germline has stopped (itself or by us), without reaping it: a
-    /// stop the broker has not yet continued from is reported again, and a SIGCONT clears it.
+    /// Waits until the germline has stopped (itself or by us). Read from `/proc` (the
+    /// germline need not be the broker's child): the state stays `T` until a SIGCONT,
+    /// which wakes it before `kill` returns. An exit shows on the pidfd.
     fn wait_stopped(&self, timeout: Duration) -> Result<(), String> {
         let until = Instant::now() + timeout;
         let mut nap = Duration::from_micros(20);
         loop {
-            // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: waitid on our own child, WNOWAIT leaves it for `Child` to reap.
-            let rc = unsafe {
-                libc::waitid(
-                    libc::P_PID,
-                    self.pid as libc::id_t,
-                    &mut info,
-                    libc::WSTOPPED | libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-                )
-            };
-            if rc < 0 {
-                return Err(format!("waiting for the germline: {}", std::io::Error::last_os_error()));
+            let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: poll on one pidfd we own, without waiting.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+                return Err("the germline exited".into());
             }
-            // SAFETY: si_pid is valid for SIGCHLD-style siginfo filled by waitid (0 if none).
-            if unsafe { info.si_pid() } == self.pid {
-                return match info.si_code {
-                    libc::CLD_STOPPED => Ok(()),
-                    libc::CLD_EXITED | libc::CLD_KILLED | libc::CLD_DUMPED => Err("the germline exited".into()),
-                    _ => Err("the germline is traced".into()),
-                };
+            match inspect::state(self.pid) {
+                Ok('T') => return Ok(()),
+                Ok('t') => return Err("the germline is traced".into()),
+                Ok('Z' | 'X') | Err(_) => return Err("the germline exited".into()),
+                Ok(_) => {}
             }
             if Instant::now() > until {
                 return Err(format!("the germline did not stop within {timeout:?}"));
@@ -403,8 +510,9 @@ impl Germline {
     }
 
     fn signal(&self, sig: i32) -> Result<(), ExecutorError> {
-        // SAFETY: kill on our own child's pid, which stays valid (unreaped) while `child` lives.
-        if unsafe { libc::kill(self.pid, sig) } < 0 {
+        // SAFETY: signalling through a pidfd we own (never a recycled pid).
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), sig, 0, 0) };
+        if rc < 0 {
             return Err(ExecutorError::io("signalling the germline")(std::io::Error::last_os_error()));
         }
         Ok(())
@@ -448,7 +556,8 @@ impl Germline {
         if let Some(cg) = &self.cgroups {
             cg.leave_copy(self.pid)?;
         }
-        let children = inspect::live_children(self.pid)?;
+        let keeper = self.keeper.as_ref().map(|k| k.pid);
+        let children: Vec<i32> = inspect::live_children(self.pid)?.into_iter().filter(|&c| Some(c) != keeper).collect();
         if let Err(e) = forked {
             kill_all(&children);
             return Err(ExecutorError::Copy(format!("germline could not fork: {e}")));
@@ -471,6 +580,14 @@ impl Germline {
         inspect::check_germline(self.pid, &self.allowed).map_err(fail)?;
         if inspect::parent(copy_pid).map_err(fail)? != self.pid {
             return Err(fail(ExecutorError::refused("children", "the copy is not the germline's child")));
+        }
+        if let Some(k) = &self.keeper {
+            if inspect::parent_pid_namespace(copy_pid).map_err(fail)? != k.namespace {
+                return Err(fail(ExecutorError::refused(
+                    "namespaces",
+                    "the copy's PID namespace is not nested in the germline's own",
+                )));
+            }
         }
         // Holding each namespace open keeps its identity from being reused while this copy
         // is tracked as live (namespace inode numbers are recycled as soon as one dies).
@@ -509,8 +626,17 @@ impl Drop for Germline {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let _ = child.kill();
+        let _ = self.signal(libc::SIGKILL);
         let _ = self.signal(libc::SIGCONT);
+        if self.keeper.is_none() && child.id() as i32 != self.pid {
+            // Started but not yet identified: whatever the first process forked dies too.
+            if let Ok(children) = inspect::live_children(child.id() as i32) {
+                kill_all(&children);
+            }
+        }
+        // The keeper's drop tears the germline's PID namespace down.
+        drop(self.keeper.take());
+        let _ = child.kill();
         // Reaping the germline and killing whatever is left in its cgroups (strays
         // included) happens off the caller's path.
         let cgroups = self.cgroups.take();

@@ -29,6 +29,33 @@ pub fn state(pid: i32) -> Result<char, ExecutorError> {
     rest.trim_start().chars().next().ok_or_else(|| ExecutorError::Copy(format!("bad stat for {pid}")))
 }
 
+/// The process's pid in its own (innermost) PID namespace: the last `NSpid` entry.
+pub fn pid_in_own_namespace(pid: i32) -> Result<i32, ExecutorError> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/status")))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| ExecutorError::Copy(format!("no NSpid for {pid}")))
+}
+
+/// The identity of the parent of a process's PID namespace.
+pub fn parent_pid_namespace(pid: i32) -> Result<NsId, ExecutorError> {
+    let f = fs::File::open(format!("/proc/{pid}/ns/pid"))
+        .map_err(ExecutorError::io(format!("opening the PID namespace of {pid}")))?;
+    // SAFETY: NS_GET_PARENT on a namespace descriptor we own returns a new descriptor.
+    let parent = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::NS_GET_PARENT) };
+    if parent < 0 {
+        return Err(ExecutorError::io(format!("the parent PID namespace of {pid}"))(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `parent` is a fresh descriptor owned by nobody else.
+    let p = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(parent) };
+    let m = p.metadata().map_err(ExecutorError::io("PID namespace identity"))?;
+    Ok((m.dev(), m.ino()))
+}
+
 /// The parent pid from `/proc/PID/stat`.
 pub fn parent(pid: i32) -> Result<i32, ExecutorError> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use germline_executor::cgroup::{host_support, HostSupport, NO_CGROUPS_FOR_TESTS, PREFER_V2_FOR_TESTS};
+use germline_executor::confine::SandboxSwitches;
 use germline_executor::germline::PROCESS_ACCOUNTING_OFF_FOR_TESTS;
 use germline_executor::runtime::RuntimeKind;
 use germline_tests::oracle::Oracle;
@@ -107,8 +108,12 @@ impl Drop for Reset {
 fn a_relay_outside_every_copy_is_refused_by_name() {
     let _turn = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     assert_eq!(host_support(), HostSupport::V1, "this test expects a host with writable cgroup v1 memory and pids");
-    // (accounting on?, prefer cgroup v2?)
-    for (on, v2) in [(false, false), (true, false), (true, true)] {
+    // (accounting on?, prefer cgroup v2?, the germline's PID namespace?, cgroups?): off;
+    // the cgroup alone on v1 and on v2; the PID namespace alone.
+    for (on, v2, pid_ns, cgroups) in
+        [(false, false, false, true), (true, false, false, true), (true, true, false, true), (true, false, true, false)]
+    {
+        let case = format!("accounting={on} v2={v2} pid_namespace={pid_ns} cgroups={cgroups}");
         let w = World::new();
         let mut oracle = Oracle::new();
         let hr = oracle.plant(&["hr"]);
@@ -118,8 +123,10 @@ fn a_relay_outside_every_copy_is_refused_by_name() {
         let policy = w.policy(&[("public.example", &[], Some(sink.addr()))], &[("agent", &["hr"])], "");
         PROCESS_ACCOUNTING_OFF_FOR_TESTS.store(!on, Ordering::SeqCst);
         PREFER_V2_FOR_TESTS.store(v2, Ordering::SeqCst);
+        NO_CGROUPS_FOR_TESTS.store(!cgroups, Ordering::SeqCst);
         let reset = Reset;
-        let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("the germline starts");
+        let switches = SandboxSwitches { pid_namespace: pid_ns, ..Default::default() };
+        let mut rt = w.start_with(RuntimeKind::Germline, &rel, policy, switches).expect("the germline starts");
         let stash = rt.call(&request("stash", json!({"document": payslip}), &[&payslip]));
         std::thread::sleep(Duration::from_millis(200));
         let recover = rt.call(&request("recover", json!({}), &[]));
@@ -128,17 +135,87 @@ fn a_relay_outside_every_copy_is_refused_by_name() {
         let leaked = !oracle.disclosures("public", &[], &sink.received()).is_empty();
         if on {
             let err = stash.error.clone().unwrap_or_default();
-            assert!(err.contains("germline refused (processes)"), "v2={v2}: {err} / {}", result_text(&stash));
+            assert!(err.contains("germline refused (processes)"), "{case}: {err} / {}", result_text(&stash));
             let named = err
                 .split("stray process ")
                 .nth(1)
                 .and_then(|rest| rest.split_once(' '))
                 .is_some_and(|(pid, name)| pid.parse::<i32>().is_ok() && name.starts_with("(glrelay)"));
-            assert!(named, "v2={v2}: the stray is named by pid and command: {err}");
-            assert!(!leaked, "v2={v2}: nothing reaches the sink ({})", result_text(&recover));
+            assert!(named, "{case}: the stray is named by pid and command: {err}");
+            assert!(!leaked, "{case}: nothing reaches the sink ({})", result_text(&recover));
         } else {
             assert_eq!(result_text(&stash), "stashed", "{:?}", stash.error);
             assert!(leaked, "mechanism off: the relay carries the item to the next call ({})", result_text(&recover));
+        }
+    }
+}
+
+/// A process the release leaves behind at import (double-forked, so not the germline's
+/// child) on a host without cgroups: with the germline's own PID namespace it is the
+/// keeper's child, so the germline is refused with the stray named, and it dies with the
+/// namespace; without, nothing sees it and it outlives the germline.
+const ORPHAN: &str = r#"
+import ctypes
+if os.fork() == 0:
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, b"glorphan", 0, 0, 0)
+        time.sleep(20)
+    os._exit(0)
+time.sleep(0.2)
+
+def create_server():
+    m = FastMCP("orphan")
+    @m.tool()
+    def ok() -> str:
+        return "ok"
+    return m
+"#;
+
+fn processes_named(comm: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_process_left_behind_is_refused_and_dies_with_the_germlines_pid_namespace() {
+    let _turn = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    for pid_ns in [false, true] {
+        let w = World::new();
+        let rel = w.release("orphan", "", ORPHAN);
+        let policy = w.policy(&[], &[("agent", &[])], "");
+        NO_CGROUPS_FOR_TESTS.store(true, Ordering::SeqCst);
+        let reset = Reset;
+        let switches = SandboxSwitches { pid_namespace: pid_ns, ..Default::default() };
+        let started = w.start_with(RuntimeKind::Germline, &rel, policy, switches);
+        drop(reset);
+        let refusal = started.as_ref().err().map(ToString::to_string);
+        drop(started);
+        // Teardown is off the caller's path: give it a bounded moment.
+        let mut left = processes_named("glorphan");
+        for _ in 0..40 {
+            if left.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            left = processes_named("glorphan");
+        }
+        if pid_ns {
+            let e = refusal.expect("the germline is refused");
+            assert!(e.contains("germline refused (processes)") && e.contains("(glorphan)"), "{e}");
+            assert!(left.is_empty(), "the orphan died with the namespace: {left:?}");
+        } else {
+            assert!(refusal.is_none(), "mechanism off: nothing sees the orphan: {refusal:?}");
+            assert!(!left.is_empty(), "mechanism off: the orphan outlives the germline");
+            for p in left {
+                // SAFETY: killing a test's own leftover process.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
         }
     }
 }
@@ -171,7 +248,8 @@ fn require_limits_refuses_a_host_without_cgroups() {
         match started {
             Ok(mut rt) => {
                 assert!(starts, "no_cgroups={no_cgroups} require={require}: must refuse");
-                assert_eq!(result_text(&rt.call(&request("ok", json!({}), &[]))), "ok");
+                let o = rt.call(&request("ok", json!({}), &[]));
+                assert_eq!(result_text(&o), "ok", "no_cgroups={no_cgroups} require={require}: {:?}", o.error);
             }
             Err(e) => {
                 let e = e.to_string();

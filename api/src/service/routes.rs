@@ -221,7 +221,7 @@ impl CallResponse {
             result: o.result.clone(),
             label: o.label.as_ref().map(|l| v(l)),
             copies: o.copies as u64,
-            triggers: o.triggers_shown.iter().map(|t| v(t)).collect(),
+            triggers: o.triggers.iter().map(|t| v(t)).collect(),
             error: o.error.clone(),
             consumers: o.consumers.iter().map(|(k, c)| (k.clone(), v(c))).collect(),
             egress: o.egress.iter().map(|e| v(e)).collect(),
