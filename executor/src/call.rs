@@ -181,11 +181,11 @@ pub struct TriggerOut {
 /// The serving copy's label counts too: a position is where the diverging copy's requests
 /// part from the serving copy's record, so a serving copy that holds hr (its view, or an
 /// hr slot when its horizon is hr) sets it by the length of its record, whatever the
-/// diverging copy holds (`redteam_outputs`, `a_serving_copys_hr_slot_...`).
+/// diverging copy holds (`redteam_outputs::a_serving_copys_hr_slot_spells_itself_in_a_trigger_position`).
 pub fn reduce_triggers(triggers: &[Trigger], copy_labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
     #[cfg(debug_assertions)]
-    let off = std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1")
-        || output_reduction_off();
+    let off =
+        std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1") || output_reduction_off();
     #[cfg(not(debug_assertions))]
     let off = false;
     triggers
