@@ -1,8 +1,9 @@
 //! `germline serve`, the HTTP API service, run as the real binary on an ephemeral loopback
-//! port: every documented endpoint answers, a call's copies, triggers and latency reach
-//! /metrics, mutating endpoints need the token, bad input gets 4xx JSON errors while the
-//! service stays up, SIGTERM loses no ledger entry, and schemathesis fuzzing the served
-//! OpenAPI document finds no server error and no schema violation.
+//! port: every documented endpoint answers, a call's copies and triggers reach /metrics
+//! (its latency only when no copy held a label), mutating endpoints need the token, bad
+//! input gets 4xx JSON errors while the service stays up, SIGTERM loses no ledger entry,
+//! and schemathesis fuzzing the served OpenAPI document finds no server error and no
+//! schema violation.
 
 mod common;
 
@@ -312,8 +313,10 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
     assert_eq!(metric(m, "germline_call_copies_sum", &hash), Some(2.0), "{m}");
     assert_eq!(metric(m, "germline_call_copies_count", &hash), Some(1.0), "{m}");
     assert_eq!(metric(m, "germline_triggers_total", &hash), Some(1.0), "{m}");
-    assert_eq!(metric(m, "germline_call_duration_seconds_count", &hash), Some(1.0), "{m}");
-    assert!(metric(m, "germline_call_duration_seconds_sum", &hash).is_some_and(|s| s > 0.0), "{m}");
+    // The call's copies held labelled items, so how long it took is theirs to choose:
+    // /metrics (read by anyone) gets no latency sample of it (`redteam_outputs`).
+    assert_eq!(metric(m, "germline_call_duration_seconds_count", &hash), None, "{m}");
+    assert!(m.contains(&format!("germline_calls_total{{release=\"{hash}\",outcome=\"ran\"}} 1")), "{m}");
     assert!(svc.log().contains("call{") && svc.log().contains("copies=2"), "a span per call: {}", svc.log());
 
     // A session runs its calls in order on the same germline.

@@ -211,11 +211,10 @@ fn talk(
     line.push(b'\n');
     writer.write_all(&line).map_err(ExecutorError::io("sending the preamble"))?;
     let mut client = McpClient::new(BufReader::new(conn), writer, max);
-    let t0 = Instant::now();
+    // No timing line here: how long a copy takes to answer is its choice, and this
+    // function does not know the copy's label (`run_copy` logs timings of unlabelled ones).
     client.initialize()?;
-    let t_init = t0.elapsed();
     let reply = client.request(method, params)?;
-    tracing::debug!(?t_init, t_call = ?t0.elapsed(), "copy MCP timings");
     match reply {
         Ok(result) => Ok(result),
         Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
@@ -280,8 +279,9 @@ fn tunnel(
     let max = policy.limits.max_message_bytes;
     let served =
         tls.serve_tunnel(conn, &req.host, req.port, max, |inner| egress(inner, group, state, shared, policy, deadline));
-    if served.is_err() {
-        // The host and the error name what the copy asked for: not logged.
+    // The host and the error name what the copy asked for: not logged; that a tunnel
+    // ended early is the copy's choice too, logged only while its label is empty.
+    if served.is_err() && crate::call::loggable(&state.lock().unwrap_or_else(|p| p.into_inner()).label.label()) {
         tracing::debug!(group, "a tunnel ended early");
     }
 }

@@ -94,6 +94,28 @@ pub struct CallOutcome {
     /// What a verifier needs to replay each trigger (also in the trigger log).
     #[serde(skip)]
     pub evidence: Vec<TriggerEvidence>,
+    /// The join of every copy's output label: the label of everything about the call that
+    /// depends on all its copies (its duration, its trigger count). Metrics and log lines
+    /// carry such facts only when this is empty.
+    #[serde(skip)]
+    pub held: Label,
+}
+
+/// Debug builds only: `GERMLINE_TEST_OUTPUT_REDUCTION_OFF=1` shows triggers in full and
+/// lets log lines and metrics carry what labelled copies did (their timings, whether
+/// their slot writes or tunnels failed), to show what the reduction stops.
+pub fn output_reduction_off() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_OUTPUT_REDUCTION_OFF").is_some_and(|v| v == "1") {
+        return true;
+    }
+    false
+}
+
+/// Whether a log line or metric may carry a fact that depends on a copy with `label`:
+/// only when the label is empty (a log reader is cleared for nothing).
+pub fn loggable(label: &Label) -> bool {
+    label.is_empty() || output_reduction_off()
 }
 
 /// The part of a call one consumer receives.
@@ -143,7 +165,7 @@ pub struct TriggerOut {
     pub group_index: usize,
     /// The Plan group that serves `host`.
     pub serving_group_index: usize,
-    /// Output label of the diverging copy.
+    /// Output labels of the diverging and the serving copy, joined.
     #[serde(default)]
     pub label: Label,
     /// How the requests diverged; absent when withheld.
@@ -155,17 +177,25 @@ pub struct TriggerOut {
 }
 
 /// Triggers of one call for consumers with `clearances`: kind and position are withheld
-/// unless every consumer is cleared for the diverging copy's label.
+/// unless every consumer is cleared for the labels of both copies the trigger compares.
+/// The serving copy's label counts too: a position is where the diverging copy's requests
+/// part from the serving copy's record, so a serving copy that holds hr (its view, or an
+/// hr slot when its horizon is hr) sets it by the length of its record, whatever the
+/// diverging copy holds (`redteam_outputs::a_serving_copys_hr_slot_spells_itself_in_a_trigger_position`).
 pub fn reduce_triggers(triggers: &[Trigger], copy_labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
     #[cfg(debug_assertions)]
-    let off = std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1");
+    let off =
+        std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1") || output_reduction_off();
     #[cfg(not(debug_assertions))]
     let off = false;
     triggers
         .iter()
         .map(|t| {
             // A group without a recorded label is treated as holding everything: withheld.
-            let label = copy_labels.get(t.group_index).cloned();
+            let label = copy_labels
+                .get(t.group_index)
+                .zip(copy_labels.get(t.serving_group_index))
+                .map(|(diverging, serving)| diverging.join(serving));
             let shown = off || label.as_ref().is_some_and(|l| consumers.iter().all(|c| l.flows_to(c)));
             TriggerOut {
                 host: t.host.clone(),
@@ -505,11 +535,19 @@ impl GermlineRuntime {
             let final_label = label.label();
             if result.is_ok() && !writes.is_empty() {
                 let mut slot = slot;
+                // Whether a write is refused is the copy's choice: a log line saying so is
+                // written only for a copy whose label is empty (else its presence is a bit of
+                // what the copy holds, for a log reader cleared for nothing).
                 match slot.apply_writes(writes, &final_label) {
                     Ok(()) if slot.fits(&group.horizon) => self.slots.put(key, slot),
-                    Ok(()) => tracing::warn!("slot write refused: label escapes horizon {}", group.horizon),
+                    Ok(()) if loggable(&final_label) => {
+                        tracing::warn!("slot write refused: label escapes horizon {}", group.horizon)
+                    }
                     // The error may name a key the copy chose: not logged.
-                    Err(_) => tracing::warn!(group = gi, "slot write refused: a slot bound was broken"),
+                    Err(_) if loggable(&final_label) => {
+                        tracing::warn!(group = gi, "slot write refused: a slot bound was broken")
+                    }
+                    _ => {}
                 }
             }
             // A result and an error alike come from the copy: both carry its label.
@@ -526,9 +564,11 @@ impl GermlineRuntime {
                 per_consumer.insert(c.to_string(), cr.clone());
             }
         }
+        let mut all_triggers: Vec<Trigger> = Vec::new();
         if self.evidence_switches.sequence_comparison {
             let sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             let triggers = sh.records.triggers().to_vec();
+            all_triggers.clone_from(&triggers);
             let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
             let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
             outcome.triggers = reduce_triggers(&triggers, &labels, &clearances);
@@ -572,9 +612,19 @@ impl GermlineRuntime {
         let declared: Vec<HostName> = prepared.plan_input.hosts.iter().map(|(h, _)| h.clone()).collect();
         let clearances: Vec<Clearance> = prepared.plan_input.consumers.iter().map(|(_, c)| c.clone()).collect();
         outcome.egress = reduce_egress(std::mem::take(&mut outcome.egress), &declared, &clearances);
-        // The host is a declared one; how the copy diverged is its choice and is not logged.
-        for t in &outcome.triggers {
-            tracing::warn!(host = %t.host, group = t.group_index, "trigger recorded");
+        let labels: Vec<Label> = runs.iter().map(|r| r.label.clone()).collect();
+        outcome.held = labels.iter().fold(Label::empty(), |a, l| a.join(l));
+        // Host, kind, position and number of triggers are the copies' choices: the log
+        // says only that the call recorded some (the bit its dampening event publishes),
+        // unless no copy held a label.
+        if !all_triggers.is_empty() {
+            if loggable(&outcome.held) {
+                for t in &all_triggers {
+                    tracing::warn!(host = %t.host, kind = ?t.kind, group = t.group_index, "trigger recorded");
+                }
+            } else {
+                tracing::warn!("the call recorded triggers");
+            }
         }
         if let (Some(path), false) = (&self.trigger_log, outcome.evidence.is_empty()) {
             append_evidence(path, &outcome.evidence, self.evidence_switches.commitments)?;
@@ -672,10 +722,11 @@ impl GermlineRuntime {
             label: OutputLabel::new(Label::empty(), Label::empty()),
             killer: copy.killer()?,
         };
+        // Whether the replayed copy answered is its choice (a probe holds the items the
+        // trigger's copy saw): not logged, not even as a bare line.
         let r = serve_copy(job, &shared);
         copy.kill()?;
-        if r.result.is_err() {
-            // Its error is the copy's text: not logged.
+        if r.result.is_err() && output_reduction_off() {
             tracing::debug!("replayed copy ended without a result");
         }
         let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -750,7 +801,12 @@ impl GermlineRuntime {
         let t_served = t0.elapsed();
         copy.kill()?;
         drop(copy);
-        tracing::debug!(group = gi, ?t_fork, ?t_setup, ?t_served, total = ?t0.elapsed(), "copy timings");
+        // How long a copy ran is its choice: a timing line is written only for a copy whose
+        // label is empty (a log reader is cleared for nothing; a labelled copy sleeping in
+        // proportion to an item would spell it here to the microsecond).
+        if loggable(&r.label.label()) {
+            tracing::debug!(group = gi, ?t_fork, ?t_setup, ?t_served, total = ?t0.elapsed(), "copy timings");
+        }
         {
             let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             sh.records.finish_copy(gi);
@@ -1199,6 +1255,24 @@ mod tests {
         assert_eq!(all[1].position, Some(41));
         let unknown = reduce_triggers(&triggers, &labels[..1], &[cleared]);
         assert_eq!(unknown[1].position, None);
+    }
+
+    #[test]
+    fn a_trigger_carries_the_serving_copys_label_too() {
+        // The serving copy (group 0) held an hr slot; the diverging copy (group 1) held
+        // finance only. Where it parted from the record is the record's length: hr's.
+        let hr: Label = serde_json::from_value(json!(["hr"])).unwrap();
+        let finance: Label = serde_json::from_value(json!(["finance"])).unwrap();
+        let t = Trigger {
+            host: HostName::new("hr.example").unwrap(),
+            group_index: 1,
+            serving_group_index: 0,
+            kind: TriggerKind::Extra,
+            position: 66,
+        };
+        let out = reduce_triggers(std::slice::from_ref(&t), &[hr, finance], &[Clearance::parse(["finance"]).unwrap()]);
+        assert_eq!((out[0].kind, out[0].position), (None, None), "{out:?}");
+        assert_eq!(out[0].label, Label::parse(["finance", "hr"]).unwrap());
     }
 
     #[test]

@@ -82,17 +82,36 @@ fn crash_rounds(window: u64) {
                 }
             }
         });
-        // Six rounds die at a random point (during open or mid-append); then one completes.
-        let kill_after =
-            if kills < 6 { Duration::from_millis(rng.gen_range(20..600)) } else { Duration::from_secs(90) };
+        // Six rounds die at a random point, then one completes. The point is counted in
+        // acknowledgements (or, for a third of the kills, a short random time, which can
+        // fall during open), not in wall time alone: a pipelined writer on an idle host
+        // can finish before any fixed delay, and a loaded host can make it look idle.
+        let (kill_at_ack, kill_after) = if kills < 6 {
+            if rng.gen_range(0..3) == 0 {
+                (u64::MAX, Duration::from_millis(rng.gen_range(5..200)))
+            } else {
+                (rng.gen_range(1..remaining.max(2) / 2), Duration::from_secs(90))
+            }
+        } else {
+            (u64::MAX, Duration::from_secs(90))
+        };
         let deadline = Instant::now() + kill_after;
         let mut exited = false;
+        let mut lines: Vec<String> = Vec::new();
+        let mut acks_seen = 0u64;
         while Instant::now() < deadline {
+            for l in rx.try_iter() {
+                acks_seen += u64::from(l.starts_with("ack "));
+                lines.push(l);
+            }
+            if acks_seen >= kill_at_ack {
+                break;
+            }
             if child.try_wait().expect("try_wait").is_some() {
                 exited = true;
                 break;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(1));
         }
         if !exited {
             child.kill().expect("SIGKILL helper");
@@ -104,7 +123,8 @@ fn crash_rounds(window: u64) {
         }
         reader.join().expect("reader");
         let mut new_acks = 0;
-        for line in rx.try_iter() {
+        lines.extend(rx.try_iter());
+        for line in &lines {
             let parts: Vec<&str> = line.split(' ').collect();
             match parts.as_slice() {
                 ["ack", index, r, t, s] => {

@@ -19,7 +19,8 @@ pub struct ReleaseLabels {
 pub struct CallLabels {
     /// Release hash (hex).
     pub release: String,
-    /// `ok`, `error` (the call ran and failed), `refused` (dampening or germline refusal).
+    /// `ok`, `error` (the call ran and failed), `ran` (a copy held a label, so whether
+    /// it answered is not published), `refused` (dampening or germline refusal).
     pub outcome: &'static str,
 }
 
@@ -30,9 +31,10 @@ pub struct Metrics {
     pub calls: Family<CallLabels, Counter>,
     /// Copies per call.
     pub copies: Family<ReleaseLabels, Histogram>,
-    /// Wall-clock latency of a call on its germline (queueing excluded).
+    /// Wall-clock latency of a call on its germline (queueing excluded); calls whose
+    /// copies held no label only (a labelled copy's duration is its choice).
     pub latency: Family<ReleaseLabels, Histogram>,
-    /// Triggers recorded.
+    /// Triggers recorded (a call with a labelled copy adds at most one).
     pub triggers: Family<ReleaseLabels, Counter>,
     /// Signed witnesses appended to the ledger.
     pub witnesses: Family<ReleaseLabels, Counter>,

@@ -731,11 +731,21 @@ async fn run_calls(
                 let latency = t0.elapsed();
                 let refused = refused_as_suppressed(&outcome);
                 record_call(&st2, &slot.hash, &outcome, latency, refused);
+                // The log is read by parties cleared for nothing: how long the call took, how
+                // many triggers it recorded and whether its copy answered are the copies'
+                // choices, logged only when no copy held a label (`loggable`); otherwise
+                // only whether the call recorded triggers (its dampening event's bit).
                 span.record("copies", outcome.copies);
-                span.record("triggers", outcome.triggers.len());
-                span.record("latency_ms", latency.as_secs_f64() * 1000.0);
-                // The status, not the error: a copy's error text is labelled data.
-                tracing::info!(status = ?outcome.status, "call done");
+                let open = germline_executor::call::loggable(&outcome.held);
+                if open {
+                    span.record("triggers", outcome.triggers.len());
+                    span.record("latency_ms", latency.as_secs_f64() * 1000.0);
+                    // The status, not the error: a copy's error text is labelled data.
+                    tracing::info!(status = ?outcome.status, "call done");
+                } else {
+                    span.record("triggers", usize::from(!outcome.triggers.is_empty()));
+                    tracing::info!(labelled = true, "call done");
+                }
                 let resp = CallResponse::new(&outcome, latency);
                 if early {
                     if let Some(tx) = tx.take() {
@@ -787,8 +797,16 @@ async fn run_calls(
 fn record_call(st: &AppState, release: &ReleaseHash, o: &CallOutcome, latency: Duration, refused: bool) {
     let m = &st.metrics;
     let labels = metrics::release(release);
+    // `/metrics` is read by parties cleared for nothing. Whether the first consumer's copy
+    // answered, how long the call took and how many triggers it recorded are choices of
+    // the copies: they are counted only for calls no copy of which held a label. A
+    // labelled call counts as `ran`, adds no latency sample, and adds one trigger at most
+    // (whether it recorded any: the bit its dampening event publishes in the ledger).
+    let open = germline_executor::call::loggable(&o.held);
     let outcome = if refused {
         "refused"
+    } else if !open {
+        "ran"
     } else if o.error.is_some() {
         "error"
     } else {
@@ -800,8 +818,12 @@ fn record_call(st: &AppState, release: &ReleaseHash, o: &CallOutcome, latency: D
         return;
     }
     m.copies.get_or_create(&labels).observe(o.copies as f64);
-    m.latency.get_or_create(&labels).observe(latency.as_secs_f64());
-    m.triggers.get_or_create(&labels).inc_by(o.triggers.len() as u64);
+    if open {
+        m.latency.get_or_create(&labels).observe(latency.as_secs_f64());
+        m.triggers.get_or_create(&labels).inc_by(o.triggers.len() as u64);
+    } else {
+        m.triggers.get_or_create(&labels).inc_by(u64::from(!o.triggers.is_empty()));
+    }
 }
 
 #[utoipa::path(post, path = "/v1/releases/{hash}/calls", tag = "releases", request_body = CallBody,
