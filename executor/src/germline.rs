@@ -24,6 +24,7 @@ use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
 use crate::seccomp::SeccompPolicy;
+use crate::timings::CopyTimings;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
 
 /// The Python tool host and helper module, shipped inside the binary.
@@ -186,6 +187,8 @@ pub struct Germline {
     keeper: Option<Keeper>,
     /// Time the germline took to import the release.
     pub start_time: Duration,
+    /// Copies killed after their answer was returned, whose death the next fork awaits.
+    retired: Vec<CopyProcess>,
 }
 
 /// The keeper: the first child of the germline, forked before the release is imported,
@@ -404,6 +407,7 @@ impl Germline {
             cgroups,
             keeper: None,
             start_time: Duration::ZERO,
+            retired: Vec::new(),
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -539,17 +543,23 @@ impl Germline {
     /// namespaces shared with nothing else alive. A germline that fails any of this is
     /// refused, and the copy (if any) is killed before it holds data.
     pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
+        let t0 = Instant::now();
+        // Copies of one germline never overlap: the previous one is gone before a fork.
+        self.reap_retired()?;
+        let t1 = Instant::now();
         inspect::check_germline(self.pid, &self.allowed)?;
         self.account_processes()?;
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.enter_copy(self.pid)?),
             None => None,
         };
+        let t2 = Instant::now();
         // SIGUSR1 stays pending (the germline blocks it and waits for it) until SIGCONT
         // lets the germline run; it forks once and stops itself.
         self.signal(libc::SIGUSR1)?;
         self.signal(libc::SIGCONT)?;
         let forked = self.wait_stopped(Duration::from_secs(5));
+        let t3 = Instant::now();
         if forked.is_err() {
             self.stop()?;
         }
@@ -614,10 +624,35 @@ impl Germline {
             }
             live.extend(ns.iter().copied());
         }
-        let copy = CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup };
+        let mut copy = CopyProcess {
+            pid: copy_pid,
+            pidfd,
+            namespaces: ns,
+            _namespace_handles: ns_files,
+            _cgroup: cgroup,
+            timings: CopyTimings::default(),
+        };
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
+        copy.timings.reap = t1 - t0;
+        copy.timings.checks_before = t2 - t1;
+        copy.timings.fork = t3 - t2;
+        copy.timings.checks_after = t3.elapsed();
         Ok(copy)
+    }
+
+    /// Kills `copy` now and leaves waiting for its death to the next fork (or to the
+    /// germline's end), so a call's answer is not held up by the copy's teardown.
+    pub fn retire(&mut self, copy: CopyProcess) {
+        let _ = pidfd_kill(&copy.pidfd);
+        self.retired.push(copy);
+    }
+
+    fn reap_retired(&mut self) -> Result<(), ExecutorError> {
+        for copy in std::mem::take(&mut self.retired) {
+            copy.kill()?;
+        }
+        Ok(())
     }
 }
 
@@ -689,9 +724,22 @@ pub struct CopyProcess {
     namespaces: Vec<NsId>,
     _namespace_handles: Vec<std::fs::File>,
     _cgroup: Option<CopyCgroup>,
+    /// Reap, checks and fork phases of this copy (the broker adds the rest).
+    pub timings: CopyTimings,
 }
 
 impl CopyProcess {
+    /// Lets the copy connect to its channel: its listeners are in place. (The copy waits
+    /// for this signal instead of retrying its connection; nothing rides on it.)
+    pub fn channel_ready(&self) -> Result<(), ExecutorError> {
+        // SAFETY: signalling through a pidfd we own.
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), libc::SIGUSR2, 0, 0) };
+        if rc < 0 {
+            return Err(ExecutorError::io("signalling a copy")(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Kills the copy; as PID 1 of its PID namespace, every descendant dies with it.
     /// Waits (bounded) until the kernel reports it gone.
     pub fn kill(&self) -> Result<(), ExecutorError> {
