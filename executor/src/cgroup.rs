@@ -37,7 +37,7 @@ pub struct CgroupLimits {
     pub processes: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Backend {
     /// v1: the germline sits in `memory` and `pids`; copies in `copy-N` below each.
     V1 { memory: PathBuf, pids: PathBuf },
@@ -52,6 +52,10 @@ pub struct CgroupSet {
     backend: Backend,
     limits: Option<CgroupLimits>,
     next: AtomicU64,
+    /// The next copy's cgroups, which the stopped germline is moved into off the call's
+    /// path once no copy of it is left alive (a move between cgroups waits for an RCU
+    /// grace period: milliseconds on a loaded host).
+    staged: std::sync::Mutex<Option<std::thread::JoinHandle<Result<Vec<PathBuf>, ExecutorError>>>>,
 }
 
 /// What this host offers for per-copy limits and process accounting.
@@ -156,7 +160,7 @@ impl CgroupSet {
             }
             HostSupport::None => return None,
         };
-        Some(CgroupSet { backend, limits, next: AtomicU64::new(0) })
+        Some(CgroupSet { backend, limits, next: AtomicU64::new(0), staged: std::sync::Mutex::new(None) })
     }
 
     /// Whether this set holds copies to memory and process limits.
@@ -204,47 +208,46 @@ impl CgroupSet {
         out
     }
 
-    /// Puts `pid` (the stopped germline) into a fresh per-copy cgroup.
+    /// Puts `pid` (the stopped germline) into a fresh per-copy cgroup, so the copy it
+    /// forks next is born there: the cgroup [`CgroupSet::stage_next`] moved it into, or
+    /// (none staged, or staging failed) a new one now.
     pub fn enter_copy(&self, pid: i32) -> Result<CopyCgroup, ExecutorError> {
-        let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let io = |p: &Path| ExecutorError::io(format!("cgroup {}", p.display()));
-        let dirs = match &self.backend {
-            Backend::V1 { memory, pids } => {
-                let mem = memory.join(format!("copy-{n}"));
-                let pids = pids.join(format!("copy-{n}"));
-                fs::create_dir_all(&mem).map_err(io(&mem))?;
-                fs::create_dir_all(&pids).map_err(io(&pids))?;
-                if let Some(l) = &self.limits {
-                    fs::write(mem.join("memory.limit_in_bytes"), l.memory_bytes.to_string()).map_err(io(&mem))?;
-                    let _ = fs::write(mem.join("memory.memsw.limit_in_bytes"), l.memory_bytes.to_string());
-                    fs::write(pids.join("pids.max"), l.processes.to_string()).map_err(io(&pids))?;
-                }
-                vec![mem, pids]
-            }
-            Backend::V2 { root, limits } => {
-                let dir = root.join(format!("copy-{n}"));
-                fs::create_dir_all(&dir).map_err(io(&dir))?;
-                if let (true, Some(l)) = (*limits, &self.limits) {
-                    fs::write(dir.join("memory.max"), l.memory_bytes.to_string()).map_err(io(&dir))?;
-                    let _ = fs::write(dir.join("memory.swap.max"), "0");
-                    fs::write(dir.join("pids.max"), l.processes.to_string()).map_err(io(&dir))?;
-                }
-                vec![dir]
+        let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let dirs = match staged.and_then(|h| h.join().ok()).and_then(Result::ok) {
+            Some(dirs) => dirs,
+            None => {
+                let dirs = make_copy_dirs(&self.backend, self.limits, self.next.fetch_add(1, Ordering::SeqCst))?;
+                join_dirs(&dirs, pid)?;
+                dirs
             }
         };
-        for d in &dirs {
-            fs::write(d.join("cgroup.procs"), pid.to_string()).map_err(io(d))?;
-        }
         Ok(CopyCgroup { dirs, v2: matches!(self.backend, Backend::V2 { .. }) })
     }
 
     /// Puts `pid` back into the germline's own cgroups.
     pub fn leave_copy(&self, pid: i32) -> Result<(), ExecutorError> {
-        for dir in self.own_dirs() {
-            fs::write(dir.join("cgroup.procs"), pid.to_string())
-                .map_err(ExecutorError::io(format!("cgroup {}", dir.display())))?;
+        join_dirs(&self.own_dirs(), pid)
+    }
+
+    /// Moves `pid` (the stopped germline, while none of its copies can run: at start, or
+    /// once the last copy was sent SIGKILL) into a fresh cgroup for the next copy, in the
+    /// background; [`CgroupSet::enter_copy`] waits for it. Meanwhile the germline is in
+    /// its own cgroup or that one, both in this set, and shares neither with a copy.
+    pub fn stage_next(&self, pid: i32) {
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = staged.take() {
+            if let Ok(Ok(dirs)) = h.join() {
+                // Not used for a copy (a fork without enter_copy): removed when the set is.
+                drop(dirs);
+            }
         }
-        Ok(())
+        let (backend, limits) = (self.backend.clone(), self.limits);
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        *staged = Some(std::thread::spawn(move || {
+            let dirs = make_copy_dirs(&backend, limits, n)?;
+            join_dirs(&dirs, pid)?;
+            Ok(dirs)
+        }));
     }
 }
 
@@ -305,6 +308,10 @@ fn remove_tree(dir: &Path, depth: usize) {
 
 impl Drop for CgroupSet {
     fn drop(&mut self) {
+        // A cgroup still being made would be left behind by the removal below.
+        if let Some(h) = self.staged.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = h.join();
+        }
         match &self.backend {
             Backend::V1 { memory, pids } => {
                 kill_and_remove(pids, false);
@@ -332,9 +339,51 @@ impl CopyCgroup {
 
 impl Drop for CopyCgroup {
     fn drop(&mut self) {
-        // Whatever is left inside (the copy is dead by now) is killed with it.
-        for d in &self.dirs {
-            kill_and_remove(d, self.v2);
-        }
+        // Whatever is left inside (the copy is dead by now) is killed with it; off the
+        // caller's path (removing a memory cgroup costs milliseconds). Anything still
+        // there at the next fork is not in a live copy, so process accounting refuses it.
+        let (dirs, v2) = (std::mem::take(&mut self.dirs), self.v2);
+        std::thread::spawn(move || {
+            for d in &dirs {
+                kill_and_remove(d, v2);
+            }
+        });
     }
+}
+
+fn join_dirs(dirs: &[PathBuf], pid: i32) -> Result<(), ExecutorError> {
+    for d in dirs {
+        fs::write(d.join("cgroup.procs"), pid.to_string())
+            .map_err(ExecutorError::io(format!("cgroup {}", d.display())))?;
+    }
+    Ok(())
+}
+
+/// Makes copy `n`'s cgroups with their limits, empty.
+fn make_copy_dirs(backend: &Backend, limits: Option<CgroupLimits>, n: u64) -> Result<Vec<PathBuf>, ExecutorError> {
+    let io = |p: &Path| ExecutorError::io(format!("cgroup {}", p.display()));
+    Ok(match backend {
+        Backend::V1 { memory, pids } => {
+            let mem = memory.join(format!("copy-{n}"));
+            let pids = pids.join(format!("copy-{n}"));
+            fs::create_dir_all(&mem).map_err(io(&mem))?;
+            fs::create_dir_all(&pids).map_err(io(&pids))?;
+            if let Some(l) = &limits {
+                fs::write(mem.join("memory.limit_in_bytes"), l.memory_bytes.to_string()).map_err(io(&mem))?;
+                let _ = fs::write(mem.join("memory.memsw.limit_in_bytes"), l.memory_bytes.to_string());
+                fs::write(pids.join("pids.max"), l.processes.to_string()).map_err(io(&pids))?;
+            }
+            vec![mem, pids]
+        }
+        Backend::V2 { root, limits: enforced } => {
+            let dir = root.join(format!("copy-{n}"));
+            fs::create_dir_all(&dir).map_err(io(&dir))?;
+            if let (true, Some(l)) = (*enforced, &limits) {
+                fs::write(dir.join("memory.max"), l.memory_bytes.to_string()).map_err(io(&dir))?;
+                let _ = fs::write(dir.join("memory.swap.max"), "0");
+                fs::write(dir.join("pids.max"), l.processes.to_string()).map_err(io(&dir))?;
+            }
+            vec![dir]
+        }
+    })
 }

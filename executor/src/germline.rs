@@ -426,6 +426,9 @@ impl Germline {
             return Err(ExecutorError::refused("children", "the germline left a process running at start"));
         }
         g.account_processes()?;
+        if let Some(cg) = &g.cgroups {
+            cg.stage_next(pid);
+        }
         g.start_time = t0.elapsed();
         Ok(g)
     }
@@ -646,6 +649,11 @@ impl Germline {
     pub fn retire(&mut self, copy: CopyProcess) {
         let _ = pidfd_kill(&copy.pidfd);
         self.retired.push(copy);
+        if let Some(cg) = &self.cgroups {
+            // No copy of this germline can run any more: the next copy's cgroup is
+            // entered now, off the next call's path.
+            cg.stage_next(self.pid);
+        }
     }
 
     fn reap_retired(&mut self) -> Result<(), ExecutorError> {
