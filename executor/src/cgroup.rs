@@ -330,6 +330,19 @@ pub struct CopyCgroup {
 }
 
 impl CopyCgroup {
+    /// Sends SIGKILL to every process in the copy's cgroups (the copy and everything it
+    /// started), so none of them runs again while the copy's PID namespace winds down.
+    pub fn kill_members(&self) {
+        for d in &self.dirs {
+            let mut pids = Vec::new();
+            collect_procs(d, 0, &mut pids);
+            for p in pids {
+                // SAFETY: SIGKILL to a process in a cgroup only this copy's processes can enter.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+    }
+
     /// Peak memory the copy used, where the kernel reports it.
     pub fn peak_memory(&self) -> Option<u64> {
         let file = if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" };

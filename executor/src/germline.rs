@@ -632,7 +632,7 @@ impl Germline {
             pidfd,
             namespaces: ns,
             _namespace_handles: ns_files,
-            _cgroup: cgroup,
+            cgroup,
             timings: CopyTimings::default(),
         };
         // Before the copy holds any data: nothing else came out of the fork window.
@@ -648,6 +648,11 @@ impl Germline {
     /// germline's end), so a call's answer is not held up by the copy's teardown.
     pub fn retire(&mut self, copy: CopyProcess) {
         let _ = pidfd_kill(&copy.pidfd);
+        // Its descendants too, now: the namespace's own teardown comes only after the
+        // copy's memory is freed.
+        if let Some(cg) = &copy.cgroup {
+            cg.kill_members();
+        }
         self.retired.push(copy);
         if let Some(cg) = &self.cgroups {
             // No copy of this germline can run any more: the next copy's cgroup is
@@ -731,7 +736,7 @@ pub struct CopyProcess {
     pidfd: OwnedFd,
     namespaces: Vec<NsId>,
     _namespace_handles: Vec<std::fs::File>,
-    _cgroup: Option<CopyCgroup>,
+    cgroup: Option<CopyCgroup>,
     /// Reap, checks and fork phases of this copy (the broker adds the rest).
     pub timings: CopyTimings,
 }
