@@ -496,19 +496,38 @@ def _enter_pid_namespace():
             os._exit(0)
     germline = os.fork()
     if germline == 0:
+        # Stdout is the first process's report pipe to the broker: not the germline's.
+        null = os.open("/dev/null", os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
         return
     code = 1
     try:
-        _close_stdio()
+        # Keeps stdout: each stop of the germline is reported there as one byte, so the
+        # broker sleeps until then (it reads the stop itself from /proc).
+        keep = (1, 2) if os.environ.get("GERMLINE_KEEP_STDERR") == "1" else (1,)
+        for fd in (0, 1, 2):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.set_blocking(1, False)
         while True:
             try:
-                _, status = os.waitpid(germline, 0)
-                code = os.waitstatus_to_exitcode(status)
-                break
+                _, status = os.waitpid(germline, os.WUNTRACED)
             except InterruptedError:
                 continue
             except ChildProcessError:
                 break
+            if os.WIFSTOPPED(status):
+                try:
+                    os.write(1, b"s")
+                except OSError:
+                    pass
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            break
     finally:
         os._exit(code if code >= 0 else 1)
 

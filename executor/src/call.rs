@@ -764,6 +764,7 @@ impl GermlineRuntime {
         timings.teardown += t_kill.elapsed();
         timings.reap = fork.reap;
         timings.checks_before = fork.checks_before;
+        timings.cgroup = fork.cgroup;
         timings.fork = fork.fork;
         timings.checks_after = fork.checks_after;
         timings.outside = outside;

@@ -189,6 +189,9 @@ pub struct Germline {
     pub start_time: Duration,
     /// Copies killed after their answer was returned, whose death the next fork awaits.
     retired: Vec<CopyProcess>,
+    /// Readable whenever the germline has stopped (one byte per stop, from the first
+    /// process, its parent): a wake-up only; the stop itself is read from `/proc`.
+    stops: Option<OwnedFd>,
 }
 
 /// The keeper: the first child of the germline, forked before the release is imported,
@@ -328,7 +331,10 @@ impl Germline {
             .env("PYTHONHASHSEED", "0")
             .current_dir(&release_dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            // With its own PID namespace, the first process (never the germline, never
+            // release code) reports each stop of the germline on its stdout: the broker
+            // sleeps until then instead of polling (see `wait_stopped`).
+            .stdout(if spec.switches.pid_namespace { Stdio::piped() } else { Stdio::null() })
             .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
         if debug_stderr {
             cmd.env("GERMLINE_KEEP_STDERR", "1");
@@ -393,7 +399,12 @@ impl Germline {
             }
         }
         let report = sandbox.install(&mut cmd);
-        let child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        let mut child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        let stops = child.stdout.take().map(OwnedFd::from);
+        if let Some(fd) = &stops {
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        }
         drop(theirs);
         let leader = child.id() as i32;
         let leader_fd = pidfd_open(leader)?;
@@ -408,6 +419,7 @@ impl Germline {
             keeper: None,
             start_time: Duration::ZERO,
             retired: Vec::new(),
+            stops,
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -492,10 +504,13 @@ impl Germline {
 
     /// Waits until the germline has stopped (itself or by us). Read from `/proc` (the
     /// germline need not be the broker's child): the state stays `T` until a SIGCONT,
-    /// which wakes it before `kill` returns. An exit shows on the pidfd.
+    /// which wakes it before `kill` returns. An exit shows on the pidfd. Between looks the
+    /// broker sleeps in the kernel until the first process reports a stop (or, without
+    /// that report, naps of 20–200 µs).
     fn wait_stopped(&self, timeout: Duration) -> Result<(), String> {
         let until = Instant::now() + timeout;
         let mut nap = Duration::from_micros(20);
+        let mut stops = self.stops.as_ref().map(AsRawFd::as_raw_fd);
         loop {
             let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: poll on one pidfd we own, without waiting.
@@ -508,11 +523,32 @@ impl Germline {
                 Ok('Z' | 'X') | Err(_) => return Err("the germline exited".into()),
                 Ok(_) => {}
             }
-            if Instant::now() > until {
+            let now = Instant::now();
+            if now > until {
                 return Err(format!("the germline did not stop within {timeout:?}"));
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_micros(200));
+            match stops {
+                Some(fd) => {
+                    // Bounded, so a first process that stopped reporting only slows this.
+                    let wait = until.saturating_duration_since(now).min(Duration::from_millis(50));
+                    let mut pfd = [
+                        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                        libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                    ];
+                    // SAFETY: poll on two descriptors we own, for a bounded time.
+                    unsafe { libc::poll(pfd.as_mut_ptr(), 2, wait.as_millis().max(1) as i32) };
+                    if pfd[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 && pfd[0].revents & libc::POLLIN == 0 {
+                        stops = None;
+                    }
+                    let mut buf = [0u8; 64];
+                    // SAFETY: non-blocking reads into a local buffer, draining stale reports.
+                    while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+                }
+                None => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_micros(200));
+                }
+            }
         }
     }
 
@@ -552,6 +588,7 @@ impl Germline {
         let t1 = Instant::now();
         inspect::check_germline(self.pid, &self.allowed)?;
         self.account_processes()?;
+        let t_cg = Instant::now();
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.enter_copy(self.pid)?),
             None => None,
@@ -638,7 +675,8 @@ impl Germline {
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
         copy.timings.reap = t1 - t0;
-        copy.timings.checks_before = t2 - t1;
+        copy.timings.checks_before = t_cg - t1;
+        copy.timings.cgroup = t2 - t_cg;
         copy.timings.fork = t3 - t2;
         copy.timings.checks_after = t3.elapsed();
         Ok(copy)

@@ -12,6 +12,9 @@ pub struct CopyTimings {
     pub reap: Duration,
     /// G1–G3 and process accounting before the fork.
     pub checks_before: Duration,
+    /// The germline into the copy's fresh cgroups (waiting for the move begun when the
+    /// previous copy was killed, or making it now).
+    pub cgroup: Duration,
     /// Asking the germline to fork until it has stopped again.
     pub fork: Duration,
     /// G1–G3, identification of the copy and its namespaces, accounting after the fork.
@@ -34,10 +37,11 @@ pub struct CopyTimings {
 
 impl CopyTimings {
     /// Every phase with its name, in call order.
-    pub fn phases(&self) -> [(&'static str, Duration); 11] {
+    pub fn phases(&self) -> [(&'static str, Duration); 12] {
         [
             ("reap previous copy", self.reap),
             ("G1-G3 before fork", self.checks_before),
+            ("enter copy cgroup", self.cgroup),
             ("fork", self.fork),
             ("G1-G3 after fork", self.checks_after),
             ("outside set-up", self.outside),
