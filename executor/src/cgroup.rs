@@ -229,10 +229,12 @@ impl CgroupSet {
         join_dirs(&self.own_dirs(), pid)
     }
 
-    /// Moves `pid` (the stopped germline, while none of its copies can run: at start, or
-    /// once the last copy was sent SIGKILL) into a fresh cgroup for the next copy, in the
-    /// background; [`CgroupSet::enter_copy`] waits for it. Meanwhile the germline is in
-    /// its own cgroup or that one, both in this set, and shares neither with a copy.
+    /// Moves `pid` (the stopped germline, at start or once a copy was sent SIGKILL) into
+    /// a fresh cgroup for the next copy, in the background; [`CgroupSet::enter_copy`]
+    /// waits for it. Meanwhile the germline is in its own cgroup or that fresh one: it
+    /// never shares a cgroup (memory, process count, OOM choice) with a copy that may
+    /// have received data, only with the copy it is forking, and leaves before that copy
+    /// is set up ([`CgroupSet::leave_copy`]).
     pub fn stage_next(&self, pid: i32) {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = staged.take() {
