@@ -46,6 +46,9 @@ enum Backend {
     V2 { root: PathBuf, limits: bool },
 }
 
+/// A background move of the germline into the next copy's cgroups (their directories).
+type Staging = std::thread::JoinHandle<Result<Vec<PathBuf>, ExecutorError>>;
+
 /// The cgroups of one germline: its own, and a fresh one per copy.
 #[derive(Debug)]
 pub struct CgroupSet {
@@ -55,7 +58,7 @@ pub struct CgroupSet {
     /// The next copy's cgroups, which the stopped germline is moved into off the call's
     /// path once no copy of it is left alive (a move between cgroups waits for an RCU
     /// grace period: milliseconds on a loaded host).
-    staged: std::sync::Mutex<Option<std::thread::JoinHandle<Result<Vec<PathBuf>, ExecutorError>>>>,
+    staged: std::sync::Mutex<Option<Staging>>,
 }
 
 /// What this host offers for per-copy limits and process accounting.
