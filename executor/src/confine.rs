@@ -161,6 +161,9 @@ pub struct PreparedSandbox {
     seccomp: Vec<seccompiler::BpfProgram>,
     limits: ResourceLimits,
     pid_namespace: bool,
+    /// Whether RLIMIT_SIGPENDING is lifted before the user namespace and set to
+    /// [`PENDING_SIGNALS`] inside (off only with [`SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS`]).
+    signal_queue_limits: bool,
     control_fd: Option<RawFd>,
     report: OwnedFd,
     report_rx: Option<OwnedFd>,
@@ -506,6 +509,7 @@ impl Confinement {
             seccomp,
             limits: self.limits.clone(),
             pid_namespace: self.switches.pid_namespace,
+            signal_queue_limits: !SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst),
             control_fd,
             report,
             report_rx: Some(report_rx),
@@ -743,12 +747,21 @@ impl PreparedSandbox {
                 self.populate_stage()?;
                 // SAFETY: chdir to a prepared path (pivot_root works on the current directory).
                 self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
+                // Still host root: lift the host-level limit on queued signals (see
+                // `unshared_signal_queue`) before the user namespace records it.
+                if self.signal_queue_limits {
+                    self.step(Step::Limits as u32, unshared_signal_queue(true))?;
+                }
                 self.step(Step::SandboxIds as u32, become_sandbox_ids(ids))?;
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(namespaces) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
             }
             None => {
+                // Not host root: the soft limit can only go up to the hard one.
+                if self.signal_queue_limits {
+                    self.step(Step::Limits as u32, unshared_signal_queue(false))?;
+                }
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(namespaces) }))?;
                 self.step(Step::IdMaps as u32, self.write_id_maps())?;
@@ -770,6 +783,11 @@ impl PreparedSandbox {
             let lim = rlimit { rlim_cur: val, rlim_max: val };
             // SAFETY: valid pointer to a local rlimit.
             self.step(Step::Limits as u32, check(unsafe { setrlimit(res, &lim) }))?;
+        }
+        if self.signal_queue_limits {
+            let lim = rlimit { rlim_cur: PENDING_SIGNALS, rlim_max: PENDING_SIGNALS };
+            // SAFETY: valid pointer to a local rlimit.
+            self.step(Step::Limits as u32, check(unsafe { setrlimit(RLIMIT_SIGPENDING, &lim) }))?;
         }
         self.step(Step::Capabilities as u32, drop_capabilities())?;
         // SAFETY: prctl with constant arguments.
@@ -819,6 +837,41 @@ impl PreparedSandbox {
         write_proc(c"/proc/self/setgroups", c"deny")?;
         write_proc(c"/proc/self/uid_map", &self.uid_map)?;
         write_proc(c"/proc/self/gid_map", &self.gid_map)
+    }
+}
+
+/// Test-only switch ("mechanism off"): leave RLIMIT_SIGPENDING as the broker's, as before
+/// the kernel-channel pass. Never set outside tests.
+pub static SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Signals the germline and each of its copies may have queued at once (RLIMIT_SIGPENDING,
+/// soft and hard): plenty for a Python server, which queues a handful.
+const PENDING_SIGNALS: u64 = 1024;
+
+/// Queued signals are counted per user namespace level (ucounts), and each level's limit
+/// is the RLIMIT_SIGPENDING its creator had when it made the namespace. The germline's
+/// user namespace hangs below the host's, where every germline and copy is the one
+/// sandbox uid: with the broker's own limit there (96362 on the test host), a copy that
+/// keeps many real-time signals queued moves how many a copy of another release can queue
+/// (96 of 96 bits, `redteam_kernel`). The seccomp allowlist refuses real-time signals and
+/// caller-made siginfo, which leaves only standard signals (at most one queued per signal
+/// and thread); in addition the creator's limit is lifted before `unshare(CLONE_NEWUSER)`
+/// where the broker may (CAP_SYS_RESOURCE; else the soft limit goes up to the hard one)
+/// and the germline's own limit is set after it ([`PENDING_SIGNALS`]), so each germline
+/// and its copies count against their own limits first.
+fn unshared_signal_queue(host_root: bool) -> io::Result<()> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: get/setrlimit on a local struct.
+    unsafe {
+        check(libc::getrlimit(libc::RLIMIT_SIGPENDING, &mut lim))?;
+        if host_root {
+            let lifted = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+            if libc::setrlimit(libc::RLIMIT_SIGPENDING, &lifted) == 0 {
+                return Ok(());
+            }
+        }
+        lim.rlim_cur = lim.rlim_max;
+        check(libc::setrlimit(libc::RLIMIT_SIGPENDING, &lim))
     }
 }
 

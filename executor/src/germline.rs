@@ -163,6 +163,9 @@ pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// only the germline and its live copies. Never set outside tests.
 pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
+/// Test-only switch ("mechanism off"), re-exported: let the germline wait for its copies.
+pub use crate::inspect::CHILD_EXIT_CHECK_OFF_FOR_TESTS;
+
 /// Names each germline's cgroups uniquely within this broker.
 static GERMLINE_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -639,6 +642,7 @@ impl Germline {
                 )));
             }
         }
+        inspect::check_exit_signal(copy_pid).map_err(fail)?;
         // Holding each namespace open keeps its identity from being reused while this copy
         // is tracked as live (namespace inode numbers are recycled as soon as one dies).
         let mut ns = Vec::new();

@@ -187,11 +187,65 @@ pub fn check_g3(pid: i32) -> Result<(), ExecutorError> {
     Ok(())
 }
 
-/// G1–G3 together.
+/// Test-only switch ("mechanism off"): skip [`check_children_end_unseen`] and
+/// [`check_exit_signal`]. Never set outside tests.
+pub static CHILD_EXIT_CHECK_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// The rule quoted when a germline could learn how its copies ended.
+pub const CHILD_EXIT_RULE: &str = "a germline must ignore SIGCHLD (SIG_IGN) whenever it is stopped, so the kernel \
+     reaps every copy at once: a germline that could wait for its copies would read each copy's exit status and \
+     resource usage (wait4), which the copy chooses after seeing items, and hand them to every later copy";
+
+/// The germline's SIGCHLD disposition is SIG_IGN (`SigIgn` in `/proc/PID/status`). With it,
+/// a dead copy (exit signal SIGCHLD, see [`check_exit_signal`]) is reaped by the kernel at
+/// once and no SIGCHLD is queued, so nothing of its end (status, rusage, the siginfo of a
+/// SIGCHLD) reaches the germline. Checked while the germline is stopped, before and after
+/// every fork: it runs only in fork windows, so the disposition a copy dies under is the
+/// one checked last.
+pub fn check_children_end_unseen(pid: i32) -> Result<(), ExecutorError> {
+    if CHILD_EXIT_CHECK_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/status")))?;
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| ExecutorError::refused("children", "no SigIgn in /proc status"))?;
+    if ignored & (1 << (libc::SIGCHLD - 1)) == 0 {
+        return Err(ExecutorError::refused("children", format!("SIGCHLD is not ignored: {CHILD_EXIT_RULE}")));
+    }
+    Ok(())
+}
+
+/// The copy's exit signal (field 38 of `/proc/PID/stat`) is SIGCHLD: a copy cloned with
+/// any other exit signal (or none) is never reaped automatically and its end is queued to
+/// the germline as that signal, with status and CPU times in the siginfo.
+pub fn check_exit_signal(copy: i32) -> Result<(), ExecutorError> {
+    if CHILD_EXIT_CHECK_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let stat = fs::read_to_string(format!("/proc/{copy}/stat"))
+        .map_err(ExecutorError::io(format!("reading /proc/{copy}/stat")))?;
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    // Fields after the command name start at field 3 (state); exit_signal is field 38.
+    let sig = rest.split_whitespace().nth(35).and_then(|s| s.parse::<i32>().ok());
+    if sig != Some(libc::SIGCHLD) {
+        return Err(ExecutorError::refused(
+            "children",
+            format!("the copy's exit signal is {sig:?}, not SIGCHLD: {CHILD_EXIT_RULE}"),
+        ));
+    }
+    Ok(())
+}
+
+/// G1–G3 together, and that the germline cannot learn how its copies end.
 pub fn check_germline(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
     check_g1(pid)?;
     check_g2(pid, allowed)?;
-    check_g3(pid)
+    check_g3(pid)?;
+    check_children_end_unseen(pid)
 }
 
 /// The command name of `pid` (for naming a stray process), or `?`.

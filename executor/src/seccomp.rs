@@ -1,5 +1,6 @@
 //! The seccomp policy of the germline and every copy: an allowlist of the syscalls (and of
-//! the `fcntl`, `ioctl`, `prctl`, `madvise`, `futex` and `socket` arguments) a Python MCP
+//! the `fcntl`, `ioctl`, `prctl`, `madvise`, `futex`, `socket` arguments and the signal
+//! numbers of `kill`, `tkill`, `tgkill`, `pidfd_send_signal` and `clone`) a Python MCP
 //! server needs, so that no kernel object two copies alive at the same time could both
 //! reach is left to carry a bit between them (DESIGN §5). Everything else fails with EPERM.
 //!
@@ -56,7 +57,7 @@ const ALLOWED: &[Group] = &[
               writable mapping at every fork, every file is read-only (so a file mapping \
               cannot be written), and a new shared anonymous mapping reaches only the \
               copy's own descendants",
-        calls: sys![SYS_brk, SYS_mmap, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mseal],
+        calls: sys![SYS_brk, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mseal],
     },
     Group {
         why: "descriptors and read-only files: every file system a copy can name is mounted \
@@ -113,7 +114,6 @@ const ALLOWED: &[Group] = &[
             SYS_listxattr,
             SYS_llistxattr,
             SYS_flistxattr,
-            SYS_memfd_create,
         ],
     },
     Group {
@@ -155,9 +155,10 @@ const ALLOWED: &[Group] = &[
     Group {
         why: "processes, threads and signals: a copy is PID 1 of its own PID namespace, so \
               kill, wait, pidfds and prlimit name only its own descendants; Landlock scopes \
-              signals to the copy's domain; namespaces made by clone belong to the caller",
+              signals to the copy's domain; namespaces made by clone belong to the caller. \
+              Signal-sending calls and clone are checked by argument below (standard signals \
+              only: real-time ones queue against a limit shared per host user)",
         calls: sys![
-            SYS_clone,
             SYS_clone3,
             SYS_fork,
             SYS_vfork,
@@ -193,10 +194,6 @@ const ALLOWED: &[Group] = &[
             SYS_sched_getaffinity,
             SYS_uname,
             SYS_pidfd_open,
-            SYS_pidfd_send_signal,
-            SYS_kill,
-            SYS_tkill,
-            SYS_tgkill,
             SYS_rt_sigaction,
             SYS_rt_sigprocmask,
             SYS_rt_sigreturn,
@@ -210,7 +207,10 @@ const ALLOWED: &[Group] = &[
     Group {
         why: "sockets the caller already holds: each copy's network namespace holds only the \
               broker's listeners, Landlock allows TCP connect only to the broker's ports, and \
-              socketpairs are unnamed (binding, listening and accepting are not allowed)",
+              socketpairs are unnamed (binding, listening and accepting are not allowed). Not \
+              sendmsg/sendmmsg: their control messages (SCM_RIGHTS) put descriptors in flight, \
+              which the kernel counts per host user (every copy's), and seccomp cannot read a \
+              msghdr; Python sends with sendto",
         calls: sys![
             SYS_connect,
             SYS_getsockname,
@@ -219,9 +219,7 @@ const ALLOWED: &[Group] = &[
             SYS_getsockopt,
             SYS_sendto,
             SYS_recvfrom,
-            SYS_sendmsg,
             SYS_recvmsg,
-            SYS_sendmmsg,
             SYS_recvmmsg,
             SYS_shutdown,
         ],
@@ -266,10 +264,9 @@ const IOCTL_REQUESTS: [u64; 7] =
     [libc::TCGETS, libc::TIOCGWINSZ, libc::TIOCGPGRP, libc::FIONREAD, libc::FIONBIO, libc::FIOCLEX, libc::FIONCLEX];
 
 /// `prctl` options that read or name the caller itself or narrow it (no-new-privs).
-const PRCTL_OPTIONS: [i32; 9] = [
+const PRCTL_OPTIONS: [i32; 8] = [
     libc::PR_SET_NAME,
     libc::PR_GET_NAME,
-    libc::PR_SET_PDEATHSIG,
     libc::PR_GET_PDEATHSIG,
     libc::PR_GET_DUMPABLE,
     libc::PR_GET_SECCOMP,
@@ -277,6 +274,16 @@ const PRCTL_OPTIONS: [i32; 9] = [
     libc::PR_SET_NO_NEW_PRIVS,
     libc::PR_GET_NO_NEW_PRIVS,
 ];
+
+/// Signals a process may send or have sent on its behalf: the standard ones (and 0, the
+/// existence probe). A real-time signal, or any signal sent with a caller-made siginfo, is
+/// queued under the host user's RLIMIT_SIGPENDING, which every copy of every germline shares
+/// (ucounts): one copy keeping many queued moves how many another can queue. Standard
+/// signals are queued at most once per signal and thread, and past the limit they still
+/// arrive. Checked wherever a signal number is chosen: `kill`, `tkill`, `tgkill`,
+/// `pidfd_send_signal` (without a siginfo), the exit signal in `clone`'s flags and the
+/// parent-death signal (`PR_SET_PDEATHSIG`).
+const STANDARD_SIGNAL_MASK: u64 = 0xffff_ffe0;
 
 /// `madvise` advice on the caller's own memory. Not MADV_MERGEABLE (KSM merges equal pages
 /// across processes, and a write to a merged page is slow), MADV_COLD/MADV_PAGEOUT and
@@ -422,7 +429,34 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     ])?);
     rules.insert(libc::SYS_fcntl, fcntl);
     rules.insert(libc::SYS_ioctl, one_of(1, &IOCTL_REQUESTS, &[])?);
-    rules.insert(libc::SYS_prctl, one_of(0, &words(&PRCTL_OPTIONS), &[])?);
+    let mut prctl = one_of(0, &words(&PRCTL_OPTIONS), &[])?;
+    // PR_SET_PDEATHSIG only with a standard signal (see STANDARD_SIGNAL_MASK).
+    prctl.push(rule(vec![
+        cond(0, SeccompCmpOp::Eq, word(libc::PR_SET_PDEATHSIG))?,
+        cond(1, SeccompCmpOp::MaskedEq(STANDARD_SIGNAL_MASK), 0)?,
+    ])?);
+    rules.insert(libc::SYS_prctl, prctl);
+    let standard = |arg: u8| cond(arg, SeccompCmpOp::MaskedEq(STANDARD_SIGNAL_MASK), 0);
+    rules.insert(libc::SYS_kill, vec![rule(vec![standard(1)?])?]);
+    rules.insert(libc::SYS_tkill, vec![rule(vec![standard(1)?])?]);
+    rules.insert(libc::SYS_tgkill, vec![rule(vec![standard(2)?])?]);
+    rules.insert(
+        libc::SYS_pidfd_send_signal,
+        vec![rule(vec![
+            standard(1)?,
+            SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0).map_err(err)?,
+        ])?],
+    );
+    // No huge pages (MAP_HUGETLB, MFD_HUGETLB): they come from one pool of the host, which
+    // a copy could drain for another to notice (the pool is empty on most hosts, and then
+    // the call fails anyway).
+    rules.insert(libc::SYS_mmap, vec![rule(vec![cond(3, SeccompCmpOp::MaskedEq(word(libc::MAP_HUGETLB)), 0)?])?]);
+    rules.insert(
+        libc::SYS_memfd_create,
+        vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(u64::from(libc::MFD_HUGETLB)), 0)?])?],
+    );
+    // clone's low byte is the child's exit signal (CSIGNAL).
+    rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
     rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
     // Private futexes (keyed by the caller's own mm) freely; shared ones only to wait.
     let private = word(libc::FUTEX_PRIVATE_FLAG);
@@ -735,6 +769,48 @@ mod tests {
         assert_eq!(futex(libc::FUTEX_WAIT_BITSET | libc::FUTEX_CLOCK_REALTIME), ALLOW);
         assert_eq!(futex(libc::FUTEX_WAKE), EPERM, "a shared wake");
         assert_eq!(futex(libc::FUTEX_CMP_REQUEUE), EPERM);
+    }
+
+    #[test]
+    fn no_descriptor_in_flight_and_no_queued_real_time_signal() {
+        let on = SeccompPolicy::germline().compile().unwrap();
+        let off = SeccompPolicy::denylist_only().compile().unwrap();
+        // SCM_RIGHTS travels only in sendmsg/sendmmsg; Python sends with sendto.
+        for nr in [libc::SYS_sendmsg, libc::SYS_sendmmsg] {
+            assert_eq!(call(&on, nr, &[3, 0, 0]), EPERM, "syscall {nr}");
+            assert_eq!(call(&off, nr, &[3, 0, 0]), ALLOW, "syscall {nr} passed the denylist");
+        }
+        assert_eq!(call(&on, libc::SYS_sendto, &[3, 0, 1, 0, 0, 0]), ALLOW);
+        // The host's huge page pool is shared.
+        let anon = word(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        assert_eq!(call(&on, libc::SYS_mmap, &[0, 4096, 3, anon]), ALLOW);
+        assert_eq!(call(&on, libc::SYS_mmap, &[0, 2 << 20, 3, anon | word(libc::MAP_HUGETLB)]), EPERM);
+        assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_CLOEXEC)]), ALLOW);
+        assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_HUGETLB)]), EPERM);
+        let rt = word(libc::SIGRTMIN());
+        for (nr, args) in [
+            (libc::SYS_kill, vec![1, rt]),
+            (libc::SYS_tkill, vec![1, rt]),
+            (libc::SYS_tgkill, vec![1, 1, rt]),
+            (libc::SYS_pidfd_send_signal, vec![3, rt, 0, 0]),
+            (libc::SYS_pidfd_send_signal, vec![3, word(libc::SIGTERM), 0x7fff_0000_0000, 0]),
+            (libc::SYS_clone, vec![word(libc::CLONE_VM) | rt, 0]),
+            (libc::SYS_prctl, vec![word(libc::PR_SET_PDEATHSIG), rt]),
+        ] {
+            assert_eq!(call(&on, nr, &args), EPERM, "syscall {nr} {args:x?}");
+            assert_eq!(call(&off, nr, &args), ALLOW, "syscall {nr} {args:x?} passed the denylist");
+        }
+        for (nr, args) in [
+            (libc::SYS_kill, vec![1, word(libc::SIGTERM)]),
+            (libc::SYS_kill, vec![1, 0]),
+            (libc::SYS_tgkill, vec![1, 1, word(libc::SIGUSR1)]),
+            (libc::SYS_pidfd_send_signal, vec![3, word(libc::SIGKILL), 0, 0]),
+            (libc::SYS_clone, vec![word(libc::SIGCHLD), 0]),
+            (libc::SYS_clone, vec![0x003d_0f00, 0]), // glibc's pthread_create flags, no exit signal
+            (libc::SYS_prctl, vec![word(libc::PR_SET_PDEATHSIG), word(libc::SIGKILL)]),
+        ] {
+            assert_eq!(call(&on, nr, &args), ALLOW, "syscall {nr} {args:x?}");
+        }
     }
 
     #[test]

@@ -141,16 +141,26 @@ pub enum BenchCommand {
 /// Options of `germline bench ledger`.
 #[derive(Debug, Args)]
 pub struct BenchLedgerArgs {
-    /// Appending threads.
+    /// Appending threads of the multi-writer runs.
     #[arg(long, default_value_t = 4)]
     pub threads: u64,
-    /// Appends per thread.
-    #[arg(long, default_value_t = 2_500)]
-    pub per_thread: u64,
+    /// Appends per run (split between the threads).
+    #[arg(long, default_value_t = 4_000)]
+    pub appends: u64,
+    /// Runs per configuration; the median is printed.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Appends each thread keeps in flight in the pipelined runs.
+    #[arg(long, default_value_t = 256)]
+    pub window: usize,
     /// Proofs generated and verified per kind.
     #[arg(long, default_value_t = 1_000)]
     pub proofs: usize,
-    /// Directory for the throw-away benchmark log (default: a fresh temp directory).
+    /// Also time this many CLI processes (`<this program> ledger call`), each opening the
+    /// ledger, counting one call and closing it, and compare the first with the last.
+    #[arg(long, default_value_t = 0)]
+    pub cli_calls: u64,
+    /// Directory for the throw-away benchmark logs (default: a fresh temp directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }
@@ -341,20 +351,39 @@ fn bench_ledger(args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
     result
 }
 
-fn bench_in(dir: &Path, args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
-    let ledger =
-        Ledger::open(dir, LedgerConfig { origin: Some("bench.germline/ledger".into()), ..Default::default() })?;
-    let release = ReleaseHash::of_bytes(b"bench");
-    let total = args.threads * args.per_thread;
+fn bench_config() -> LedgerConfig {
+    LedgerConfig { origin: Some("bench.germline/ledger".into()), ..Default::default() }
+}
+
+fn bench_body(t: u64, j: u64) -> Entry {
+    let body = format!(r#"{{"thread":{t},"seq":{j},"pad":"{}"}}"#, "x".repeat(200));
+    Entry::new(EntryKind::Witness, ReleaseHash::of_bytes(b"bench"), body.into_bytes())
+}
+
+/// Appends `total` entries from `threads` threads into a fresh log under `dir`; each
+/// thread keeps up to `window` appends in flight (1: wait for each before the next).
+/// Every append counted is durable (acknowledged after the group's fsync).
+fn append_run(dir: &Path, threads: u64, total: u64, window: usize) -> Result<f64, LedgerError> {
+    let ledger = Ledger::open(dir, bench_config())?;
+    let per_thread = total.div_ceil(threads);
     let started = Instant::now();
     std::thread::scope(|s| -> Result<(), LedgerError> {
-        let handles: Vec<_> = (0..args.threads)
+        let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let ledger = &ledger;
                 s.spawn(move || -> Result<(), LedgerError> {
-                    for j in 0..args.per_thread {
-                        let body = format!(r#"{{"thread":{t},"seq":{j},"pad":"{}"}}"#, "x".repeat(200));
-                        ledger.append(Entry::new(EntryKind::Witness, release, body.into_bytes()))?;
+                    let mut in_flight: std::collections::VecDeque<crate::PendingAppend> =
+                        std::collections::VecDeque::with_capacity(window);
+                    for j in 0..per_thread {
+                        if in_flight.len() >= window.max(1) {
+                            if let Some(p) = in_flight.pop_front() {
+                                p.wait()?;
+                            }
+                        }
+                        in_flight.push_back(ledger.append_async(bench_body(t, j))?);
+                    }
+                    for p in in_flight {
+                        p.wait()?;
                     }
                     Ok(())
                 })
@@ -366,14 +395,46 @@ fn bench_in(dir: &Path, args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
         Ok(())
     })?;
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "append: {total} entries ({} threads x {}), durable group commit (WAL + fsync): {:.0} entries/s ({:.2} s)",
-        args.threads,
-        args.per_thread,
-        total as f64 / secs,
-        secs
-    );
+    if ledger.size() != per_thread * threads {
+        return Err(LedgerError::Inconsistent(format!("{} entries after {} appends", ledger.size(), total)));
+    }
+    Ok((per_thread * threads) as f64 / secs)
+}
 
+fn bench_in(dir: &Path, args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|source| LedgerError::Io { context: format!("creating {}", dir.display()), source })?;
+    let configs = [
+        ("1 writer, one append at a time", 1, 1),
+        ("writers, one append at a time each", args.threads, 1),
+        ("writers, pipelined", args.threads, args.window),
+    ];
+    let mut run = 0;
+    for (name, threads, window) in configs {
+        let mut rates = Vec::with_capacity(args.runs);
+        for _ in 0..args.runs.max(1) {
+            let d = dir.join(format!("run-{run}"));
+            run += 1;
+            rates.push(append_run(&d, threads, args.appends, window)?);
+            let _ = std::fs::remove_dir_all(&d);
+        }
+        let label = if threads == 1 { name.to_string() } else { format!("{threads} {name}") };
+        let label = if window > 1 { format!("{label} ({window} in flight each)") } else { label };
+        let min = rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = rates.iter().copied().fold(0.0, f64::max);
+        println!(
+            "append, durable group commit (WAL + fsync before ack), {label}: median {:.0} entries/s over {} runs of {} (min {:.0}, max {:.0})",
+            median_us(rates.clone()),
+            rates.len(),
+            args.appends,
+            min,
+            max
+        );
+    }
+
+    let proofs_dir = dir.join("proofs");
+    append_run(&proofs_dir, args.threads, args.appends, args.window)?;
+    let ledger = Ledger::open(&proofs_dir, bench_config())?;
     let size = ledger.size();
     let mut rng = ChaCha20Rng::seed_from_u64(1);
     let mut incl = Vec::with_capacity(args.proofs);
@@ -406,7 +467,95 @@ fn bench_in(dir: &Path, args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
         median_us(cons),
         args.proofs
     );
+    drop(ledger);
+    if args.cli_calls > 0 {
+        bench_cli_calls(&dir.join("cli"), args.cli_calls)?;
+    }
     Ok(0)
+}
+
+/// Files and bytes under `dir` (recursively).
+pub fn dir_usage(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let meta = e.metadata()?;
+        if meta.is_dir() {
+            let (f, b) = dir_usage(&e.path())?;
+            files += f;
+            bytes += b;
+        } else {
+            files += 1;
+            bytes += meta.len();
+        }
+    }
+    Ok((files, bytes))
+}
+
+fn cli_call(exe: &Path, data: &Path, release: &str) -> Result<f64, LedgerError> {
+    let t = Instant::now();
+    let out = std::process::Command::new(exe)
+        .args(["ledger", "--data-dir"])
+        .arg(data)
+        .args(["call", "--release", release, "--event", "none"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|source| LedgerError::Io { context: format!("running {}", exe.display()), source })?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if !out.status.success() {
+        return Err(LedgerError::Write(format!("CLI call on {} failed: {}", data.display(), out.status)));
+    }
+    Ok(ms)
+}
+
+/// Runs `calls` CLI processes in a row, each `<this program> ledger --data-dir D call`
+/// (open the ledger, count one call durably, close), printing latency and the
+/// ledger's files as it grows. Then compares the grown ledger with a new one (a few
+/// entries), alternating calls between them so both see the same machine load.
+fn bench_cli_calls(data: &Path, calls: u64) -> Result<(), LedgerError> {
+    let exe = std::env::current_exe()
+        .map_err(|source| LedgerError::Io { context: "locating this program".into(), source })?;
+    let release = ReleaseHash::of_bytes(b"bench-cli").to_hex();
+    let window = (calls / 10).clamp(1, 200) as usize;
+    let report_every = (calls / 10).max(1);
+    let big = data.join("grown");
+    let small = data.join("new");
+    let usage = |d: &Path| {
+        dir_usage(&d.join("ledger").join(crate::store::DB_DIR))
+            .map_err(|source| LedgerError::Io { context: "listing the ledger".into(), source })
+    };
+    let mut lat = Vec::with_capacity(calls as usize);
+    for i in 1..=calls {
+        lat.push(cli_call(&exe, &big, &release)?);
+        if i % report_every == 0 || i == calls {
+            let (files, bytes) = usage(&big)?;
+            let from = lat.len().saturating_sub(window);
+            println!(
+                "cli: call {i}: median of the last {} calls {:.1} ms; ledger db {files} files, {:.1} KiB",
+                lat.len() - from,
+                median_us(lat[from..].to_vec()),
+                bytes as f64 / 1024.0
+            );
+        }
+    }
+    for _ in 0..3 {
+        cli_call(&exe, &small, &release)?;
+    }
+    let (mut at_small, mut at_big) = (Vec::with_capacity(window), Vec::with_capacity(window));
+    for _ in 0..window {
+        at_small.push(cli_call(&exe, &small, &release)?);
+        at_big.push(cli_call(&exe, &big, &release)?);
+    }
+    let (first, last) = (median_us(at_small), median_us(at_big));
+    println!(
+        "cli: `ledger call` latency, {window} calls alternating: new ledger (entries 4..{}) median {first:.1} ms, grown ledger (entries {}..{}) median {last:.1} ms, ratio {:.3}",
+        3 + window,
+        calls + 1,
+        calls + window as u64,
+        last / first
+    );
+    Ok(())
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub use entry::{Entry, EntryError, EntryKind};
 pub use fleet::{FleetSuppression, PeerRecord, PeerStatus};
 pub use merkle::Hash;
 pub use note::{Checkpoint, CosignatureVerifier, Cosigner, NoteError, NoteSigner, NoteVerifier};
-pub use store::{AppendReceipt, Ledger, LedgerConfig, SignedCheckpoint, VerifyReport, TILE_WIDTH};
+pub use store::{AppendReceipt, Ledger, LedgerConfig, PendingAppend, SignedCheckpoint, VerifyReport, TILE_WIDTH};
 
 /// Everything that can go wrong in the ledger, with enough context to act on.
 #[derive(Debug, thiserror::Error)]

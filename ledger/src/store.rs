@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use germline_model::ReleaseHash;
 use rocksdb::{
     BoundColumnFamily, ColumnFamilyDescriptor, DBWithThreadMode, Direction, IteratorMode, MultiThreaded, Options,
-    WriteBatch, WriteOptions,
+    WaitForCompactOptions, WriteBatch, WriteOptions,
 };
 
 use crate::dampening::{DampeningParams, DampeningState, Event};
@@ -63,7 +63,8 @@ const META_SIZE: &[u8] = b"size";
 const META_ORIGIN: &[u8] = b"origin";
 const KEY_FILE: &str = "checkpoint.key";
 const VKEY_FILE: &str = "checkpoint.vkey";
-const DB_DIR: &str = "db";
+/// The RocksDB directory inside a ledger directory.
+pub(crate) const DB_DIR: &str = "db";
 
 /// Entries per C2SP tile.
 pub const TILE_WIDTH: u64 = 256;
@@ -156,6 +157,26 @@ enum Job {
     Rebuild { reply: mpsc::SyncSender<Result<(), LedgerError>> },
 }
 
+type Reply = mpsc::Receiver<Result<Vec<OpResult>, LedgerError>>;
+
+/// An append handed to the writer by [`Ledger::append_async`], not yet known durable.
+#[must_use = "an append is only known to be in the log once wait() returns Ok"]
+#[derive(Debug)]
+pub struct PendingAppend {
+    reply: Reply,
+}
+
+impl PendingAppend {
+    /// Waits until the entry is durable (synced with the rest of its group) and returns
+    /// its receipt, or the error that failed its group.
+    pub fn wait(self) -> Result<AppendReceipt, LedgerError> {
+        match self.reply.recv().map_err(|_| LedgerError::Closed)??.pop() {
+            Some(OpResult::Appended(r)) => Ok(r),
+            _ => Err(LedgerError::Write("no receipt for the appended entry".into())),
+        }
+    }
+}
+
 struct Inner {
     db: Db,
     signer: NoteSigner,
@@ -165,6 +186,9 @@ struct Inner {
     size: AtomicU64,
     /// Serialises checkpoint signing so heads are stored in order.
     checkpoint_lock: Mutex<()>,
+    /// Writes still to fail on purpose (tests of the failure path).
+    #[cfg(test)]
+    fail_writes: AtomicU64,
 }
 
 /// The ledger. Cheap to share between threads (`&Ledger` is enough to append);
@@ -251,6 +275,10 @@ impl Inner {
     }
 
     fn write(&self, batch: WriteBatch) -> Result<(), LedgerError> {
+        #[cfg(test)]
+        if self.fail_writes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+            return Err(LedgerError::Write("write failed on purpose".into()));
+        }
         let mut wo = WriteOptions::default();
         wo.set_sync(self.config.sync);
         wo.disable_wal(false);
@@ -292,7 +320,8 @@ struct Pending<'a> {
 impl HashReader for Pending<'_> {
     fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, TreeError> {
         let missing: Vec<u64> = indexes.iter().copied().filter(|i| !self.hashes.contains_key(i)).collect();
-        let mut from_db = self.inner.read_hashes_db(&missing)?.into_iter();
+        let mut from_db =
+            if missing.is_empty() { Vec::new() } else { self.inner.read_hashes_db(&missing)? }.into_iter();
         indexes
             .iter()
             .map(|i| match self.hashes.get(i) {
@@ -627,6 +656,58 @@ fn load_or_create_key(dir: &Path, origin: &str) -> Result<NoteSigner, LedgerErro
     Ok(signer)
 }
 
+/// Info-log files RocksDB keeps (the current one included). Every open starts a new
+/// one, so the default (1,000) let a CLI that opens the ledger per command pile up
+/// hundreds of megabytes of logs.
+const INFO_LOGS_KEPT: usize = 2;
+/// Largest info-log file before RocksDB starts a new one.
+const INFO_LOG_MAX_BYTES: usize = 1 << 20;
+/// Sorted runs per column family that start a merge (universal compaction).
+const RUNS_BEFORE_MERGE: i32 = 4;
+/// How long closing waits for merges already under way.
+const CLOSE_COMPACTION_WAIT_US: u64 = 10_000_000;
+/// Table files in one column family above which opening merges it whole. Universal
+/// compaction keeps a handful; logs written before it (one sorted run of hundreds of
+/// tiny files per open) are merged once.
+const TABLE_FILES_MERGE_ABOVE: usize = 64;
+
+/// Merges every column family that has more than [`TABLE_FILES_MERGE_ABOVE`] files.
+fn merge_scattered_tables(db: &Db) -> Result<(), LedgerError> {
+    let mut per_cf: HashMap<String, usize> = HashMap::new();
+    for f in db.live_files().map_err(db_err("listing table files"))? {
+        *per_cf.entry(f.column_family_name).or_default() += 1;
+    }
+    for (name, files) in per_cf {
+        if files > TABLE_FILES_MERGE_ABOVE {
+            if let Some(cf) = db.cf_handle(&name) {
+                db.compact_range_cf(&cf, None::<&[u8]>, None::<&[u8]>);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn db_options() -> Options {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    opts.set_keep_log_file_num(INFO_LOGS_KEPT);
+    opts.set_max_log_file_size(INFO_LOG_MAX_BYTES);
+    opts
+}
+
+/// Every open replays the previous process's WAL into one new table file per column
+/// family it touched. Universal compaction merges those small sorted runs into few
+/// (each merge rewrites only runs of similar size, so a large log is not rewritten per
+/// open), and [`Ledger`]'s drop waits for merges under way, so short-lived processes
+/// do not leave their files behind.
+fn cf_options() -> Options {
+    let mut opts = Options::default();
+    opts.set_compaction_style(rocksdb::DBCompactionStyle::Universal);
+    opts.set_level_zero_file_num_compaction_trigger(RUNS_BEFORE_MERGE);
+    opts
+}
+
 fn random_origin() -> Result<String, LedgerError> {
     let mut b = [0u8; 4];
     getrandom::getrandom(&mut b).map_err(|e| LedgerError::Config(format!("no randomness for an origin: {e}")))?;
@@ -643,16 +724,15 @@ impl Ledger {
         fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(0o700));
         let db_path = dir.join(DB_DIR);
-        let mut opts = Options::default();
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
+        let opts = db_options();
         let existing = Db::list_cf(&opts, &db_path).ok();
         let lost_derived = existing.as_ref().is_some_and(|cfs| {
             cfs.iter().any(|c| c == CF_ENTRIES) && DERIVED_CFS.iter().any(|d| !cfs.iter().any(|c| c == d))
         });
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_options()));
         let db =
             Db::open_cf_descriptors(&opts, &db_path, cfs).map_err(db_err(format!("opening {}", db_path.display())))?;
+        merge_scattered_tables(&db)?;
 
         let meta = db.cf_handle(CF_META).ok_or_else(|| LedgerError::Corrupt("meta column family missing".into()))?;
         let stored_origin = db
@@ -676,7 +756,16 @@ impl Ledger {
         }
         drop(meta);
 
-        let inner = Inner { db, signer, origin, config, size: AtomicU64::new(0), checkpoint_lock: Mutex::new(()) };
+        let inner = Inner {
+            db,
+            signer,
+            origin,
+            config,
+            size: AtomicU64::new(0),
+            checkpoint_lock: Mutex::new(()),
+            #[cfg(test)]
+            fail_writes: AtomicU64::new(0),
+        };
         let size = inner.stored_size()?;
         inner.size.store(size, Ordering::Release);
         if lost_derived {
@@ -692,17 +781,27 @@ impl Ledger {
         Ok(Ledger { inner, dir, tx: Some(tx), writer: Some(writer) })
     }
 
-    fn submit(&self, ops: Vec<Op>) -> Result<Vec<OpResult>, LedgerError> {
+    fn submit_async(&self, ops: Vec<Op>) -> Result<Reply, LedgerError> {
         let (reply, rx) = mpsc::sync_channel(1);
         self.tx.as_ref().ok_or(LedgerError::Closed)?.send(Job::Ops { ops, reply }).map_err(|_| LedgerError::Closed)?;
-        rx.recv().map_err(|_| LedgerError::Closed)?
+        Ok(rx)
+    }
+
+    fn submit(&self, ops: Vec<Op>) -> Result<Vec<OpResult>, LedgerError> {
+        self.submit_async(ops)?.recv().map_err(|_| LedgerError::Closed)?
     }
 
     /// Appends one entry and returns once it is durable.
     pub fn append(&self, entry: Entry) -> Result<AppendReceipt, LedgerError> {
-        self.append_many(vec![entry])?
-            .pop()
-            .ok_or_else(|| LedgerError::Write("no receipt for the appended entry".into()))
+        self.append_async(entry)?.wait()
+    }
+
+    /// Hands one entry to the writer and returns at once; [`PendingAppend::wait`] says
+    /// when it is durable. One thread can keep many appends in flight this way, and the
+    /// writer commits all that are waiting with one synced write (group commit), as it
+    /// does for appends from many threads. Entries are logged in submission order.
+    pub fn append_async(&self, entry: Entry) -> Result<PendingAppend, LedgerError> {
+        Ok(PendingAppend { reply: self.submit_async(vec![Op::Append(entry)])? })
     }
 
     /// Appends entries contiguously and atomically (all or none), durable on return.
@@ -1275,6 +1374,11 @@ impl Drop for Ledger {
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }
+        // Let merges started by this process finish; closing would abort them, and a
+        // process that never lives long enough to finish one accumulates table files.
+        let mut wait = WaitForCompactOptions::default();
+        wait.set_timeout(CLOSE_COMPACTION_WAIT_US);
+        let _ = self.inner.db.wait_for_compact(&wait);
     }
 }
 

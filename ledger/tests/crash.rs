@@ -29,6 +29,18 @@ fn open(dir: &std::path::Path) -> Ledger {
 
 #[test]
 fn acknowledged_appends_survive_sigkill_and_heads_stay_consistent() {
+    crash_rounds(1);
+}
+
+/// Each thread keeps 128 appends in flight, so the writer commits groups of hundreds
+/// and most kills land while a group is being built or synced: only acknowledged
+/// appends must survive, and no group may be half there.
+#[test]
+fn acknowledged_pipelined_appends_survive_sigkill_mid_group() {
+    crash_rounds(128);
+}
+
+fn crash_rounds(window: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let helper = env!("CARGO_BIN_EXE_ledger-crash-helper");
     let mut rng = ChaCha20Rng::seed_from_u64(0x5eed);
@@ -51,6 +63,7 @@ fn acknowledged_appends_survive_sigkill_and_heads_stay_consistent() {
             .arg(round.to_string())
             .arg(THREADS.to_string())
             .arg(remaining.to_string())
+            .arg(window.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

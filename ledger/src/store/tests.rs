@@ -358,3 +358,122 @@ fn peer_records_persist() {
     let (j, again, replayed) = ledger.suppress_from_peer(&release(1), [2u8; 32], "fleet: x", "a", stored).expect("s");
     assert_eq!((j, again, replayed.suppressions), (i, false, 1));
 }
+
+/// Every open replays the previous process's WAL into new table files and starts a new
+/// info log; a CLI that opens the ledger per command used to leave ~4 files per command
+/// behind (1,200 after 300). The tables must be merged and the logs capped.
+#[test]
+fn reopening_after_each_write_keeps_files_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join(DB_DIR);
+    let opens = 300u64;
+    let (mut most_files, mut most_bytes, mut most_logs) = (0, 0, 0);
+    let started = std::time::Instant::now();
+    for i in 0..opens {
+        let ledger = open(dir.path());
+        ledger.append(entry(i)).expect("append");
+        ledger.record_call(&release((i % 3) as u8), Event::None).expect("call");
+        drop(ledger);
+        let (files, bytes) = crate::cli::dir_usage(&db).expect("usage");
+        let logs = fs::read_dir(&db)
+            .expect("list")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().starts_with("LOG")))
+            .count();
+        most_files = most_files.max(files);
+        most_bytes = most_bytes.max(bytes);
+        most_logs = most_logs.max(logs);
+    }
+    let ledger = open(dir.path());
+    assert_eq!(ledger.size(), 2 * opens);
+    let report = ledger.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
+    eprintln!(
+        "{opens} open/append/close cycles in {:.1} s: at most {most_files} files, {most_bytes} bytes, {most_logs} info logs",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(most_logs <= INFO_LOGS_KEPT, "{most_logs} info logs kept");
+    assert!(most_files <= 60, "{most_files} files in the database directory");
+    assert!(most_bytes <= 2 << 20, "{most_bytes} bytes in the database directory");
+}
+
+#[test]
+fn pipelined_appends_are_logged_in_submission_order_and_durable_on_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open(dir.path());
+    let pending: Vec<PendingAppend> = (0..500).map(|i| ledger.append_async(entry(i)).expect("submit")).collect();
+    for (i, p) in pending.into_iter().enumerate() {
+        assert_eq!(p.wait().expect("durable").index, i as u64);
+    }
+    assert!(ledger.verify().expect("verify").is_ok());
+    drop(ledger);
+    let ledger = open(dir.path());
+    assert_eq!(ledger.size(), 500);
+    assert_eq!(ledger.get(499).expect("get"), entry(499));
+}
+
+/// A group's write fails with many appends in flight: its callers get the error, the
+/// groups after it are built from what is durable, and the log holds exactly the
+/// acknowledged entries, contiguous and verifiable.
+#[test]
+fn a_failed_group_write_fails_only_its_callers_and_the_log_stays_contiguous() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open(dir.path());
+    fill(&ledger, 10);
+    let mut failures = 0;
+    for round in 0..5u64 {
+        ledger.inner.fail_writes.store(1, Ordering::Release);
+        let first = 1_000 * (round + 1);
+        let pending: Vec<(u64, PendingAppend)> =
+            (first..first + 600).map(|i| (i, ledger.append_async(entry(i)).expect("submit"))).collect();
+        for (i, p) in pending {
+            match p.wait() {
+                Ok(r) => {
+                    assert_eq!(ledger.get(r.index).expect("acknowledged entry"), entry(i));
+                    assert_eq!(r.leaf_hash, merkle::leaf_hash(&entry(i).encode()));
+                }
+                Err(LedgerError::Write(_)) => failures += 1,
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        let report = ledger.verify().expect("verify");
+        assert!(report.is_ok(), "{:?}", report.problems);
+        let r = ledger.append(entry(first + 999)).expect("appends go on after a failed write");
+        assert_eq!(r.index + 1, ledger.size());
+    }
+    assert!(failures >= 5, "only {failures} appends failed");
+    let size = ledger.size();
+    drop(ledger);
+    let ledger = open(dir.path());
+    assert_eq!(ledger.size(), size);
+    assert!(ledger.verify().expect("verify").is_ok());
+}
+
+/// A log written before universal compaction can hold hundreds of tiny table files per
+/// column family; the first open merges them.
+#[test]
+fn opening_merges_a_column_family_scattered_over_many_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_path = dir.path().join(DB_DIR);
+    {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let mut cf_opts = Options::default();
+        cf_opts.set_disable_auto_compactions(true);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, cf_opts.clone()));
+        let db = Db::open_cf_descriptors(&opts, &db_path, cfs).expect("open legacy layout");
+        let peers = db.cf_handle(CF_FLEET_PEERS).expect("cf");
+        for i in 0..100 {
+            db.put_cf(&peers, format!("peer-{i:03}"), b"{}").expect("put");
+            db.flush_cf(&peers).expect("flush");
+        }
+    }
+    let (before, _) = crate::cli::dir_usage(&db_path).expect("usage");
+    assert!(before > 100, "{before} files before");
+    let ledger = open(dir.path());
+    let (after, _) = crate::cli::dir_usage(&db_path).expect("usage");
+    eprintln!("{before} files before the first open, {after} after");
+    assert!(after <= 30, "{after} files after opening");
+    let peers = ledger.inner.cf(CF_FLEET_PEERS).expect("cf");
+    assert!(ledger.inner.db.get_cf(&peers, b"peer-042").expect("get").is_some());
+}

@@ -1,0 +1,331 @@
+//! Kernel channels found by an adversarial pass over issue 11 (see SECURITY.md,
+//! "Kernel channels (issue 11)" under "Adversarial passes"). Each test runs a release from
+//! `tests/attacks/kernel/<name>/server.py` with the mechanism off and asserts the canary
+//! reaches a party not cleared for it, then under the full germline runtime.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use germline_executor::call::GermlineRuntime;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_executor::seccomp::SeccompPolicy;
+use germline_tests::oracle::Oracle;
+use germline_tests::world::{request, result_text, World};
+use serde_json::{json, Value};
+
+/// Process-wide switches: tests in this file take turns.
+static SWITCH: Mutex<()> = Mutex::new(());
+
+/// Holds a test-only switch set while it lives.
+struct Hold(&'static AtomicBool);
+
+impl Hold {
+    fn set(flag: &'static AtomicBool, on: bool) -> Hold {
+        flag.store(on, Ordering::SeqCst);
+        Hold(flag)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+fn germline(rt: &mut Runtime) -> &mut GermlineRuntime {
+    match rt {
+        Runtime::Germline(g) => g,
+        _ => panic!("not a germline runtime"),
+    }
+}
+
+/// One attack world: an hr canary in `data/hr/secret.txt` and the release `name`.
+struct Case {
+    w: World,
+    oracle: Oracle,
+    canary: String,
+    secret: PathBuf,
+    release: PathBuf,
+}
+
+fn case(name: &str, code: &str) -> Case {
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let release = w.release(name, "", code);
+    Case { canary: hr.as_str().to_owned(), w, oracle, secret, release }
+}
+
+impl Case {
+    fn start(&self) -> Runtime {
+        let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
+        self.w.start(RuntimeKind::Germline, &self.release, policy).expect("germline starts")
+    }
+
+    /// A call whose only consumer is the public one.
+    fn public_call(&self, rt: &mut Runtime, tool: &str, args: Value) -> (String, Option<String>) {
+        let mut req = request(tool, args, &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        (result_text(&o), o.error.map(|e| e.to_string()))
+    }
+
+    fn secret_call(&self, rt: &mut Runtime, tool: &str, mut args: Value) -> (String, Option<String>) {
+        args["document"] = json!(self.secret);
+        let o = rt.call(&request(tool, args, &[&self.secret]));
+        (result_text(&o), o.error.map(|e| e.to_string()))
+    }
+
+    fn leaked(&self, text: &str) -> bool {
+        !self.oracle.disclosures("public", &[], text.as_bytes()).is_empty()
+    }
+}
+
+fn attack(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel").join(name).join("server.py");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+// --- reap: a copy's exit status reaches the germline -------------------------------------
+
+/// Twelve calls that hold the item each end their copy with one byte of it as exit
+/// status; a later call's copy, public consumer, returns what the germline reaped. Off: the germline may reap its copies (SIGCHLD not ignored) and the
+/// canary arrives whole (96 of 96 bits). On: the germline is refused before any copy.
+fn reap_run(check_off: bool, exit_signal: bool) -> (Case, String, Option<String>) {
+    let code = attack("reap");
+    let c = if exit_signal {
+        case("reap-exitsig", &code.replace("\nEXIT_SIGNAL = None\n", "\nEXIT_SIGNAL = signal.SIGUSR2\n"))
+    } else {
+        case("reap", &code)
+    };
+    let _hold = Hold::set(&germline_executor::germline::CHILD_EXIT_CHECK_OFF_FOR_TESTS, check_off);
+    let mut rt = c.start();
+    for i in 0..12 {
+        // The planting copy ends without an answer (that is how it sends); only a refusal
+        // of the germline ends the run.
+        let (text, err) = c.secret_call(&mut rt, "plant", json!({"index": i}));
+        if err.as_deref().is_some_and(|e| e.contains("germline refused")) {
+            return (c, text, err);
+        }
+    }
+    let (text, err) = c.public_call(&mut rt, "read", json!({}));
+    (c, text, err)
+}
+
+fn check_reap(exit_signal: bool, refusal: &str) {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let (c, text, err) = reap_run(true, exit_signal);
+    assert!(err.is_none(), "off: {err:?} {text}");
+    assert!(c.leaked(&text), "off: the canary reaches the public consumer: {text}");
+    let got: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(got["got"], json!(c.canary), "off: 96 of 96 bits");
+    eprintln!("reap (exit signal {exit_signal}) off: 96/96 bits in 12 calls ({text})");
+
+    let (c, text, err) = reap_run(false, exit_signal);
+    assert!(!c.leaked(&text), "on: {text}");
+    let err = err.unwrap_or_default();
+    assert!(err.contains(refusal), "on: the germline is refused at the first fork: {err} {text}");
+    eprintln!("reap (exit signal {exit_signal}) on: 0 bits ({err})");
+}
+
+#[test]
+fn reap_a_copys_exit_status_reaches_a_later_copy_only_with_the_check_off() {
+    check_reap(false, "SIGCHLD is not ignored");
+}
+
+#[test]
+fn reap_a_copy_cloned_with_another_exit_signal_is_refused() {
+    check_reap(true, "not SIGCHLD");
+}
+
+// --- live pairs: a sender copy and a receiver copy of two germlines at once --------------
+
+/// Runs `receive` (public consumer) on one germline and, once it polls, `send` (holding the
+/// item) on another germline of the same release, both under `seccomp`; returns the
+/// receiver's JSON and the sender's text.
+fn live_pair(c: &Case, seccomp: SeccompPolicy, rounds: u32) -> (Value, String) {
+    let mut sender = c.start();
+    let mut receiver = c.start();
+    for rt in [&mut sender, &mut receiver] {
+        germline(rt).set_seccomp_policy(seccomp.clone());
+        let (_, err) = c.public_call(rt, "receive", json!({"rounds": 0}));
+        assert!(err.is_none(), "warm-up: {err:?}");
+    }
+    let (sent, got) = std::thread::scope(|s| {
+        let b = s.spawn(|| {
+            let mut req = request("receive", json!({"rounds": rounds}), &[]);
+            req.consumers = vec!["public".into()];
+            receiver.call(&req)
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let a = s.spawn(|| {
+            let req = request("send", json!({"document": c.secret}), &[&c.secret]);
+            sender.call(&req)
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(sent.error.is_none() && got.error.is_none(), "{:?} {:?}", sent.error, got.error);
+    let text = result_text(&got);
+    (serde_json::from_str(&text).unwrap_or_else(|_| panic!("receiver: {text}")), result_text(&sent))
+}
+
+/// Off (the earlier denylist filter, the broker's RLIMIT_SIGPENDING) the canary crosses
+/// whole between two live copies of two germlines; on (the allowlist) not one nibble does.
+fn check_live_pair(name: &str, rounds: u32, refused_note: &str) {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    for (seccomp, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
+        // Off also leaves the broker's RLIMIT_SIGPENDING in place, as before this pass.
+        let _limits = Hold::set(&germline_executor::confine::SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS, off);
+        // The protocol runs on shared 40 ms frames; on a loaded host a run can lose a
+        // symbol, so the positive control gets three tries.
+        let tries = if off { 3 } else { 1 };
+        for attempt in 1..=tries {
+            let c = case(name, &attack(name));
+            let (got, sent) = live_pair(&c, seccomp.clone(), rounds);
+            let text = got.to_string();
+            let leaked = c.leaked(&text);
+            if off {
+                if !leaked && attempt < tries {
+                    eprintln!("{name} off, try {attempt}: lost a symbol ({text}; sender {sent})");
+                    continue;
+                }
+                assert!(leaked, "{name} off: the canary crosses ({text}; sender {sent})");
+                assert_eq!(got["got"], json!(c.canary));
+                eprintln!("{name} off: 96/96 bits on try {attempt} (sender {sent})");
+                break;
+            }
+            assert!(!leaked, "{name} on: {text}");
+            assert_eq!(got["nibbles"], json!(0), "{name} on: not one nibble crossed ({text}; sender {sent})");
+            let notes = format!("{text} {sent}");
+            assert!(notes.contains(refused_note), "{name} on: the release is refused ({notes})");
+            eprintln!("{name} on: 0 bits ({notes})");
+        }
+    }
+}
+
+#[test]
+fn inflight_descriptors_counted_per_host_user_carry_nothing_between_germlines() {
+    check_live_pair("inflight", 550, "EPERM");
+}
+
+#[test]
+fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
+    check_live_pair("sigpending", 550, "EPERM");
+}
+
+// --- pidgap: the pid counter between two fork windows ------------------------------------
+
+/// Three calibration calls, 48 calls that each start 5000 × (two bits of the item)
+/// threads in a copy holding the item, then a public call whose copy reads the gaps
+/// between the pids the germline saw in its fork windows. Open: the full germline lets
+/// the canary through.
+#[test]
+#[ignore = "open channel: see SECURITY.md"]
+fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let c = case("pidgap", &attack("pidgap"));
+    let mut rt = c.start();
+    for _ in 0..3 {
+        let (_, err) = c.public_call(&mut rt, "tick", json!({}));
+        assert!(err.is_none(), "{err:?}");
+    }
+    for i in 0..48 {
+        let (_, err) = c.secret_call(&mut rt, "send", json!({"index": i}));
+        assert!(err.is_none(), "{err:?}");
+    }
+    let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3}));
+    assert!(err.is_none(), "{err:?}");
+    eprintln!("pidgap on: canary {} read {text}", c.canary);
+    assert!(c.leaked(&text), "on (open): the canary reaches the public consumer: {text}");
+}
+
+// --- probe: sibling mechanisms the sandbox already refuses -------------------------------
+
+/// Every mechanism in `probe/server.py` that could reach a kernel object shared with
+/// another copy is refused under the full germline (what each returned goes into
+/// SECURITY.md's table); the per-user pipe quota and epoll instances remain (out of scope).
+#[test]
+fn sibling_mechanisms_are_refused_under_the_full_germline() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let c = case("probe", &attack("probe"));
+    let mut rt = c.start();
+    let (text, err) = c.public_call(&mut rt, "probe", json!({}));
+    assert!(err.is_none(), "{err:?}");
+    eprintln!("probe on: {text}");
+    let got: Value = serde_json::from_str(&text).unwrap();
+    let refused = [
+        "unix socket",
+        "udp socket",
+        "netlink socket",
+        "packet socket",
+        "vsock socket",
+        "scm_rights",
+        "unshare user",
+        "setns",
+        "keyctl",
+        "add_key",
+        "timer_create",
+        "timerfd_create",
+        "inotify_init1",
+        "fanotify_init",
+        "mq_open",
+        "shmget",
+        "semget",
+        "msgget",
+        "io_uring_setup",
+        "userfaultfd",
+        "perf_event_open",
+        "bpf",
+        "ptrace",
+        "process_vm_readv",
+        "kcmp",
+        "setpriority",
+        "sched_setaffinity",
+        "sched_setscheduler",
+        "ioprio_set",
+        "sysinfo",
+        "sethostname",
+        "splice",
+        "vmsplice",
+        "tee",
+        "mincore",
+        "sendmsg",
+        "rt_sigqueueinfo",
+        "kill SIGRTMIN",
+        "madvise MERGEABLE",
+        "prctl PR_SET_TIMERSLACK",
+        "prctl PR_SET_VMA",
+        "fcntl F_SETPIPE_SZ",
+        "MAP_HUGETLB",
+    ];
+    for k in refused {
+        assert_eq!(got[k], json!("EPERM"), "{k}: {text}");
+    }
+    for k in ["proc", "sys"] {
+        assert_eq!(got[k], json!("ENOENT"), "{k}: {text}");
+    }
+    assert_eq!(got["dev"], json!("null,random,urandom,zero"), "{text}");
+    assert_ne!(got["connect other port"], json!("ok"), "{text}");
+    assert_ne!(got["write /dev/urandom"], json!("ok"), "{text}");
+    assert_ne!(got["raise RLIMIT_NOFILE"], json!("ok"), "{text}");
+    assert_eq!(got["write /dev/null"], json!("ok"), "{text}");
+}
+
+// --- pipequota: the per-user pipe buffer quota -------------------------------------------
+
+/// A live pair on two germlines: the sender keeps 944 + level default pipes open (a child
+/// of its copy holds most of them), the receiver counts the full-size pipes it still gets.
+/// Open: SECURITY.md bounded this quota by the per-copy limits, but one copy holds all of it.
+#[test]
+#[ignore = "open channel: see SECURITY.md"]
+fn pipequota_one_copy_holds_the_whole_per_user_pipe_quota() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let c = case("pipequota", &attack("pipequota"));
+    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 550);
+    let text = got.to_string();
+    eprintln!("pipequota on: canary {} read {text}; sender {sent}", c.canary);
+    assert!(c.leaked(&text), "on (open): the canary crosses: {text}; sender {sent}");
+}
