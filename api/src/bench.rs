@@ -1,6 +1,9 @@
 //! `germline bench`: per-call latency of a noop tool under germline with 1, 2 and 3
 //! copies, beside the unprotected long-lived server (sig-pin) and a fresh process per
 //! call, measured in one run so the ratios are comparable on a noisy machine.
+//! `--breakdown` adds the median of each phase of a copy's life (fork, checks, set-up,
+//! channel, MCP, answer, teardown); `--server` compares an official server under
+//! germline with the same server bare on stdio.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -9,8 +12,10 @@ use anyhow::Context;
 use clap::Args;
 use germline_executor::call::CallRequest;
 use germline_executor::germline::PythonRuntime;
+use germline_executor::mcp::McpClient;
 use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_executor::timings::CopyTimings;
 use serde_json::json;
 
 /// `germline bench` options.
@@ -32,6 +37,9 @@ pub struct BenchArgs {
     /// `scripts/setup.sh`): unprotected vs germline, interleaved call by call.
     #[arg(long, value_parser = ["time", "sqlite", "git"])]
     pub server: Option<String>,
+    /// Print the median of each phase of a copy's life (where a call's time goes).
+    #[arg(long)]
+    pub breakdown: bool,
 }
 
 /// `germline bench <what>`.
@@ -57,6 +65,8 @@ struct Row {
     name: String,
     copies: usize,
     samples: Vec<Duration>,
+    /// Per call, each copy's phases (germline rows only).
+    timings: Vec<Vec<CopyTimings>>,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -120,7 +130,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         };
         let o = rt.call(&req);
         anyhow::ensure!(o.error.is_none() && o.copies == copies, "{name}: {:?} ({} copies)", o.error, o.copies);
-        rows.push(Row { name: name.into(), copies, samples: time_calls(&mut rt, &req, args.calls)? });
+        let (samples, timings) = time_calls(&mut rt, &req, args.calls)?;
+        rows.push(Row { name: name.into(), copies, samples, timings });
     }
     drop(rt);
 
@@ -129,7 +140,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     rows.push(Row {
         name: "sig-pin (unprotected, long-lived)".into(),
         copies: 1,
-        samples: time_calls(&mut pin, &req, args.calls)?,
+        samples: time_calls(&mut pin, &req, args.calls)?.0,
+        timings: Vec::new(),
     });
     drop(pin);
 
@@ -142,9 +154,52 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         anyhow::ensure!(o.error.is_none(), "fresh process: {:?}", o.error);
         fresh.push(t0.elapsed());
     }
-    rows.push(Row { name: "fresh process per call".into(), copies: 1, samples: fresh });
+    rows.push(Row { name: "fresh process per call".into(), copies: 1, samples: fresh, timings: Vec::new() });
 
-    print_rows(&mut rows, args)
+    print_rows(&mut rows, args)?;
+    if args.breakdown {
+        print_breakdown(&rows);
+    }
+    Ok(())
+}
+
+/// The median of each phase: per copy (over every copy of every call) and per call (the
+/// phase summed over the call's copies); what no phase covers (Plan, reading items,
+/// labels) is the call's median minus the phases' sum.
+fn print_breakdown(rows: &[Row]) {
+    let rows: Vec<&Row> = rows.iter().filter(|r| !r.timings.is_empty()).collect();
+    println!();
+    print!("{:<24}", "phase (median ms)");
+    for r in &rows {
+        print!(" {:>13} {:>13}", format!("{}c per copy", r.copies), format!("{}c per call", r.copies));
+    }
+    println!();
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        percentile(&v, 0.5)
+    };
+    let names = CopyTimings::default().phases().map(|(n, _)| n);
+    for (i, name) in names.iter().enumerate() {
+        print!("{name:<24}");
+        for r in &rows {
+            let per_copy = median(r.timings.iter().flatten().map(|t| t.phases()[i].1).collect());
+            let per_call = median(r.timings.iter().map(|c| c.iter().map(|t| t.phases()[i].1).sum()).collect());
+            print!(" {:>13.3} {:>13.3}", ms(per_copy), ms(per_call));
+        }
+        println!();
+    }
+    print!("{:<24}", "sum of phases");
+    for r in &rows {
+        let per_copy = median(r.timings.iter().flatten().map(CopyTimings::total).collect());
+        let per_call = median(r.timings.iter().map(|c| c.iter().map(CopyTimings::total).sum()).collect());
+        print!(" {:>13.3} {:>13.3}", ms(per_copy), ms(per_call));
+    }
+    println!();
+    print!("{:<24}", "call (wall clock)");
+    for r in &rows {
+        print!(" {:>13} {:>13.3}", "", ms(median(r.samples.clone())));
+    }
+    println!();
 }
 
 fn alias_tools() -> String {
@@ -153,15 +208,21 @@ fn alias_tools() -> String {
     "\n_create = create_server\ndef create_server():\n    m = _create()\n    @m.tool()\n    def noop2() -> str:\n        return 'ok'\n    @m.tool()\n    def noop3() -> str:\n        return 'ok'\n    return m\n".into()
 }
 
-fn time_calls(rt: &mut Runtime, req: &CallRequest, n: usize) -> anyhow::Result<Vec<Duration>> {
+type Timed = (Vec<Duration>, Vec<Vec<CopyTimings>>);
+
+fn time_calls(rt: &mut Runtime, req: &CallRequest, n: usize) -> anyhow::Result<Timed> {
     let mut out = Vec::with_capacity(n);
+    let mut timings = Vec::new();
     for i in 0..n {
         let t0 = Instant::now();
         let o = rt.call(req);
         out.push(t0.elapsed());
         anyhow::ensure!(o.error.is_none(), "call {i}: {:?}", o.error);
+        if !o.timings.is_empty() {
+            timings.push(o.timings);
+        }
     }
-    Ok(out)
+    Ok((out, timings))
 }
 
 fn print_rows(rows: &mut [Row], args: &BenchArgs) -> anyhow::Result<()> {
@@ -274,37 +335,114 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
     ))?;
     let serde_json::Value::Object(arguments) = arguments else { anyhow::bail!("arguments") };
     let req = CallRequest { tool: tool.into(), arguments, ..Default::default() };
+    let mut bare = BareServer::start(&python, &rel)?;
     let mut pin = Runtime::start(RuntimeKind::SigPin, &rel, policy.clone(), python.clone())?;
     let mut gl = Runtime::start(RuntimeKind::Germline, &rel, policy, python)?;
+    bare.call(&req)?;
     for rt in [&mut pin, &mut gl] {
         let o = rt.call(&req);
         anyhow::ensure!(o.error.is_none(), "warm-up: {:?}", o.error);
     }
-    let (mut a, mut b) = (Vec::with_capacity(args.calls), Vec::with_capacity(args.calls));
+    let (mut a, mut b, mut c) =
+        (Vec::with_capacity(args.calls), Vec::with_capacity(args.calls), Vec::with_capacity(args.calls));
+    let mut timings = Vec::new();
     for _ in 0..args.calls {
-        a.extend(time_calls(&mut pin, &req, 1)?);
-        b.extend(time_calls(&mut gl, &req, 1)?);
+        let t0 = Instant::now();
+        bare.call(&req)?;
+        a.push(t0.elapsed());
+        b.extend(time_calls(&mut pin, &req, 1)?.0);
+        let (g, t) = time_calls(&mut gl, &req, 1)?;
+        c.extend(g);
+        timings.extend(t);
+        // A copy dies after its answer is returned: let that finish outside every
+        // measurement, so it does not land in the next round's bare or sig-pin call.
+        std::thread::sleep(Duration::from_millis(20));
     }
     let mut rows = vec![
-        Row { name: format!("sig-pin (unprotected) {server} {tool}"), copies: 1, samples: a },
-        Row { name: format!("germline {server} {tool}"), copies: 1, samples: b },
+        Row {
+            name: format!("bare server (stdio, no relay) {server} {tool}"),
+            copies: 1,
+            samples: a,
+            timings: Vec::new(),
+        },
+        Row { name: format!("sig-pin (unprotected) {server} {tool}"), copies: 1, samples: b, timings: Vec::new() },
+        Row { name: format!("germline {server} {tool}"), copies: 1, samples: c, timings },
     ];
     for r in rows.iter_mut() {
         r.samples.sort();
     }
-    println!("{:<44} {:>6} {:>10} {:>10}", "configuration", "calls", "P50 ms", "P99 ms");
+    println!("{:<50} {:>6} {:>10} {:>10} {:>10}", "configuration", "calls", "P50 ms", "P99 ms", "P50/bare");
     let mut json_rows = Vec::new();
+    let bare_p50 = ms(percentile(&rows[0].samples, 0.5)).max(1e-9);
     for r in &rows {
         let (p50, p99) = (percentile(&r.samples, 0.5), percentile(&r.samples, 0.99));
-        println!("{:<44} {:>6} {:>10.2} {:>10.2}", r.name, r.samples.len(), ms(p50), ms(p99));
+        println!(
+            "{:<50} {:>6} {:>10.2} {:>10.2} {:>10.2}",
+            r.name,
+            r.samples.len(),
+            ms(p50),
+            ms(p99),
+            ms(p50) / bare_p50
+        );
         json_rows
             .push(json!({"configuration": r.name, "calls": r.samples.len(), "p50_ms": ms(p50), "p99_ms": ms(p99)}));
     }
-    let ratio = |p: f64| ms(percentile(&rows[1].samples, p)) / ms(percentile(&rows[0].samples, p)).max(1e-9);
-    println!("germline/unprotected: P50 {:.2}x, P99 {:.2}x", ratio(0.5), ratio(0.99));
-    json_rows.push(json!({"ratio_p50": ratio(0.5), "ratio_p99": ratio(0.99)}));
+    let ratio =
+        |row: usize, p: f64| ms(percentile(&rows[row].samples, p)) / ms(percentile(&rows[0].samples, p)).max(1e-9);
+    println!("germline/bare: P50 {:.2}x, P99 {:.2}x", ratio(2, 0.5), ratio(2, 0.99));
+    println!("sig-pin/bare:  P50 {:.2}x, P99 {:.2}x", ratio(1, 0.5), ratio(1, 0.99));
+    json_rows.push(json!({"ratio_p50": ratio(2, 0.5), "ratio_p99": ratio(2, 0.99),
+        "sig_pin_ratio_p50": ratio(1, 0.5), "sig_pin_ratio_p99": ratio(1, 0.99)}));
+    if args.breakdown {
+        print_breakdown(&rows);
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&json_rows)?)?;
     }
     Ok(())
+}
+
+/// The reference a user would otherwise run: the unmodified server on stdio (the tool
+/// host's `serve` mode: no twin shim, no proxy variables), driven by a plain JSON-RPC
+/// client, with no relay and no watchdog.
+struct BareServer {
+    child: std::process::Child,
+    client: McpClient<std::io::BufReader<std::process::ChildStdout>, std::process::ChildStdin>,
+}
+
+impl BareServer {
+    fn start(python: &PythonRuntime, release_dir: &Path) -> anyhow::Result<BareServer> {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(&python.python)
+            .arg("-I")
+            .arg(python.shim_dir.join("germline_host.py"))
+            .arg("serve")
+            .arg(release_dir)
+            .current_dir(release_dir)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the bare server")?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            anyhow::bail!("bare server pipes");
+        };
+        let mut client = McpClient::new(std::io::BufReader::new(stdout), stdin, 64 << 20);
+        client.initialize()?;
+        Ok(BareServer { child, client })
+    }
+
+    fn call(&mut self, req: &CallRequest) -> anyhow::Result<()> {
+        let r = self.client.request("tools/call", json!({"name": req.tool, "arguments": req.arguments}))?;
+        anyhow::ensure!(r.is_ok(), "bare server: {r:?}");
+        Ok(())
+    }
+}
+
+impl Drop for BareServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

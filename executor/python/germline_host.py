@@ -251,6 +251,42 @@ def _preload():
         pass
     import urllib.request  # noqa: F401
     import germline_slot  # noqa: F401
+    _warm_sdk()
+
+
+def _warm_sdk():
+    """Does, once in the germline, data-free work every copy would otherwise repeat at
+    its first message: the SDK's package-version lookup (a file read per `initialize`),
+    the generic stream types it subscripts, and parsing the shapes of the messages the
+    broker sends. Nothing here runs release code or keeps a descriptor or thread."""
+    import functools
+    import importlib.metadata as md
+
+    if not hasattr(md.version, "cache_info"):
+        md.version = functools.lru_cache(maxsize=256)(md.version)
+    try:
+        md.version("mcp")
+    except Exception:
+        pass
+    try:
+        import anyio
+        import mcp.types as types
+        from mcp.shared.message import SessionMessage
+
+        for kind in (SessionMessage | Exception, SessionMessage, types.JSONRPCResponse | types.JSONRPCError):
+            for stream in anyio.create_memory_object_stream[kind](0):
+                stream.close()
+        for line in (
+            '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+            '"capabilities":{},"clientInfo":{"name":"germline-broker","version":"0"}}}',
+            '{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}',
+            '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","arguments":{}}}',
+            '{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"x"}],"isError":false}}',
+        ):
+            msg = types.JSONRPCMessage.model_validate_json(line)
+            msg.model_dump_json(by_alias=True, exclude_none=True)
+    except Exception:
+        pass
 
 
 # --- forking copies --------------------------------------------------------------
@@ -291,6 +327,15 @@ def _clone(libc, ctid):
     else:
         py.PyOS_AfterFork_Parent()
     return pid
+
+
+def _wait_channel_ready(budget=10.0):
+    """Sleeps until the broker signals (SIGUSR2, blocked since the fork) that this copy's
+    listeners exist, so the first connection succeeds without retry back-offs."""
+    try:
+        signal.sigtimedwait({signal.SIGUSR2}, budget)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
 
 
 def _connect_channel(port, budget=10.0):
@@ -371,6 +416,7 @@ def _landlock_copy_layer():
 def _run_copy(server):
     t0 = _real["perf_counter"]()
     _landlock_copy_layer()
+    _wait_channel_ready()
     chan = _connect_channel(CHANNEL_PORT)
     t1 = _real["perf_counter"]()
     rfile = chan.makefile("rb")
@@ -450,19 +496,38 @@ def _enter_pid_namespace():
             os._exit(0)
     germline = os.fork()
     if germline == 0:
+        # Stdout is the first process's report pipe to the broker: not the germline's.
+        null = os.open("/dev/null", os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
         return
     code = 1
     try:
-        _close_stdio()
+        # Keeps stdout: each stop of the germline is reported there as one byte, so the
+        # broker sleeps until then (it reads the stop itself from /proc).
+        keep = (1, 2) if os.environ.get("GERMLINE_KEEP_STDERR") == "1" else (1,)
+        for fd in (0, 1, 2):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.set_blocking(1, False)
         while True:
             try:
-                _, status = os.waitpid(germline, 0)
-                code = os.waitstatus_to_exitcode(status)
-                break
+                _, status = os.waitpid(germline, os.WUNTRACED)
             except InterruptedError:
                 continue
             except ChildProcessError:
                 break
+            if os.WIFSTOPPED(status):
+                try:
+                    os.write(1, b"s")
+                except OSError:
+                    pass
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            break
     finally:
         os._exit(code if code >= 0 else 1)
 
@@ -481,7 +546,9 @@ def germline_main(release_dir):
     # outcome from /proc. No descriptor is held across a fork (G2): stdio would be open
     # file descriptions shared with every copy, so each copy opens its own /dev/null.
     wake = {signal.SIGUSR1}
-    signal.pthread_sigmask(signal.SIG_BLOCK, wake)
+    # SIGUSR2 (the broker's "your channel is ready" to a copy) is blocked from before the
+    # fork, so a copy cannot miss it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, wake | {signal.SIGUSR2})
     _close_stdio()
     me = os.getpid()
     os.kill(me, signal.SIGSTOP)

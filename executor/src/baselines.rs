@@ -18,7 +18,6 @@ use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -37,6 +36,7 @@ use crate::manifest::Manifest;
 use crate::mcp::McpClient;
 use crate::policy::Policy;
 use crate::sigpin::SigPinRuntime;
+use crate::wake::{Wake, Watchdog};
 use crate::ExecutorError;
 
 /// Which comparison design an [`IfcRuntime`] models.
@@ -204,8 +204,9 @@ struct ConfinedServer {
     client: McpClient<BufReader<ChildStdout>, ChildStdin>,
     deadline: Duration,
     allowed: Arc<Mutex<BTreeSet<HostName>>>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Wake>,
     relay: Option<thread::JoinHandle<()>>,
+    watchdog: Watchdog,
 }
 
 impl ConfinedServer {
@@ -217,7 +218,7 @@ impl ConfinedServer {
     ) -> Result<ConfinedServer, ExecutorError> {
         let listener = TcpListener::bind("127.0.0.1:0").map_err(ExecutorError::io("binding the relay"))?;
         let port = listener.local_addr().map_err(ExecutorError::io("relay address"))?.port();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Wake::new().map_err(ExecutorError::io("relay wake-up"))?);
         let allowed = Arc::new(Mutex::new(BTreeSet::new()));
         let relay = {
             let (stop, policy, allowed) = (stop.clone(), policy.clone(), allowed.clone());
@@ -251,17 +252,25 @@ impl ConfinedServer {
         if let Err(e) = client.initialize() {
             let _ = child.kill();
             let _ = child.wait();
-            stop.store(true, Ordering::SeqCst);
+            stop.wake();
             let _ = relay.join();
             return Err(e);
         }
-        Ok(ConfinedServer { child, client, deadline: policy.limits.deadline, allowed, stop, relay: Some(relay) })
+        Ok(ConfinedServer {
+            child,
+            client,
+            deadline: policy.limits.deadline,
+            allowed,
+            stop,
+            relay: Some(relay),
+            watchdog: Watchdog::new(),
+        })
     }
 
     fn request(&mut self, method: &str, params: Value, allowed: &BTreeSet<HostName>) -> Result<Value, ExecutorError> {
         *self.allowed.lock().unwrap_or_else(|p| p.into_inner()) = allowed.clone();
         let pid = self.child.id() as i32;
-        let r = crate::sigpin::with_deadline(pid, self.deadline, || self.client.request(method, params));
+        let r = self.watchdog.guard(pid, self.deadline, || self.client.request(method, params));
         self.allowed.lock().unwrap_or_else(|p| p.into_inner()).clear();
         r?.map_err(|e| ExecutorError::Copy(format!("tool error: {e}")))
     }
@@ -269,7 +278,7 @@ impl ConfinedServer {
 
 impl Drop for ConfinedServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.wake();
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(r) = self.relay.take() {
@@ -314,18 +323,8 @@ fn readonly_ruleset(readable: &[PathBuf], relay_port: u16) -> Result<landlock::R
     Ok(rs)
 }
 
-fn allowlist_relay(listener: TcpListener, stop: &AtomicBool, policy: &Policy, allowed: &Mutex<BTreeSet<HostName>>) {
-    let _ = listener.set_nonblocking(true);
-    while !stop.load(Ordering::SeqCst) {
-        let mut conn = match listener.accept() {
-            Ok((c, _)) => c,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            Err(_) => return,
-        };
-        let _ = conn.set_nonblocking(false);
+fn allowlist_relay(listener: TcpListener, stop: &Wake, policy: &Policy, allowed: &Mutex<BTreeSet<HostName>>) {
+    while let Some(mut conn) = stop.accept(&listener, None) {
         let deadline = Instant::now() + policy.limits.deadline;
         let _ = conn.set_read_timeout(Some(policy.limits.deadline));
         let reply = match http::read_request(&mut conn, policy.limits.max_message_bytes) {

@@ -3,7 +3,7 @@
 //! (`CallRecords::positional_reply`); this module only moves bytes.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -16,9 +16,11 @@ use serde_json::Value;
 
 use crate::germline::CopyKiller;
 use crate::http::{self, HttpRequest};
-use crate::mcp::{read_line_bounded, McpClient};
+use crate::mcp::McpClient;
 use crate::outside::CopyListeners;
 use crate::policy::Policy;
+use crate::timings::CopyTimings;
+use crate::wake::{Ready, Wake};
 use crate::ExecutorError;
 
 /// What one call's copies share: the records of each host, in the model's terms.
@@ -77,6 +79,8 @@ pub struct CopyResult {
     /// Every reply the copy received from (or in the name of) each declared host, in
     /// order: what a replay of this copy must give it back.
     pub received: BTreeMap<HostName, Vec<Vec<u8>>>,
+    /// Where the copy's time went (connect to teardown; the caller adds the fork).
+    pub timings: CopyTimings,
 }
 
 /// Everything the broker needs to serve one copy.
@@ -115,11 +119,26 @@ struct CopyState {
 pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResult {
     let CopyJob { group_index, listeners, preamble, method, params, deadline, budget, policy, label, killer } = job;
     let max = policy.limits.max_message_bytes;
-    let stop = Arc::new(AtomicBool::new(false));
     let state =
         Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
+    let mut timings = CopyTimings::default();
+    let wake = match Wake::new() {
+        Ok(w) => Arc::new(w),
+        Err(e) => {
+            killer.kill();
+            return CopyResult {
+                result: Err(format!("broker: {e}")),
+                label: state.lock().unwrap_or_else(|p| p.into_inner()).label.clone(),
+                slot_writes: Vec::new(),
+                egress: Vec::new(),
+                received: BTreeMap::new(),
+                timings,
+            };
+        }
+    };
 
+    // The deadline watchdog sleeps until the deadline or the answer, whichever is first.
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let timed_out = Arc::new(AtomicBool::new(false));
     let watchdog = {
@@ -133,18 +152,19 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         })
     };
     let proxy = {
-        let (stop, state, shared, policy) = (stop.clone(), state.clone(), shared.clone(), policy.clone());
+        let (wake, state, shared, policy) = (wake.clone(), state.clone(), shared.clone(), policy.clone());
         let listener = listeners.proxy;
-        thread::spawn(move || proxy_loop(listener, &stop, group_index, &state, &shared, &policy, deadline))
+        thread::spawn(move || proxy_loop(listener, &wake, group_index, &state, &shared, &policy, deadline))
     };
     let slots = {
-        let (stop, writes) = (stop.clone(), slot_writes.clone());
+        let (wake, writes) = (wake.clone(), slot_writes.clone());
         let listener = listeners.slot;
-        thread::spawn(move || slot_loop(listener, &stop, &writes, max))
+        thread::spawn(move || slot_loop(listener, &wake, &writes, max))
     };
 
-    let result = talk(listeners.channel, &preamble, method, params, deadline, max);
-    stop.store(true, Ordering::SeqCst);
+    let result = talk(listeners.channel, &wake, &preamble, method, params, deadline, max, &mut timings);
+    let t_down = Instant::now();
+    wake.wake();
     let _ = done_tx.send(());
     let _ = watchdog.join();
     let _ = proxy.join();
@@ -164,57 +184,49 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         }
     };
     let writes = std::mem::take(&mut *slot_writes.lock().unwrap_or_else(|p| p.into_inner()));
-    CopyResult { result, label, slot_writes: writes, egress, received }
+    timings.teardown = t_down.elapsed();
+    CopyResult { result, label, slot_writes: writes, egress, received, timings }
 }
 
-fn accept_until(listener: &TcpListener, stop: &AtomicBool, deadline: Instant) -> Option<TcpStream> {
-    use std::os::fd::AsRawFd;
-    listener.set_nonblocking(true).ok()?;
-    loop {
-        match listener.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false).ok()?;
-                return Some(s);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let now = Instant::now();
-                if stop.load(Ordering::SeqCst) || now > deadline {
-                    return None;
-                }
-                // Wake as soon as a connection arrives; look at `stop` every 10 ms.
-                let wait = deadline.saturating_duration_since(now).min(Duration::from_millis(10));
-                let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                // SAFETY: poll on one descriptor we own, with a bounded timeout.
-                unsafe { libc::poll(&mut pfd, 1, wait.as_millis().max(1) as i32) };
-            }
-            Err(_) => return None,
-        }
-    }
-}
-
+#[allow(clippy::too_many_arguments)]
 fn talk(
     channel: TcpListener,
+    wake: &Wake,
     preamble: &Value,
     method: &str,
     params: Value,
     deadline: Instant,
     max: usize,
+    timings: &mut CopyTimings,
 ) -> Result<Value, ExecutorError> {
-    let never = AtomicBool::new(false);
-    let conn = accept_until(&channel, &never, deadline)
+    let t0 = Instant::now();
+    let conn = wake
+        .accept(&channel, Some(deadline))
         .ok_or_else(|| ExecutorError::Copy("the copy never connected to its channel".into()))?;
+    let t1 = Instant::now();
+    timings.connect = t1 - t0;
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
     conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    let _ = conn.set_nodelay(true);
     let mut writer = conn.try_clone().map_err(ExecutorError::io("channel"))?;
     let mut line = serde_json::to_vec(preamble).map_err(|e| ExecutorError::Copy(e.to_string()))?;
     line.push(b'\n');
     writer.write_all(&line).map_err(ExecutorError::io("sending the preamble"))?;
+    let t2 = Instant::now();
+    timings.preamble = t2 - t1;
     let mut client = McpClient::new(BufReader::new(conn), writer, max);
     // No timing line here: how long a copy takes to answer is its choice, and this
     // function does not know the copy's label (`run_copy` logs timings of unlabelled ones).
     client.initialize()?;
-    let reply = client.request(method, params)?;
+    let t3 = Instant::now();
+    timings.initialize = t3 - t2;
+    let id = client.send_request(method, params)?;
+    client.wait_readable()?;
+    let t4 = Instant::now();
+    timings.first_byte = t4 - t3;
+    let reply = client.response(id)?;
+    timings.answer = t4.elapsed();
     match reply {
         Ok(result) => Ok(result),
         Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
@@ -223,7 +235,7 @@ fn talk(
 
 fn proxy_loop(
     listener: TcpListener,
-    stop: &AtomicBool,
+    wake: &Wake,
     group: usize,
     state: &Mutex<CopyState>,
     shared: &Mutex<CallShared>,
@@ -233,7 +245,7 @@ fn proxy_loop(
     let max = policy.limits.max_message_bytes;
     // Bounded: at most this many connections per copy.
     for _ in 0..10_000 {
-        let Some(mut conn) = accept_until(&listener, stop, deadline) else {
+        let Some(mut conn) = wake.accept(&listener, Some(deadline)) else {
             return;
         };
         let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
@@ -354,44 +366,61 @@ fn gateway_error(why: &str) -> Vec<u8> {
 
 const MAX_SLOT_WRITES: usize = 1024;
 
-fn slot_loop(listener: TcpListener, stop: &AtomicBool, writes: &Mutex<Vec<(String, Option<Value>)>>, max: usize) {
-    let far = Instant::now() + Duration::from_secs(24 * 3600);
-    let Some(conn) = accept_until(&listener, stop, far) else {
+fn slot_loop(listener: TcpListener, wake: &Wake, writes: &Mutex<Vec<(String, Option<Value>)>>, max: usize) {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let Some(mut conn) = wake.accept(&listener, None) else {
         return;
     };
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
-    let Ok(mut w) = conn.try_clone() else { return };
-    let mut r = BufReader::new(conn);
-    while !stop.load(Ordering::SeqCst) {
-        match r.fill_buf() {
-            Ok([]) => return,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
-            Err(_) => return,
-        }
-        let Ok(line) = read_line_bounded(&mut r, max) else {
-            return;
-        };
-        let parsed: Option<(String, Option<Value>)> = serde_json::from_slice::<Value>(&line).ok().and_then(|v| {
-            let key = v.get("key")?.as_str()?.to_owned();
-            match v.get("op")?.as_str()? {
-                "set" => Some((key, Some(v.get("value")?.clone()))),
-                "delete" => Some((key, None)),
-                _ => None,
-            }
-        });
-        let mut ws = writes.lock().unwrap_or_else(|p| p.into_inner());
-        let reply: &[u8] = match parsed {
-            Some(wr) if ws.len() < MAX_SLOT_WRITES => {
-                ws.push(wr);
-                b"ok\n"
-            }
-            Some(_) => b"too many slot writes\n",
-            None => b"malformed slot write\n",
-        };
-        drop(ws);
-        if w.write_all(reply).is_err() {
+    let fd = conn.as_raw_fd();
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+    let mut buf = vec![0u8; 64 << 10];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        // Sleep in the kernel until the copy writes or the call is over; a read never
+        // blocks (a half-written line cannot hold the broker past the answer).
+        if wake.wait(fd, None) != Ready::Fd {
             return;
         }
+        let n = match conn.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut rest = &buf[..n];
+        while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+            line.extend_from_slice(&rest[..i]);
+            rest = &rest[i + 1..];
+            if line.len() > max {
+                return;
+            }
+            let reply = slot_write(&std::mem::take(&mut line), writes);
+            if conn.write_all(reply).is_err() {
+                return;
+            }
+        }
+        line.extend_from_slice(rest);
+        if line.len() > max {
+            return;
+        }
+    }
+}
+
+fn slot_write(line: &[u8], writes: &Mutex<Vec<(String, Option<Value>)>>) -> &'static [u8] {
+    let parsed: Option<(String, Option<Value>)> = serde_json::from_slice::<Value>(line).ok().and_then(|v| {
+        let key = v.get("key")?.as_str()?.to_owned();
+        match v.get("op")?.as_str()? {
+            "set" => Some((key, Some(v.get("value")?.clone()))),
+            "delete" => Some((key, None)),
+            _ => None,
+        }
+    });
+    let mut ws = writes.lock().unwrap_or_else(|p| p.into_inner());
+    match parsed {
+        Some(wr) if ws.len() < MAX_SLOT_WRITES => {
+            ws.push(wr);
+            b"ok\n"
+        }
+        Some(_) => b"too many slot writes\n",
+        None => b"malformed slot write\n",
     }
 }

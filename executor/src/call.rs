@@ -99,6 +99,10 @@ pub struct CallOutcome {
     /// carry such facts only when this is empty.
     #[serde(skip)]
     pub held: Label,
+    /// Where each copy's time went, in group order (for benchmarks; never serialised:
+    /// a copy's timing depends on what it was given).
+    #[serde(skip)]
+    pub timings: Vec<crate::timings::CopyTimings>,
 }
 
 /// Debug builds only: `GERMLINE_TEST_OUTPUT_REDUCTION_OFF=1` shows triggers in full and
@@ -521,7 +525,8 @@ impl GermlineRuntime {
         for (gi, group) in plan.groups.iter().enumerate() {
             let key = SlotKey::new(self.release, &self.policy.user, group.horizon.clone())?;
             let slot = self.slots.get(&key);
-            let run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
+            let mut run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
+            outcome.timings.push(std::mem::take(&mut run.timings));
             let (result, label, writes) = (run.result, run.label, run.slot_writes);
             let copy_label = label.label();
             outcome.egress.extend(run.egress.into_iter().map(|e| EgressEventOut::of(e, &copy_label)));
@@ -650,6 +655,7 @@ impl GermlineRuntime {
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
         let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &[])?;
+        copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
             listeners,
@@ -710,6 +716,7 @@ impl GermlineRuntime {
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
         let listeners = prepare_copy(copy.pid, &roots, &files)?;
+        copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
             listeners,
@@ -763,9 +770,8 @@ impl GermlineRuntime {
     ) -> Result<CopyResult, ExecutorError> {
         let deadline = Instant::now() + budget;
         let germline = self.germline_mut()?;
-        let t0 = Instant::now();
-        let copy = germline.fork_copy()?;
-        let t_fork = t0.elapsed();
+        let mut copy = germline.fork_copy()?;
+        let t_setup = Instant::now();
         let files: Vec<CopyFile> = prepared
             .files
             .iter()
@@ -775,7 +781,8 @@ impl GermlineRuntime {
             })
             .collect();
         let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files)?;
-        let t_setup = t0.elapsed();
+        copy.channel_ready()?;
+        let outside = t_setup.elapsed();
         let arguments = prepared.arguments_for(&group.view);
         let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
@@ -797,16 +804,30 @@ impl GermlineRuntime {
             label,
             killer: copy.killer()?,
         };
-        let r = serve_copy(job, shared);
-        let t_served = t0.elapsed();
-        copy.kill()?;
-        drop(copy);
+        let mut r = serve_copy(job, shared);
+        let t_kill = Instant::now();
+        let mut timings = std::mem::take(&mut r.timings);
+        let fork = std::mem::take(&mut copy.timings);
+        match self.germline.as_mut() {
+            Some(g) => g.retire(copy),
+            None => copy.kill()?,
+        }
+        timings.teardown += t_kill.elapsed();
+        timings.reap = fork.reap;
+        timings.checks_before = fork.checks_before;
+        timings.cgroup = fork.cgroup;
+        timings.fork = fork.fork;
+        timings.checks_after = fork.checks_after;
+        timings.outside = outside;
         // How long a copy ran is its choice: a timing line is written only for a copy whose
         // label is empty (a log reader is cleared for nothing; a labelled copy sleeping in
         // proportion to an item would spell it here to the microsecond).
         if loggable(&r.label.label()) {
-            tracing::debug!(group = gi, ?t_fork, ?t_setup, ?t_served, total = ?t0.elapsed(), "copy timings");
+            let t_served =
+                timings.connect + timings.preamble + timings.initialize + timings.first_byte + timings.answer;
+            tracing::debug!(group = gi, ?t_served, ?timings, "copy timings");
         }
+        r.timings = timings;
         {
             let mut sh = shared.lock().unwrap_or_else(|p| p.into_inner());
             sh.records.finish_copy(gi);

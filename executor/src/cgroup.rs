@@ -37,7 +37,7 @@ pub struct CgroupLimits {
     pub processes: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Backend {
     /// v1: the germline sits in `memory` and `pids`; copies in `copy-N` below each.
     V1 { memory: PathBuf, pids: PathBuf },
@@ -46,12 +46,19 @@ enum Backend {
     V2 { root: PathBuf, limits: bool },
 }
 
+/// A background move of the germline into the next copy's cgroups (their directories).
+type Staging = std::thread::JoinHandle<Result<Vec<PathBuf>, ExecutorError>>;
+
 /// The cgroups of one germline: its own, and a fresh one per copy.
 #[derive(Debug)]
 pub struct CgroupSet {
     backend: Backend,
     limits: Option<CgroupLimits>,
     next: AtomicU64,
+    /// The next copy's cgroups, which the stopped germline is moved into off the call's
+    /// path once no copy of it is left alive (a move between cgroups waits for an RCU
+    /// grace period: milliseconds on a loaded host).
+    staged: std::sync::Mutex<Option<Staging>>,
 }
 
 /// What this host offers for per-copy limits and process accounting.
@@ -156,7 +163,7 @@ impl CgroupSet {
             }
             HostSupport::None => return None,
         };
-        Some(CgroupSet { backend, limits, next: AtomicU64::new(0) })
+        Some(CgroupSet { backend, limits, next: AtomicU64::new(0), staged: std::sync::Mutex::new(None) })
     }
 
     /// Whether this set holds copies to memory and process limits.
@@ -204,47 +211,48 @@ impl CgroupSet {
         out
     }
 
-    /// Puts `pid` (the stopped germline) into a fresh per-copy cgroup.
+    /// Puts `pid` (the stopped germline) into a fresh per-copy cgroup, so the copy it
+    /// forks next is born there: the cgroup [`CgroupSet::stage_next`] moved it into, or
+    /// (none staged, or staging failed) a new one now.
     pub fn enter_copy(&self, pid: i32) -> Result<CopyCgroup, ExecutorError> {
-        let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let io = |p: &Path| ExecutorError::io(format!("cgroup {}", p.display()));
-        let dirs = match &self.backend {
-            Backend::V1 { memory, pids } => {
-                let mem = memory.join(format!("copy-{n}"));
-                let pids = pids.join(format!("copy-{n}"));
-                fs::create_dir_all(&mem).map_err(io(&mem))?;
-                fs::create_dir_all(&pids).map_err(io(&pids))?;
-                if let Some(l) = &self.limits {
-                    fs::write(mem.join("memory.limit_in_bytes"), l.memory_bytes.to_string()).map_err(io(&mem))?;
-                    let _ = fs::write(mem.join("memory.memsw.limit_in_bytes"), l.memory_bytes.to_string());
-                    fs::write(pids.join("pids.max"), l.processes.to_string()).map_err(io(&pids))?;
-                }
-                vec![mem, pids]
-            }
-            Backend::V2 { root, limits } => {
-                let dir = root.join(format!("copy-{n}"));
-                fs::create_dir_all(&dir).map_err(io(&dir))?;
-                if let (true, Some(l)) = (*limits, &self.limits) {
-                    fs::write(dir.join("memory.max"), l.memory_bytes.to_string()).map_err(io(&dir))?;
-                    let _ = fs::write(dir.join("memory.swap.max"), "0");
-                    fs::write(dir.join("pids.max"), l.processes.to_string()).map_err(io(&dir))?;
-                }
-                vec![dir]
+        let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let dirs = match staged.and_then(|h| h.join().ok()).and_then(Result::ok) {
+            Some(dirs) => dirs,
+            None => {
+                let dirs = make_copy_dirs(&self.backend, self.limits, self.next.fetch_add(1, Ordering::SeqCst))?;
+                join_dirs(&dirs, pid)?;
+                dirs
             }
         };
-        for d in &dirs {
-            fs::write(d.join("cgroup.procs"), pid.to_string()).map_err(io(d))?;
-        }
         Ok(CopyCgroup { dirs, v2: matches!(self.backend, Backend::V2 { .. }) })
     }
 
     /// Puts `pid` back into the germline's own cgroups.
     pub fn leave_copy(&self, pid: i32) -> Result<(), ExecutorError> {
-        for dir in self.own_dirs() {
-            fs::write(dir.join("cgroup.procs"), pid.to_string())
-                .map_err(ExecutorError::io(format!("cgroup {}", dir.display())))?;
+        join_dirs(&self.own_dirs(), pid)
+    }
+
+    /// Moves `pid` (the stopped germline, at start or once a copy was sent SIGKILL) into
+    /// a fresh cgroup for the next copy, in the background; [`CgroupSet::enter_copy`]
+    /// waits for it. Meanwhile the germline is in its own cgroup or that fresh one: it
+    /// never shares a cgroup (memory, process count, OOM choice) with a copy that may
+    /// have received data, only with the copy it is forking, and leaves before that copy
+    /// is set up ([`CgroupSet::leave_copy`]).
+    pub fn stage_next(&self, pid: i32) {
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = staged.take() {
+            if let Ok(Ok(dirs)) = h.join() {
+                // Not used for a copy (a fork without enter_copy): removed when the set is.
+                drop(dirs);
+            }
         }
-        Ok(())
+        let (backend, limits) = (self.backend.clone(), self.limits);
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        *staged = Some(std::thread::spawn(move || {
+            let dirs = make_copy_dirs(&backend, limits, n)?;
+            join_dirs(&dirs, pid)?;
+            Ok(dirs)
+        }));
     }
 }
 
@@ -305,6 +313,10 @@ fn remove_tree(dir: &Path, depth: usize) {
 
 impl Drop for CgroupSet {
     fn drop(&mut self) {
+        // A cgroup still being made would be left behind by the removal below.
+        if let Some(h) = self.staged.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = h.join();
+        }
         match &self.backend {
             Backend::V1 { memory, pids } => {
                 kill_and_remove(pids, false);
@@ -323,6 +335,19 @@ pub struct CopyCgroup {
 }
 
 impl CopyCgroup {
+    /// Sends SIGKILL to every process in the copy's cgroups (the copy and everything it
+    /// started), so none of them runs again while the copy's PID namespace winds down.
+    pub fn kill_members(&self) {
+        for d in &self.dirs {
+            let mut pids = Vec::new();
+            collect_procs(d, 0, &mut pids);
+            for p in pids {
+                // SAFETY: SIGKILL to a process in a cgroup only this copy's processes can enter.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        }
+    }
+
     /// Peak memory the copy used, where the kernel reports it.
     pub fn peak_memory(&self) -> Option<u64> {
         let file = if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" };
@@ -332,9 +357,51 @@ impl CopyCgroup {
 
 impl Drop for CopyCgroup {
     fn drop(&mut self) {
-        // Whatever is left inside (the copy is dead by now) is killed with it.
-        for d in &self.dirs {
-            kill_and_remove(d, self.v2);
-        }
+        // Whatever is left inside (the copy is dead by now) is killed with it; off the
+        // caller's path (removing a memory cgroup costs milliseconds). Anything still
+        // there at the next fork is not in a live copy, so process accounting refuses it.
+        let (dirs, v2) = (std::mem::take(&mut self.dirs), self.v2);
+        std::thread::spawn(move || {
+            for d in &dirs {
+                kill_and_remove(d, v2);
+            }
+        });
     }
+}
+
+fn join_dirs(dirs: &[PathBuf], pid: i32) -> Result<(), ExecutorError> {
+    for d in dirs {
+        fs::write(d.join("cgroup.procs"), pid.to_string())
+            .map_err(ExecutorError::io(format!("cgroup {}", d.display())))?;
+    }
+    Ok(())
+}
+
+/// Makes copy `n`'s cgroups with their limits, empty.
+fn make_copy_dirs(backend: &Backend, limits: Option<CgroupLimits>, n: u64) -> Result<Vec<PathBuf>, ExecutorError> {
+    let io = |p: &Path| ExecutorError::io(format!("cgroup {}", p.display()));
+    Ok(match backend {
+        Backend::V1 { memory, pids } => {
+            let mem = memory.join(format!("copy-{n}"));
+            let pids = pids.join(format!("copy-{n}"));
+            fs::create_dir_all(&mem).map_err(io(&mem))?;
+            fs::create_dir_all(&pids).map_err(io(&pids))?;
+            if let Some(l) = &limits {
+                fs::write(mem.join("memory.limit_in_bytes"), l.memory_bytes.to_string()).map_err(io(&mem))?;
+                let _ = fs::write(mem.join("memory.memsw.limit_in_bytes"), l.memory_bytes.to_string());
+                fs::write(pids.join("pids.max"), l.processes.to_string()).map_err(io(&pids))?;
+            }
+            vec![mem, pids]
+        }
+        Backend::V2 { root, limits: enforced } => {
+            let dir = root.join(format!("copy-{n}"));
+            fs::create_dir_all(&dir).map_err(io(&dir))?;
+            if let (true, Some(l)) = (*enforced, &limits) {
+                fs::write(dir.join("memory.max"), l.memory_bytes.to_string()).map_err(io(&dir))?;
+                let _ = fs::write(dir.join("memory.swap.max"), "0");
+                fs::write(dir.join("pids.max"), l.processes.to_string()).map_err(io(&dir))?;
+            }
+            vec![dir]
+        }
+    })
 }

@@ -24,6 +24,7 @@ use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
 use crate::seccomp::SeccompPolicy;
+use crate::timings::CopyTimings;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
 
 /// The Python tool host and helper module, shipped inside the binary.
@@ -189,6 +190,11 @@ pub struct Germline {
     keeper: Option<Keeper>,
     /// Time the germline took to import the release.
     pub start_time: Duration,
+    /// Copies killed after their answer was returned, whose death the next fork awaits.
+    retired: Vec<CopyProcess>,
+    /// Readable whenever the germline has stopped (one byte per stop, from the first
+    /// process, its parent): a wake-up only; the stop itself is read from `/proc`.
+    stops: Option<OwnedFd>,
 }
 
 /// The keeper: the first child of the germline, forked before the release is imported,
@@ -328,7 +334,10 @@ impl Germline {
             .env("PYTHONHASHSEED", "0")
             .current_dir(&release_dir)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            // With its own PID namespace, the first process (never the germline, never
+            // release code) reports each stop of the germline on its stdout: the broker
+            // sleeps until then instead of polling (see `wait_stopped`).
+            .stdout(if spec.switches.pid_namespace { Stdio::piped() } else { Stdio::null() })
             .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
         if debug_stderr {
             cmd.env("GERMLINE_KEEP_STDERR", "1");
@@ -393,7 +402,12 @@ impl Germline {
             }
         }
         let report = sandbox.install(&mut cmd);
-        let child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        let mut child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        let stops = child.stdout.take().map(OwnedFd::from);
+        if let Some(fd) = &stops {
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        }
         drop(theirs);
         let leader = child.id() as i32;
         let leader_fd = pidfd_open(leader)?;
@@ -407,6 +421,8 @@ impl Germline {
             cgroups,
             keeper: None,
             start_time: Duration::ZERO,
+            retired: Vec::new(),
+            stops,
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -425,6 +441,9 @@ impl Germline {
             return Err(ExecutorError::refused("children", "the germline left a process running at start"));
         }
         g.account_processes()?;
+        if let Some(cg) = &g.cgroups {
+            cg.stage_next(pid);
+        }
         g.start_time = t0.elapsed();
         Ok(g)
     }
@@ -488,10 +507,13 @@ impl Germline {
 
     /// Waits until the germline has stopped (itself or by us). Read from `/proc` (the
     /// germline need not be the broker's child): the state stays `T` until a SIGCONT,
-    /// which wakes it before `kill` returns. An exit shows on the pidfd.
+    /// which wakes it before `kill` returns. An exit shows on the pidfd. Between looks the
+    /// broker sleeps in the kernel until the first process reports a stop (or, without
+    /// that report, naps of 20–200 µs).
     fn wait_stopped(&self, timeout: Duration) -> Result<(), String> {
         let until = Instant::now() + timeout;
         let mut nap = Duration::from_micros(20);
+        let mut stops = self.stops.as_ref().map(AsRawFd::as_raw_fd);
         loop {
             let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: poll on one pidfd we own, without waiting.
@@ -504,11 +526,32 @@ impl Germline {
                 Ok('Z' | 'X') | Err(_) => return Err("the germline exited".into()),
                 Ok(_) => {}
             }
-            if Instant::now() > until {
+            let now = Instant::now();
+            if now > until {
                 return Err(format!("the germline did not stop within {timeout:?}"));
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_micros(200));
+            match stops {
+                Some(fd) => {
+                    // Bounded, so a first process that stopped reporting only slows this.
+                    let wait = until.saturating_duration_since(now).min(Duration::from_millis(50));
+                    let mut pfd = [
+                        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+                        libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                    ];
+                    // SAFETY: poll on two descriptors we own, for a bounded time.
+                    unsafe { libc::poll(pfd.as_mut_ptr(), 2, wait.as_millis().max(1) as i32) };
+                    if pfd[0].revents & (libc::POLLHUP | libc::POLLERR) != 0 && pfd[0].revents & libc::POLLIN == 0 {
+                        stops = None;
+                    }
+                    let mut buf = [0u8; 64];
+                    // SAFETY: non-blocking reads into a local buffer, draining stale reports.
+                    while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+                }
+                None => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_micros(200));
+                }
+            }
         }
     }
 
@@ -542,17 +585,24 @@ impl Germline {
     /// namespaces shared with nothing else alive. A germline that fails any of this is
     /// refused, and the copy (if any) is killed before it holds data.
     pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
+        let t0 = Instant::now();
+        // Copies of one germline never overlap: the previous one is gone before a fork.
+        self.reap_retired()?;
+        let t1 = Instant::now();
         inspect::check_germline(self.pid, &self.allowed)?;
         self.account_processes()?;
+        let t_cg = Instant::now();
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.enter_copy(self.pid)?),
             None => None,
         };
+        let t2 = Instant::now();
         // SIGUSR1 stays pending (the germline blocks it and waits for it) until SIGCONT
         // lets the germline run; it forks once and stops itself.
         self.signal(libc::SIGUSR1)?;
         self.signal(libc::SIGCONT)?;
         let forked = self.wait_stopped(Duration::from_secs(5));
+        let t3 = Instant::now();
         if forked.is_err() {
             self.stop()?;
         }
@@ -618,10 +668,46 @@ impl Germline {
             }
             live.extend(ns.iter().copied());
         }
-        let copy = CopyProcess { pid: copy_pid, pidfd, namespaces: ns, _namespace_handles: ns_files, _cgroup: cgroup };
+        let mut copy = CopyProcess {
+            pid: copy_pid,
+            pidfd,
+            namespaces: ns,
+            _namespace_handles: ns_files,
+            cgroup,
+            timings: CopyTimings::default(),
+        };
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
+        copy.timings.reap = t1 - t0;
+        copy.timings.checks_before = t_cg - t1;
+        copy.timings.cgroup = t2 - t_cg;
+        copy.timings.fork = t3 - t2;
+        copy.timings.checks_after = t3.elapsed();
         Ok(copy)
+    }
+
+    /// Kills `copy` now and leaves waiting for its death to the next fork (or to the
+    /// germline's end), so a call's answer is not held up by the copy's teardown.
+    pub fn retire(&mut self, copy: CopyProcess) {
+        let _ = pidfd_kill(&copy.pidfd);
+        // Its descendants too, now: the namespace's own teardown comes only after the
+        // copy's memory is freed.
+        if let Some(cg) = &copy.cgroup {
+            cg.kill_members();
+        }
+        self.retired.push(copy);
+        if let Some(cg) = &self.cgroups {
+            // No copy of this germline can run any more: the next copy's cgroup is
+            // entered now, off the next call's path.
+            cg.stage_next(self.pid);
+        }
+    }
+
+    fn reap_retired(&mut self) -> Result<(), ExecutorError> {
+        for copy in std::mem::take(&mut self.retired) {
+            copy.kill()?;
+        }
+        Ok(())
     }
 }
 
@@ -692,10 +778,23 @@ pub struct CopyProcess {
     pidfd: OwnedFd,
     namespaces: Vec<NsId>,
     _namespace_handles: Vec<std::fs::File>,
-    _cgroup: Option<CopyCgroup>,
+    cgroup: Option<CopyCgroup>,
+    /// Reap, checks and fork phases of this copy (the broker adds the rest).
+    pub timings: CopyTimings,
 }
 
 impl CopyProcess {
+    /// Lets the copy connect to its channel: its listeners are in place. (The copy waits
+    /// for this signal instead of retrying its connection; nothing rides on it.)
+    pub fn channel_ready(&self) -> Result<(), ExecutorError> {
+        // SAFETY: signalling through a pidfd we own.
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), libc::SIGUSR2, 0, 0) };
+        if rc < 0 {
+            return Err(ExecutorError::io("signalling a copy")(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Kills the copy; as PID 1 of its PID namespace, every descendant dies with it.
     /// Waits (bounded) until the kernel reports it gone.
     pub fn kill(&self) -> Result<(), ExecutorError> {

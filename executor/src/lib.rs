@@ -26,7 +26,9 @@ pub mod policy;
 pub mod runtime;
 pub mod seccomp;
 pub mod sigpin;
+pub mod timings;
 pub mod tls;
+pub mod wake;
 
 pub use error::ExecutorError;
 

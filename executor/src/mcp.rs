@@ -43,9 +43,25 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Sends a request and waits for its response: `Ok(Ok(result))` or `Ok(Err(error))`
     /// for a JSON-RPC error object.
     pub fn request(&mut self, method: &str, params: Value) -> Result<Result<Value, Value>, ExecutorError> {
+        let id = self.send_request(method, params)?;
+        self.response(id)
+    }
+
+    /// Sends a request; returns its id for [`McpClient::response`].
+    pub fn send_request(&mut self, method: &str, params: Value) -> Result<u64, ExecutorError> {
         let id = self.next_id;
         self.next_id += 1;
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        Ok(id)
+    }
+
+    /// Blocks until the server has sent at least one byte (or closed the stream).
+    pub fn wait_readable(&mut self) -> Result<(), ExecutorError> {
+        self.reader.fill_buf().map(|_| ()).map_err(ExecutorError::io("reading from the copy"))
+    }
+
+    /// Waits for the response to request `id`, answering the server's own requests.
+    pub fn response(&mut self, id: u64) -> Result<Result<Value, Value>, ExecutorError> {
         loop {
             let msg = self.read_message()?;
             if msg.get("method").is_some() {

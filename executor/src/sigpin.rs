@@ -7,10 +7,9 @@ use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use germline_model::{HostName, Label};
 use serde_json::json;
@@ -20,6 +19,7 @@ use crate::germline::PythonRuntime;
 use crate::http;
 use crate::mcp::McpClient;
 use crate::policy::Policy;
+use crate::wake::{Wake, Watchdog};
 use crate::ExecutorError;
 
 /// A release as one long-lived, unconfined process.
@@ -27,8 +27,9 @@ pub struct SigPinRuntime {
     child: Child,
     client: McpClient<BufReader<ChildStdout>, ChildStdin>,
     policy: Policy,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Wake>,
     relay: Option<thread::JoinHandle<()>>,
+    watchdog: Watchdog,
 }
 
 impl SigPinRuntime {
@@ -41,7 +42,7 @@ impl SigPinRuntime {
         let tls = policy.open_tls(&runtime.shim_dir.with_file_name("ca"))?;
         let listener = TcpListener::bind("127.0.0.1:0").map_err(ExecutorError::io("binding the relay"))?;
         let port = listener.local_addr().map_err(ExecutorError::io("relay address"))?.port();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Wake::new().map_err(ExecutorError::io("relay wake-up"))?);
         let relay = {
             let (stop, policy) = (stop.clone(), policy.clone());
             thread::spawn(move || relay_loop(listener, &stop, &policy))
@@ -56,7 +57,7 @@ impl SigPinRuntime {
         };
         let mut client = McpClient::new(BufReader::new(stdout), stdin, policy.limits.max_message_bytes);
         client.initialize()?;
-        Ok(SigPinRuntime { child, client, policy, stop, relay: Some(relay) })
+        Ok(SigPinRuntime { child, client, policy, stop, relay: Some(relay), watchdog: Watchdog::new() })
     }
 
     /// `tools/list` from the long-lived process.
@@ -77,7 +78,7 @@ impl SigPinRuntime {
             }
         }
         let pid = self.child.id() as i32;
-        let r = with_deadline(pid, self.policy.limits.deadline, || {
+        let r = self.watchdog.guard(pid, self.policy.limits.deadline, || {
             self.client.request("tools/call", json!({"name": req.tool, "arguments": req.arguments}))
         });
         match r {
@@ -90,7 +91,7 @@ impl SigPinRuntime {
 
 impl Drop for SigPinRuntime {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.wake();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = self.client.notify("exit", json!({}));
@@ -98,30 +99,6 @@ impl Drop for SigPinRuntime {
             let _ = r.join();
         }
     }
-}
-
-/// Runs `f` (one request to the long-lived process `pid`) with `pid` killed if it is not
-/// done within `deadline`: the baselines' equivalent of a copy's budget.
-pub(crate) fn with_deadline<T>(pid: i32, deadline: Duration, f: impl FnOnce() -> T) -> T {
-    let done = Arc::new(AtomicBool::new(false));
-    let watchdog = {
-        let done = done.clone();
-        thread::spawn(move || {
-            let end = Instant::now() + deadline;
-            while !done.load(Ordering::SeqCst) {
-                if Instant::now() > end {
-                    // SAFETY: signalling our own child.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    return;
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
-    let r = f();
-    done.store(true, Ordering::SeqCst);
-    let _ = watchdog.join();
-    r
 }
 
 /// The command of a long-lived server process for the baselines: the tool host in
@@ -145,18 +122,8 @@ pub(crate) fn server_command(runtime: &PythonRuntime, release_dir: &Path, port: 
     cmd
 }
 
-fn relay_loop(listener: TcpListener, stop: &AtomicBool, policy: &Policy) {
-    let _ = listener.set_nonblocking(true);
-    while !stop.load(Ordering::SeqCst) {
-        let mut conn = match listener.accept() {
-            Ok((c, _)) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            Err(_) => return,
-        };
-        let _ = conn.set_nonblocking(false);
+fn relay_loop(listener: TcpListener, stop: &Wake, policy: &Policy) {
+    while let Some(mut conn) = stop.accept(&listener, None) {
         let deadline = Instant::now() + policy.limits.deadline;
         let _ = conn.set_read_timeout(Some(policy.limits.deadline));
         let max = policy.limits.max_message_bytes;

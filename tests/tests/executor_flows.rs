@@ -113,11 +113,13 @@ def create_server():
         let marker = format!("gl{:08x}", std::process::id() ^ (kind as u32) << 16 ^ rand_u32());
         let o = rt.call(&request("linger", json!({"marker": marker}), &[]));
         assert!(o.error.is_none(), "{kind:?}: {:?}", o.error);
-        // The child renames itself right after fork; give it a moment either way.
+        // The child renames itself right after fork: give it a moment to show up under
+        // sig-pin; under germline, to be gone (a copy and its descendants are killed right
+        // after its answer is returned, and are dead before the germline forks again).
         let mut alive = Vec::new();
         for _ in 0..50 {
             alive = processes_named(&marker);
-            if !alive.is_empty() {
+            if alive.is_empty() != expect_alive {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
