@@ -163,6 +163,87 @@ pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// only the germline and its live copies. Never set outside tests.
 pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
+/// Test-only switch ("mechanism off"): the germline's PID namespace keeps its pid counter
+/// between forks, so the pids a copy burned show in the next fork window. Never set
+/// outside tests.
+pub static PID_COUNTER_RESET_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Resets the pid counter of the germline's PID namespace before every fork, so the pids
+/// the germline sees in a fork window (the copy's, or a child it forks and reaps) never
+/// depend on how many processes and threads earlier copies started: a copy's threads take
+/// pids in every ancestor namespace, the germline's included.
+///
+/// `ns_last_pid` applies to the writer's own PID namespace, so the writer is a shell the
+/// broker starts inside the germline's namespace (`setns` from a thread of its own, which
+/// needs CAP_SYS_ADMIN in the broker's user namespace: host root). It runs no release
+/// code, is outside the germline's Landlock domain (which scopes signals), and dies with
+/// the namespace.
+struct PidCounter {
+    child: Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl PidCounter {
+    /// What the shell does per line: the counter back to its own pid.
+    const SCRIPT: &'static str = "while read _; do if echo $$ > /proc/sys/kernel/ns_last_pid; then echo ok; \
+                                  else echo failed; fi; done";
+
+    fn start(germline: i32) -> Result<PidCounter, ExecutorError> {
+        let ns = std::fs::File::open(format!("/proc/{germline}/ns/pid"))
+            .map_err(ExecutorError::io("opening the germline's PID namespace"))?;
+        let spawned = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: setns on a namespace descriptor we own; it changes where this
+                    // thread's children are born (this thread only, and it ends here).
+                    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWPID) } < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Command::new("/bin/sh")
+                        .arg("-c")
+                        .arg(Self::SCRIPT)
+                        .env_clear()
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::null())
+                        .spawn()
+                })
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the spawning thread panicked")))
+        });
+        let mut child =
+            spawned.map_err(ExecutorError::io("starting the pid counter reset in the germline's namespace"))?;
+        let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            return Err(ExecutorError::internal("pid counter pipes"));
+        };
+        let mut c = PidCounter { child, input, output: std::io::BufReader::new(output) };
+        c.reset()?;
+        Ok(c)
+    }
+
+    fn reset(&mut self) -> Result<(), ExecutorError> {
+        use std::io::{BufRead, Write};
+        let fail = |why: String| ExecutorError::refused("processes", format!("the pid counter was not reset: {why}"));
+        self.input.write_all(b"\n").and_then(|()| self.input.flush()).map_err(|e| fail(e.to_string()))?;
+        let mut line = String::new();
+        self.output.read_line(&mut line).map_err(|e| fail(e.to_string()))?;
+        match line.trim() {
+            "ok" => Ok(()),
+            "" => Err(fail("the resetting shell is gone".into())),
+            other => Err(fail(other.to_owned())),
+        }
+    }
+}
+
+impl Drop for PidCounter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Test-only switch ("mechanism off"), re-exported: let the germline wait for its copies.
 pub use crate::inspect::CHILD_EXIT_CHECK_OFF_FOR_TESTS;
 
@@ -188,6 +269,8 @@ pub struct Germline {
     cgroups: Option<CgroupSet>,
     /// The init of the germline's own PID namespace (see [`Keeper`]).
     keeper: Option<Keeper>,
+    /// Resets that namespace's pid counter before every fork (see [`PidCounter`]).
+    pid_counter: Option<PidCounter>,
     /// Time the germline took to import the release.
     pub start_time: Duration,
     /// Copies killed after their answer was returned, whose death the next fork awaits.
@@ -420,6 +503,7 @@ impl Germline {
             namespaces: Vec::new(),
             cgroups,
             keeper: None,
+            pid_counter: None,
             start_time: Duration::ZERO,
             retired: Vec::new(),
             stops,
@@ -430,6 +514,17 @@ impl Germline {
             g.keeper = Some(keeper);
             g.pidfd = pidfd_open(pid)?;
             g.pid = pid;
+            if !PID_COUNTER_RESET_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+                // SAFETY: geteuid cannot fail.
+                if unsafe { libc::geteuid() } == 0 {
+                    g.pid_counter = Some(PidCounter::start(pid)?);
+                } else {
+                    tracing::warn!(
+                        "the broker is not host root: the germline's pid counter is not reset between forks \
+                         (a copy can move the pids the germline sees next; SECURITY.md)"
+                    );
+                }
+            }
         }
         let pid = g.pid;
         // The germline stops itself once the release is imported.
@@ -597,6 +692,9 @@ impl Germline {
             None => None,
         };
         let t2 = Instant::now();
+        if let Some(c) = &mut self.pid_counter {
+            c.reset()?;
+        }
         // SIGUSR1 stays pending (the germline blocks it and waits for it) until SIGCONT
         // lets the germline run; it forks once and stops itself.
         self.signal(libc::SIGUSR1)?;

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use germline_executor::call::GermlineRuntime;
+use germline_executor::germline::PID_COUNTER_RESET_OFF_FOR_TESTS;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_executor::seccomp::SeccompPolicy;
 use germline_tests::oracle::Oracle;
@@ -220,26 +221,35 @@ fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
 
 /// Three calibration calls, 48 calls that each start 5000 × (two bits of the item)
 /// threads in a copy holding the item, then a public call whose copy reads the gaps
-/// between the pids the germline saw in its fork windows. Open: the full germline lets
-/// the canary through.
+/// between the pids the germline saw in its fork windows. With the germline's pid counter
+/// reset before every fork the gaps no longer depend on the item; with the reset off the
+/// canary reaches the public consumer.
 #[test]
-#[ignore = "open channel: see SECURITY.md"]
 fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let c = case("pidgap", &attack("pidgap"));
-    let mut rt = c.start();
-    for _ in 0..3 {
-        let (_, err) = c.public_call(&mut rt, "tick", json!({}));
+    for reset in [false, true] {
+        PID_COUNTER_RESET_OFF_FOR_TESTS.store(!reset, Ordering::SeqCst);
+        let c = case("pidgap", &attack("pidgap"));
+        let started = c.start();
+        PID_COUNTER_RESET_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
+        let mut rt = started;
+        for _ in 0..3 {
+            let (_, err) = c.public_call(&mut rt, "tick", json!({}));
+            assert!(err.is_none(), "{err:?}");
+        }
+        for i in 0..48 {
+            let (_, err) = c.secret_call(&mut rt, "send", json!({"index": i}));
+            assert!(err.is_none(), "{err:?}");
+        }
+        let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3}));
         assert!(err.is_none(), "{err:?}");
+        eprintln!("pidgap reset={reset}: canary {} read {text}", c.canary);
+        if reset {
+            assert!(!c.leaked(&text), "on: the pids the germline sees carry nothing: {text}");
+        } else {
+            assert!(c.leaked(&text), "off: the canary reaches the public consumer: {text}");
+        }
     }
-    for i in 0..48 {
-        let (_, err) = c.secret_call(&mut rt, "send", json!({"index": i}));
-        assert!(err.is_none(), "{err:?}");
-    }
-    let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3}));
-    assert!(err.is_none(), "{err:?}");
-    eprintln!("pidgap on: canary {} read {text}", c.canary);
-    assert!(c.leaked(&text), "on (open): the canary reaches the public consumer: {text}");
 }
 
 // --- probe: sibling mechanisms the sandbox already refuses -------------------------------
