@@ -412,17 +412,7 @@ struct BareServer {
 
 impl BareServer {
     fn start(python: &PythonRuntime, release_dir: &Path) -> anyhow::Result<BareServer> {
-        use std::process::{Command, Stdio};
-        let mut child = Command::new(&python.python)
-            .arg("-I")
-            .arg(python.shim_dir.join("germline_host.py"))
-            .arg("serve")
-            .arg(release_dir)
-            .current_dir(release_dir)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+        let mut child = germline_executor::sigpin::serve_command(python, release_dir)
             .spawn()
             .context("starting the bare server")?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {

@@ -101,10 +101,9 @@ impl Drop for SigPinRuntime {
     }
 }
 
-/// The command of a long-lived server process for the baselines: the tool host in
-/// `serve` mode on stdio, with every proxy variable pointing at the relay on `port`.
-pub(crate) fn server_command(runtime: &PythonRuntime, release_dir: &Path, port: u16) -> Command {
-    let proxy = format!("http://127.0.0.1:{port}");
+/// The tool host in `serve` mode on stdio, unprotected: what a user would run without
+/// germline (the benchmarks' bare server).
+pub fn serve_command(runtime: &PythonRuntime, release_dir: &Path) -> Command {
     let mut cmd = Command::new(&runtime.python);
     cmd.arg("-I")
         .arg(runtime.shim_dir.join("germline_host.py"))
@@ -115,6 +114,14 @@ pub(crate) fn server_command(runtime: &PythonRuntime, release_dir: &Path, port: 
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
+    cmd
+}
+
+/// The command of a long-lived server process for the baselines: [`serve_command`] with
+/// every proxy variable pointing at the relay on `port`.
+pub(crate) fn server_command(runtime: &PythonRuntime, release_dir: &Path, port: u16) -> Command {
+    let proxy = format!("http://127.0.0.1:{port}");
+    let mut cmd = serve_command(runtime, release_dir);
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
         cmd.env(var, &proxy);
     }
