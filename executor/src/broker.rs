@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::germline::CopyKiller;
 use crate::http::{self, HttpRequest};
 use crate::mcp::McpClient;
-use crate::outside::CopyListeners;
+use crate::outside::{CopyListeners, ViewGate};
 use crate::policy::Policy;
 use crate::timings::CopyTimings;
 use crate::wake::{Ready, Wake};
@@ -162,7 +162,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         thread::spawn(move || slot_loop(listener, &wake, &writes, max))
     };
 
-    let result = talk(listeners.channel, &wake, &preamble, method, params, deadline, max, &mut timings);
+    let result = talk(listeners.channel, listeners.gate, &wake, &preamble, method, params, deadline, max, &mut timings);
     let t_down = Instant::now();
     wake.wake();
     let _ = done_tx.send(());
@@ -191,6 +191,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
 #[allow(clippy::too_many_arguments)]
 fn talk(
     channel: TcpListener,
+    gate: ViewGate,
     wake: &Wake,
     preamble: &Value,
     method: &str,
@@ -203,6 +204,9 @@ fn talk(
     let conn = wake
         .accept(&channel, Some(deadline))
         .ok_or_else(|| ExecutorError::Copy("the copy never connected to its channel".into()))?;
+    // Nothing the copy may see reaches it before it runs as its own ids: its view is
+    // mounted, and the preamble sent, only after the check.
+    gate.open()?;
     let t1 = Instant::now();
     timings.connect = t1 - t0;
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));

@@ -18,6 +18,7 @@ mod error;
 pub mod evidence;
 pub mod germline;
 pub mod http;
+pub mod ids;
 pub mod inspect;
 pub mod manifest;
 pub mod mcp;

@@ -157,7 +157,9 @@ const ALLOWED: &[Group] = &[
               kill, wait, pidfds and prlimit name only its own descendants; Landlock scopes \
               signals to the copy's domain; namespaces made by clone belong to the caller. \
               Signal-sending calls and clone are checked by argument below (standard signals \
-              only: real-time ones queue against a limit shared per host user)",
+              only: real-time ones queue against a limit shared per host user). capset can \
+              only lower what the caller holds in its own user namespace (a copy gives up \
+              everything before it is given data)",
         calls: sys![
             SYS_clone3,
             SYS_fork,
@@ -186,6 +188,8 @@ const ALLOWED: &[Group] = &[
             SYS_getresuid,
             SYS_getresgid,
             SYS_getgroups,
+            SYS_capget,
+            SYS_capset,
             SYS_prlimit64,
             SYS_getrlimit,
             SYS_setrlimit,
@@ -458,6 +462,19 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     // clone's low byte is the child's exit signal (CSIGNAL).
     rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
     rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
+    // A copy switches to its own ids (its namespace's root, mapped to host ids of its
+    // own) before it is given data; only to root of the caller's namespace, which in the
+    // germline is who it is already (and it holds no capability to become anyone else).
+    for call in [libc::SYS_setresuid, libc::SYS_setresgid] {
+        rules.insert(
+            call,
+            vec![rule(vec![
+                cond(0, SeccompCmpOp::Eq, 0)?,
+                cond(1, SeccompCmpOp::Eq, 0)?,
+                cond(2, SeccompCmpOp::Eq, 0)?,
+            ])?],
+        );
+    }
     // Private futexes (keyed by the caller's own mm) freely; shared ones only to wait.
     let private = word(libc::FUTEX_PRIVATE_FLAG);
     let mut futex = vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(private), private)?])?];

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use germline_executor::call::GermlineRuntime;
+use germline_executor::confine::SandboxSwitches;
 use germline_executor::germline::PID_COUNTER_RESET_OFF_FOR_TESTS;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_executor::seccomp::SeccompPolicy;
@@ -148,8 +149,16 @@ fn reap_a_copy_cloned_with_another_exit_signal_is_refused() {
 /// item) on another germline of the same release, both under `seccomp`; returns the
 /// receiver's JSON and the sender's text.
 fn live_pair(c: &Case, seccomp: SeccompPolicy, rounds: u32) -> (Value, String) {
-    let mut sender = c.start();
-    let mut receiver = c.start();
+    live_pair_with(c, seccomp, rounds, SandboxSwitches::default())
+}
+
+fn live_pair_with(c: &Case, seccomp: SeccompPolicy, rounds: u32, switches: SandboxSwitches) -> (Value, String) {
+    let start = || {
+        let policy = c.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
+        c.w.start_with(RuntimeKind::Germline, &c.release, policy, switches).expect("germline starts")
+    };
+    let mut sender = start();
+    let mut receiver = start();
     for rt in [&mut sender, &mut receiver] {
         germline(rt).set_seccomp_policy(seccomp.clone());
         let (_, err) = c.public_call(rt, "receive", json!({"rounds": 0}));
@@ -274,6 +283,7 @@ fn sibling_mechanisms_are_refused_under_the_full_germline() {
         "vsock socket",
         "scm_rights",
         "unshare user",
+        "setresuid other",
         "setns",
         "keyctl",
         "add_key",
@@ -317,6 +327,14 @@ fn sibling_mechanisms_are_refused_under_the_full_germline() {
     for k in ["proc", "sys"] {
         assert_eq!(got[k], json!("ENOENT"), "{k}: {text}");
     }
+    // The call germline forks copies with is allowed, but a copy's user namespace allows
+    // no namespace below it (its `user.max_*_namespaces` are 0): ENOSPC.
+    for k in ["clone user namespace", "clone user+net namespaces"] {
+        assert_eq!(got[k], json!("ENOSPC"), "{k}: {text}");
+    }
+    // Root of its own user namespace, mapped to host ids of its own; a full-size pipe.
+    assert_eq!(got["ids"], json!("(0, 0, 0) (0, 0, 0)"), "{text}");
+    assert_eq!(got["pipe"], json!("ok 65536"), "{text}");
     assert_eq!(got["dev"], json!("null,random,urandom,zero"), "{text}");
     assert_ne!(got["connect other port"], json!("ok"), "{text}");
     assert_ne!(got["write /dev/urandom"], json!("ok"), "{text}");
@@ -328,14 +346,32 @@ fn sibling_mechanisms_are_refused_under_the_full_germline() {
 
 /// A live pair on two germlines: the sender keeps 944 + level default pipes open (a child
 /// of its copy holds most of them), the receiver counts the full-size pipes it still gets.
-/// Open: SECURITY.md bounded this quota by the per-copy limits, but one copy holds all of it.
+/// Off (copies run as the germline's sandbox uid, as before per-copy ids) the canary
+/// crosses whole; on (each copy switches to host ids of its own before it is given data)
+/// the receiver's quota never moves: not one nibble.
 #[test]
-#[ignore = "open channel: see SECURITY.md"]
-fn pipequota_one_copy_holds_the_whole_per_user_pipe_quota() {
+fn pipequota_pipe_buffers_counted_per_host_user_carry_nothing_between_copies() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let c = case("pipequota", &attack("pipequota"));
-    let (got, sent) = live_pair(&c, SeccompPolicy::germline(), 550);
-    let text = got.to_string();
-    eprintln!("pipequota on: canary {} read {text}; sender {sent}", c.canary);
-    assert!(c.leaked(&text), "on (open): the canary crosses: {text}; sender {sent}");
+    for off in [true, false] {
+        let tries = if off { 3 } else { 1 };
+        for attempt in 1..=tries {
+            let c = case("pipequota", &attack("pipequota"));
+            let switches = SandboxSwitches { copy_ids: !off, ..Default::default() };
+            let (got, sent) = live_pair_with(&c, SeccompPolicy::germline(), 550, switches);
+            let text = got.to_string();
+            let leaked = c.leaked(&text);
+            if off {
+                if !leaked && attempt < tries {
+                    eprintln!("pipequota off, try {attempt}: lost a symbol ({text}; sender {sent})");
+                    continue;
+                }
+                assert!(leaked, "pipequota off: the canary crosses ({text}; sender {sent})");
+                eprintln!("pipequota off: 96/96 bits on try {attempt} (sender {sent})");
+                break;
+            }
+            assert!(!leaked, "pipequota on: {text}");
+            assert_eq!(got["nibbles"], json!(0), "pipequota on: not one nibble crossed ({text}; sender {sent})");
+            eprintln!("pipequota on: 0 bits ({text}; sender {sent})");
+        }
+    }
 }
