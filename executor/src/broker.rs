@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -141,6 +142,20 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     // The deadline watchdog sleeps until the deadline or the answer, whichever is first.
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let timed_out = Arc::new(AtomicBool::new(false));
+    // A copy that dies before it connects ends the wait for its channel at once (not at
+    // the deadline): this thread sleeps on its pidfd until it exits or the call is over.
+    let died = Arc::new(AtomicBool::new(false));
+    let death = {
+        let (wake, died) = (wake.clone(), died.clone());
+        let pidfd = killer.pidfd();
+        thread::spawn(move || {
+            let Ok(pidfd) = pidfd else { return };
+            if wake.wait(pidfd.as_raw_fd(), Some(deadline)) == Ready::Fd {
+                died.store(true, Ordering::SeqCst);
+                wake.wake();
+            }
+        })
+    };
     let watchdog = {
         let timed_out = timed_out.clone();
         thread::spawn(move || {
@@ -167,11 +182,14 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     wake.wake();
     let _ = done_tx.send(());
     let _ = watchdog.join();
+    let _ = death.join();
     let _ = proxy.join();
     let _ = slots.join();
 
     let result = if timed_out.load(Ordering::SeqCst) {
         Err(format!("copy exceeded its deadline of {} ms and was killed", budget.as_millis()))
+    } else if result.is_err() && died.load(Ordering::SeqCst) && timings.connect.is_zero() {
+        Err("the copy exited before it connected to its channel".to_owned())
     } else {
         result.map_err(|e| e.to_string())
     };
@@ -372,7 +390,6 @@ const MAX_SLOT_WRITES: usize = 1024;
 
 fn slot_loop(listener: TcpListener, wake: &Wake, writes: &Mutex<Vec<(String, Option<Value>)>>, max: usize) {
     use std::io::Read;
-    use std::os::fd::AsRawFd;
     let Some(mut conn) = wake.accept(&listener, None) else {
         return;
     };

@@ -999,6 +999,11 @@ impl CopyKiller {
     pub fn kill(&self) {
         let _ = pidfd_kill(&self.0);
     }
+
+    /// A duplicate of the copy's pidfd: readable once the copy has exited.
+    pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
+        self.0.try_clone()
+    }
 }
 
 /// The port a copy's channel connects to (for tests and docs).
