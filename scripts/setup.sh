@@ -46,11 +46,15 @@ if [ ! -x "$st_venv/bin/schemathesis" ] || [ "$(cat "$st_venv/.version" 2>/dev/n
 fi
 
 # Unmodified official MCP servers from PyPI, vendored into release directories for the
-# compatibility tests and `germline bench --server` (pinned; downloads cached).
+# compatibility tests and `germline bench --server` (pinned; downloads cached). The two
+# older mcp-server-git releases sit on either side of the upstream dash-target fix
+# (2025.12.18 added the `target.startswith("-")` rejection to git_diff) for the
+# formation-consistent dispatch tests and `germline eval fcd`.
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"
 mkdir -p "$real" /var/cache/germline/pip-cache
 for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" \
-  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0"; do
+  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0" \
+  "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then
     rm -rf "$real/$name"

@@ -1,0 +1,412 @@
+//! Formation-consistent dispatch (DESIGN §8): a host of several admitted releases per
+//! name, the ordered lifecycle that says which one new formations use, formations bound
+//! to what the caller saw, and the final-hop fence in front of every formed call.
+//!
+//! Ordering: every lifecycle change takes the host's lifecycle lock for writing; a
+//! dispatch holds it for reading from the fence check until its copies have run, so no
+//! rollout, rollback or retirement slips between the check and the fork. The decisions
+//! themselves are `germline_model::final_hop_fence` and the lifecycle rules; the records
+//! go to a [`FormationLog`] (the ledger in `germline serve` and `germline eval fcd`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use germline_model::{
+    effect_fits, final_hop_fence, CapturedSuccessor, DispatchPolicy, FcdAudit, FcdRecord, FenceGrant, FormationEntry,
+    FormationLog, FormationRecord, FormationSnapshot, Lifecycle, LifecycleAction, ReleaseHash, ReleaseName,
+    Sha256Digest,
+};
+use serde_json::Value;
+
+use crate::call::{release_dir_hash, CallOutcome, CallRequest};
+use crate::germline::PythonRuntime;
+use crate::manifest::Manifest;
+use crate::policy::Policy;
+use crate::profile::{summarize, Profile, Registration};
+use crate::runtime::{Runtime, RuntimeKind};
+use crate::ExecutorError;
+
+/// One admitted release on the host.
+pub struct HostedRelease {
+    /// Release name.
+    pub name: ReleaseName,
+    /// Version.
+    pub version: String,
+    /// Release hash (of its directory, as admitted).
+    pub release: ReleaseHash,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its family profile's verdict (`None`: no reviewed profile for the family).
+    pub registration: Option<Registration>,
+    runtime: Mutex<Option<Runtime>>,
+}
+
+impl HostedRelease {
+    fn effect(&self, tool: &str, arguments: &serde_json::Map<String, Value>) -> Option<(Vec<String>, Sha256Digest)> {
+        match &self.registration {
+            Some(Registration::Registered(s)) => s.effect(tool, arguments).map(|e| (e, s.digest())),
+            _ => None,
+        }
+    }
+
+    fn label(&self) -> String {
+        format!("{} {} ({})", self.name, self.version, short(&self.release))
+    }
+}
+
+fn short(r: &ReleaseHash) -> String {
+    r.to_hex()[..12].to_owned()
+}
+
+/// A formed call ready to dispatch: its id and record.
+pub type Formation = FormationEntry;
+
+/// An MCP session: every call in it is formed against the snapshot it saw at `tools/list`.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// What the session saw.
+    pub snapshot: FormationSnapshot,
+}
+
+struct HostState {
+    lifecycles: BTreeMap<ReleaseName, Lifecycle>,
+    releases: BTreeMap<ReleaseHash, Arc<HostedRelease>>,
+}
+
+/// The formation-consistent dispatch host.
+pub struct FormationHost {
+    log: Arc<dyn FormationLog>,
+    kind: RuntimeKind,
+    policy: Policy,
+    python: PythonRuntime,
+    dispatch_policy: Mutex<DispatchPolicy>,
+    state: RwLock<HostState>,
+    formations: Mutex<BTreeMap<Sha256Digest, u64>>,
+    pending: Mutex<BTreeMap<Sha256Digest, CallRequest>>,
+    fence_off: std::sync::atomic::AtomicBool,
+}
+
+impl FormationHost {
+    /// A host over `log`: lifecycles and formations already in the log are replayed (and
+    /// checked); their release directories are attached with [`FormationHost::attach`].
+    pub fn open(
+        log: Arc<dyn FormationLog>,
+        kind: RuntimeKind,
+        policy: Policy,
+        python: PythonRuntime,
+    ) -> Result<FormationHost, ExecutorError> {
+        let mut audit = FcdAudit::default();
+        for (i, r) in log.replay().map_err(ExecutorError::Formation)? {
+            let header = match &r {
+                FcdRecord::Formation(f) => f.record.snapshot.release,
+                FcdRecord::Lifecycle(ev) => ev.action.release(),
+            };
+            audit.check(i, &header, &r).map_err(ExecutorError::Formation)?;
+        }
+        Ok(FormationHost {
+            log,
+            kind,
+            policy,
+            python,
+            dispatch_policy: Mutex::new(DispatchPolicy::default()),
+            state: RwLock::new(HostState { lifecycles: audit.lifecycles, releases: BTreeMap::new() }),
+            formations: Mutex::new(audit.formations),
+            pending: Mutex::new(BTreeMap::new()),
+            fence_off: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Sets the deployment's dispatch policy for new formations.
+    pub fn set_dispatch_policy(&self, p: DispatchPolicy) {
+        *lock(&self.dispatch_policy) = p;
+    }
+
+    /// Debug builds only, for tests: dispatch without the final-hop fence (the
+    /// mechanism-off twin that shows what the fence stops). Release builds ignore it.
+    pub fn switch_fence_off(&self) {
+        #[cfg(debug_assertions)]
+        self.fence_off.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HostState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HostState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hosted_of(dir: &Path, python: &PythonRuntime) -> Result<HostedRelease, ExecutorError> {
+        let manifest = Manifest::load(dir)?;
+        let name = ReleaseName::new(&manifest.name)?;
+        let release = release_dir_hash(dir)?;
+        let registration = match Profile::builtin(name.as_str()) {
+            Some(p) => Some(summarize(&p, dir, python)?),
+            None => None,
+        };
+        Ok(HostedRelease {
+            name,
+            version: manifest.version,
+            release,
+            dir: dir.to_path_buf(),
+            registration,
+            runtime: Mutex::new(None),
+        })
+    }
+
+    /// Admits the release in `dir` (recorded in the log; not yet used for new
+    /// formations) and returns its hash.
+    pub fn admit(&self, dir: &Path) -> Result<ReleaseHash, ExecutorError> {
+        let hosted = Self::hosted_of(dir, &self.python)?;
+        let release = hosted.release;
+        let mut st = self.write();
+        let l = st.lifecycles.entry(hosted.name.clone()).or_insert_with(|| Lifecycle::new(hosted.name.clone()));
+        let ev = l.next(LifecycleAction::Admit { release, version: hosted.version.clone() })?;
+        self.log.append_lifecycle(&ev).map_err(ExecutorError::Formation)?;
+        l.apply(&ev)?;
+        st.releases.insert(release, Arc::new(hosted));
+        Ok(release)
+    }
+
+    /// Attaches the directory of a release the log already admitted (a reopened host).
+    pub fn attach(&self, dir: &Path) -> Result<ReleaseHash, ExecutorError> {
+        let hosted = Self::hosted_of(dir, &self.python)?;
+        let mut st = self.write();
+        let known = st.lifecycles.get(&hosted.name).is_some_and(|l| l.releases.contains_key(&hosted.release));
+        if !known {
+            return Err(ExecutorError::Lifecycle(format!("{} was never admitted on this host", hosted.label())));
+        }
+        let release = hosted.release;
+        st.releases.insert(release, Arc::new(hosted));
+        Ok(release)
+    }
+
+    /// New formations of its name use `release`.
+    pub fn promote(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
+        self.change(LifecycleAction::Promote { release: *release })
+    }
+
+    /// New formations go back to `release`, promoted before.
+    pub fn roll_back(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
+        self.change(LifecycleAction::RollBack { release: *release })
+    }
+
+    /// `release` runs nothing any more; its germline is stopped.
+    pub fn retire(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
+        self.change(LifecycleAction::Retire { release: *release })
+    }
+
+    fn change(&self, action: LifecycleAction) -> Result<(), ExecutorError> {
+        let r = action.release();
+        let retire = matches!(action, LifecycleAction::Retire { .. });
+        let mut st = self.write();
+        let hosted = st
+            .releases
+            .get(&r)
+            .cloned()
+            .ok_or_else(|| ExecutorError::Lifecycle(format!("release {} is not on this host", short(&r))))?;
+        let l = st
+            .lifecycles
+            .get_mut(&hosted.name)
+            .ok_or_else(|| ExecutorError::Lifecycle(format!("{} has no lifecycle", hosted.name)))?;
+        let ev = l.next(action)?;
+        self.log.append_lifecycle(&ev).map_err(ExecutorError::Formation)?;
+        l.apply(&ev)?;
+        if retire {
+            lock(&hosted.runtime).take();
+        }
+        Ok(())
+    }
+
+    /// The lifecycle of `name` as it is now.
+    pub fn lifecycle(&self, name: &ReleaseName) -> Option<Lifecycle> {
+        self.read().lifecycles.get(name).cloned()
+    }
+
+    /// An admitted release by hash.
+    pub fn release(&self, r: &ReleaseHash) -> Option<Arc<HostedRelease>> {
+        self.read().releases.get(r).cloned()
+    }
+
+    fn with_runtime<T>(
+        &self,
+        hosted: &HostedRelease,
+        f: impl FnOnce(&mut Runtime) -> Result<T, ExecutorError>,
+    ) -> Result<T, ExecutorError> {
+        let mut slot = lock(&hosted.runtime);
+        if slot.is_none() {
+            *slot = Some(Runtime::start(self.kind, &hosted.dir, self.policy.clone(), self.python.clone())?);
+        }
+        match slot.as_mut() {
+            Some(rt) => f(rt),
+            None => Err(ExecutorError::internal("runtime slot empty after start")),
+        }
+    }
+
+    /// Answers `tools/list` for `name` from its current release and returns the result
+    /// with the formation snapshot it makes.
+    pub fn list_tools(&self, name: &ReleaseName) -> Result<(Value, FormationSnapshot), ExecutorError> {
+        let st = self.read();
+        let hosted = Self::current(&st, name)?;
+        let tools = self.with_runtime(&hosted, |rt| rt.list_tools())?;
+        let snapshot = FormationSnapshot::of_tools_list(name.clone(), &hosted.version, hosted.release, &tools)?;
+        Ok((tools, snapshot))
+    }
+
+    /// Opens an MCP session on `name`: its calls bind to the snapshot it sees now.
+    pub fn open_session(&self, name: &ReleaseName) -> Result<(Value, Session), ExecutorError> {
+        let (tools, snapshot) = self.list_tools(name)?;
+        Ok((tools, Session { snapshot }))
+    }
+
+    fn current(st: &HostState, name: &ReleaseName) -> Result<Arc<HostedRelease>, ExecutorError> {
+        let l = st.lifecycles.get(name).ok_or_else(|| ExecutorError::Lifecycle(format!("no release named {name}")))?;
+        let cur = l.current.ok_or_else(|| ExecutorError::Lifecycle(format!("{name} has no promoted release")))?;
+        st.releases.get(&cur).cloned().ok_or_else(|| {
+            ExecutorError::Lifecycle(format!("{name}'s current release {} is not attached", short(&cur)))
+        })
+    }
+
+    /// Forms `req` against `snapshot` under the deployment's dispatch policy: records the
+    /// formation (argument-bound, with the successors captured for it) in the log and
+    /// keeps the call pending until [`FormationHost::dispatch`].
+    pub fn form(&self, snapshot: &FormationSnapshot, req: &CallRequest) -> Result<Formation, ExecutorError> {
+        let policy = *lock(&self.dispatch_policy);
+        let st = self.read();
+        let l = st
+            .lifecycles
+            .get(&snapshot.name)
+            .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", snapshot.name)))?;
+        if !l.is_live(&snapshot.release) {
+            return Err(ExecutorError::Formation(format!(
+                "snapshot of {} {} ({}): that release is retired or was never admitted; list the tools again",
+                snapshot.name,
+                snapshot.version,
+                short(&snapshot.release)
+            )));
+        }
+        if !snapshot.tools.contains_key(&req.tool) {
+            return Err(ExecutorError::Formation(format!("tool {:?} is not in the snapshot", req.tool)));
+        }
+        let source = st
+            .releases
+            .get(&snapshot.release)
+            .ok_or_else(|| ExecutorError::Formation(format!("source {} is not attached", short(&snapshot.release))))?;
+        let contract = source.effect(&req.tool, &req.arguments).map(|(e, _)| e);
+        let mut successors = Vec::new();
+        if let (DispatchPolicy::CallSpecific, Some(contract)) = (policy, &contract) {
+            for (r, _) in l.releases.iter().filter(|(r, s)| !s.retired && **r != snapshot.release) {
+                let Some(h) = st.releases.get(r) else { continue };
+                if let Some((effect, summary)) = h.effect(&req.tool, &req.arguments) {
+                    if effect_fits(contract, &effect) {
+                        successors.push(CapturedSuccessor {
+                            release: *r,
+                            version: h.version.clone(),
+                            summary,
+                            effect: effect.join("+"),
+                        });
+                    }
+                }
+            }
+        }
+        let record = FormationRecord {
+            snapshot: snapshot.clone(),
+            tool: req.tool.clone(),
+            arguments: Sha256Digest::of_json(&Value::Object(req.arguments.clone())),
+            policy,
+            formed_at_ms: now_ms(),
+            epoch: l.epoch,
+            contract: contract.map(|c| c.join("+")),
+            successors,
+        };
+        let entry = FormationEntry::new(record);
+        let index = self.log.append_formation(&entry).map_err(ExecutorError::Formation)?;
+        lock(&self.formations).insert(entry.id, index);
+        lock(&self.pending).insert(entry.id, req.clone());
+        Ok(entry)
+    }
+
+    /// Runs the formation `id` now, on the release its name is routed to (the current
+    /// one), behind the final-hop fence. `req` re-supplies the call (it must bind to the
+    /// record's argument digest); `None` takes the pending call kept at formation.
+    pub fn dispatch(&self, id: &Sha256Digest, req: Option<&CallRequest>) -> Result<CallOutcome, ExecutorError> {
+        let st = self.read();
+        let index = lock(&self.formations)
+            .get(id)
+            .copied()
+            .ok_or_else(|| ExecutorError::Formation(format!("no formation {}", id.short())))?;
+        let entry = self.log.formation_at(index).map_err(ExecutorError::Formation)?;
+        if entry.id != *id || entry.check().is_err() {
+            return Err(ExecutorError::Formation(format!(
+                "the stored record of formation {} does not hash to its id (substituted or altered)",
+                id.short()
+            )));
+        }
+        let pending = lock(&self.pending).get(id).cloned();
+        let req = req
+            .cloned()
+            .or(pending)
+            .ok_or_else(|| ExecutorError::Formation(format!("formation {}: the call is not kept here", id.short())))?;
+        let record = &entry.record;
+        if req.tool != record.tool || !record.binds(&Value::Object(req.arguments.clone())) {
+            return Err(ExecutorError::Formation(format!(
+                "formation {}: the call's tool or arguments differ from the formed ones (form it again)",
+                id.short()
+            )));
+        }
+        let l = st
+            .lifecycles
+            .get(&record.snapshot.name)
+            .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", record.snapshot.name)))?;
+        let target = Self::current(&st, &record.snapshot.name)?;
+        let outcome = self.with_runtime(&target, |rt| {
+            if !self.fence_off.load(std::sync::atomic::Ordering::SeqCst) {
+                fenced_call(rt, &target, id, record, l)?;
+            }
+            Ok(rt.call(&req))
+        });
+        drop(st);
+        outcome
+    }
+
+    /// One call of an MCP session: formed against the session's snapshot, dispatched now.
+    pub fn session_call(&self, session: &Session, req: &CallRequest) -> Result<CallOutcome, ExecutorError> {
+        let f = self.form(&session.snapshot, req)?;
+        self.dispatch(&f.id, Some(req))
+    }
+}
+
+/// The final-hop fence, checked with the lifecycle held fixed, right before the call's
+/// copies are forked from `rt`: the germline's own release must be the formation's
+/// source, or a successor captured at formation and eligible now.
+fn fenced_call(
+    rt: &Runtime,
+    hosted: &HostedRelease,
+    id: &Sha256Digest,
+    record: &FormationRecord,
+    lifecycle: &Lifecycle,
+) -> Result<FenceGrant, ExecutorError> {
+    let running = rt.release().unwrap_or(hosted.release);
+    let s = &record.snapshot;
+    final_hop_fence(record, lifecycle, &running).map_err(|why| {
+        ExecutorError::Fence(format!(
+            "formation {} (formed on {} {} ({})) would run on {} {} ({}): {why}; nothing ran",
+            id.short(),
+            s.name,
+            s.version,
+            short(&s.release),
+            hosted.name,
+            hosted.version,
+            short(&running),
+        ))
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
