@@ -39,7 +39,6 @@ pub struct HostedRelease {
     pub dir: PathBuf,
     /// Its family profile's verdict (`None`: no reviewed profile for the family).
     pub registration: Option<Registration>,
-    runtime: Mutex<Option<Runtime>>,
 }
 
 impl HostedRelease {
@@ -50,13 +49,90 @@ impl HostedRelease {
         }
     }
 
-    fn label(&self) -> String {
+    /// `name version (hash prefix)`, for messages.
+    pub fn label(&self) -> String {
         format!("{} {} ({})", self.name, self.version, short(&self.release))
     }
 }
 
 fn short(r: &ReleaseHash) -> String {
     r.to_hex()[..12].to_owned()
+}
+
+/// The fence a [`ReleaseRunner`] checks on the runtime about to fork a call's copies.
+pub type Fence<'a> = dyn FnMut(&Runtime) -> Result<FenceGrant, ExecutorError> + 'a;
+
+/// Owns the releases' runtimes: lists tools and runs calls for the host. `run` must call
+/// `fence` with the runtime that will run the call, immediately before `Runtime::call`,
+/// and run nothing when it fails.
+pub trait ReleaseRunner: Send + Sync {
+    /// `tools/list` of `release`.
+    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError>;
+    /// Runs `req` on `release` behind `fence`.
+    fn run(
+        &self,
+        release: &HostedRelease,
+        req: &CallRequest,
+        fence: &mut Fence<'_>,
+    ) -> Result<CallOutcome, ExecutorError>;
+    /// `release` was retired: stop its runtime.
+    fn stop(&self, release: &HostedRelease);
+}
+
+/// A [`ReleaseRunner`] owning one runtime per release, started on first use.
+pub struct LocalRunner {
+    kind: RuntimeKind,
+    policy: Policy,
+    python: PythonRuntime,
+    runtimes: Mutex<BTreeMap<ReleaseHash, Arc<Mutex<Option<Runtime>>>>>,
+}
+
+impl LocalRunner {
+    /// Releases run under `kind` with `policy`.
+    pub fn new(kind: RuntimeKind, policy: Policy, python: PythonRuntime) -> LocalRunner {
+        LocalRunner { kind, policy, python, runtimes: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn with_runtime<T>(
+        &self,
+        hosted: &HostedRelease,
+        f: impl FnOnce(&mut Runtime) -> Result<T, ExecutorError>,
+    ) -> Result<T, ExecutorError> {
+        let slot = lock(&self.runtimes).entry(hosted.release).or_default().clone();
+        let mut slot = lock(&slot);
+        if slot.is_none() {
+            *slot = Some(Runtime::start(self.kind, &hosted.dir, self.policy.clone(), self.python.clone())?);
+        }
+        match slot.as_mut() {
+            Some(rt) => f(rt),
+            None => Err(ExecutorError::internal("runtime slot empty after start")),
+        }
+    }
+}
+
+impl ReleaseRunner for LocalRunner {
+    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError> {
+        self.with_runtime(release, |rt| rt.list_tools())
+    }
+
+    fn run(
+        &self,
+        release: &HostedRelease,
+        req: &CallRequest,
+        fence: &mut Fence<'_>,
+    ) -> Result<CallOutcome, ExecutorError> {
+        self.with_runtime(release, |rt| {
+            fence(rt)?;
+            Ok(rt.call(req))
+        })
+    }
+
+    fn stop(&self, release: &HostedRelease) {
+        let slot = lock(&self.runtimes).remove(&release.release);
+        if let Some(slot) = slot {
+            lock(&slot).take();
+        }
+    }
 }
 
 /// A formed call ready to dispatch: its id and record.
@@ -77,8 +153,7 @@ struct HostState {
 /// The formation-consistent dispatch host.
 pub struct FormationHost {
     log: Arc<dyn FormationLog>,
-    kind: RuntimeKind,
-    policy: Policy,
+    runner: Arc<dyn ReleaseRunner>,
     python: PythonRuntime,
     dispatch_policy: Mutex<DispatchPolicy>,
     state: RwLock<HostState>,
@@ -96,6 +171,17 @@ impl FormationHost {
         policy: Policy,
         python: PythonRuntime,
     ) -> Result<FormationHost, ExecutorError> {
+        let runner = Arc::new(LocalRunner::new(kind, policy, python.clone()));
+        Self::open_with(log, runner, python)
+    }
+
+    /// [`FormationHost::open`] with the runtimes owned by `runner`; `python` runs the
+    /// profile analyses.
+    pub fn open_with(
+        log: Arc<dyn FormationLog>,
+        runner: Arc<dyn ReleaseRunner>,
+        python: PythonRuntime,
+    ) -> Result<FormationHost, ExecutorError> {
         let mut audit = FcdAudit::default();
         for (i, r) in log.replay().map_err(ExecutorError::Formation)? {
             let header = match &r {
@@ -106,8 +192,7 @@ impl FormationHost {
         }
         Ok(FormationHost {
             log,
-            kind,
-            policy,
+            runner,
             python,
             dispatch_policy: Mutex::new(DispatchPolicy::default()),
             state: RwLock::new(HostState { lifecycles: audit.lifecycles, releases: BTreeMap::new() }),
@@ -151,7 +236,6 @@ impl FormationHost {
             release,
             dir: dir.to_path_buf(),
             registration,
-            runtime: Mutex::new(None),
         })
     }
 
@@ -214,7 +298,7 @@ impl FormationHost {
         self.log.append_lifecycle(&ev).map_err(ExecutorError::Formation)?;
         l.apply(&ev)?;
         if retire {
-            lock(&hosted.runtime).take();
+            self.runner.stop(&hosted);
         }
         Ok(())
     }
@@ -229,27 +313,12 @@ impl FormationHost {
         self.read().releases.get(r).cloned()
     }
 
-    fn with_runtime<T>(
-        &self,
-        hosted: &HostedRelease,
-        f: impl FnOnce(&mut Runtime) -> Result<T, ExecutorError>,
-    ) -> Result<T, ExecutorError> {
-        let mut slot = lock(&hosted.runtime);
-        if slot.is_none() {
-            *slot = Some(Runtime::start(self.kind, &hosted.dir, self.policy.clone(), self.python.clone())?);
-        }
-        match slot.as_mut() {
-            Some(rt) => f(rt),
-            None => Err(ExecutorError::internal("runtime slot empty after start")),
-        }
-    }
-
     /// Answers `tools/list` for `name` from its current release and returns the result
     /// with the formation snapshot it makes.
     pub fn list_tools(&self, name: &ReleaseName) -> Result<(Value, FormationSnapshot), ExecutorError> {
         let st = self.read();
         let hosted = Self::current(&st, name)?;
-        let tools = self.with_runtime(&hosted, |rt| rt.list_tools())?;
+        let tools = self.runner.list_tools(&hosted)?;
         let snapshot = FormationSnapshot::of_tools_list(name.clone(), &hosted.version, hosted.release, &tools)?;
         Ok((tools, snapshot))
     }
@@ -360,12 +429,14 @@ impl FormationHost {
             .get(&record.snapshot.name)
             .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", record.snapshot.name)))?;
         let target = Self::current(&st, &record.snapshot.name)?;
-        let outcome = self.with_runtime(&target, |rt| {
-            if !self.fence_off.load(std::sync::atomic::Ordering::SeqCst) {
-                fenced_call(rt, &target, id, record, l)?;
+        let fence_off = self.fence_off.load(std::sync::atomic::Ordering::SeqCst);
+        let mut fence = |rt: &Runtime| {
+            if fence_off {
+                return Ok(FenceGrant::Source);
             }
-            Ok(rt.call(&req))
-        });
+            final_hop_fence_check(rt, &target, id, record, l)
+        };
+        let outcome = self.runner.run(&target, &req, &mut fence);
         drop(st);
         outcome
     }
@@ -379,8 +450,9 @@ impl FormationHost {
 
 /// The final-hop fence, checked with the lifecycle held fixed, right before the call's
 /// copies are forked from `rt`: the germline's own release must be the formation's
-/// source, or a successor captured at formation and eligible now.
-fn fenced_call(
+/// source, or a successor captured at formation and eligible now. The error names the
+/// formation, the release the call would have run on, and why.
+pub fn final_hop_fence_check(
     rt: &Runtime,
     hosted: &HostedRelease,
     id: &Sha256Digest,
