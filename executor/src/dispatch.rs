@@ -222,27 +222,34 @@ impl FormationHost {
         self.state.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn hosted_of(dir: &Path, python: &PythonRuntime) -> Result<HostedRelease, ExecutorError> {
+    fn hosted_of(
+        dir: &Path,
+        python: &PythonRuntime,
+        hash: Option<ReleaseHash>,
+    ) -> Result<HostedRelease, ExecutorError> {
         let manifest = Manifest::load(dir)?;
         let name = ReleaseName::new(&manifest.name)?;
-        let release = release_dir_hash(dir)?;
+        let release = match hash {
+            Some(h) => h,
+            None => release_dir_hash(dir)?,
+        };
         let registration = match Profile::builtin(name.as_str()) {
             Some(p) => Some(summarize(&p, dir, python)?),
             None => None,
         };
-        Ok(HostedRelease {
-            name,
-            version: manifest.version,
-            release,
-            dir: dir.to_path_buf(),
-            registration,
-        })
+        Ok(HostedRelease { name, version: manifest.version, release, dir: dir.to_path_buf(), registration })
     }
 
     /// Admits the release in `dir` (recorded in the log; not yet used for new
     /// formations) and returns its hash.
     pub fn admit(&self, dir: &Path) -> Result<ReleaseHash, ExecutorError> {
-        let hosted = Self::hosted_of(dir, &self.python)?;
+        self.admit_as(dir, None)
+    }
+
+    /// [`FormationHost::admit`] under the hash admission gave the release (the archive's),
+    /// or the directory's hash when `None`.
+    pub fn admit_as(&self, dir: &Path, hash: Option<ReleaseHash>) -> Result<ReleaseHash, ExecutorError> {
+        let hosted = Self::hosted_of(dir, &self.python, hash)?;
         let release = hosted.release;
         let mut st = self.write();
         let l = st.lifecycles.entry(hosted.name.clone()).or_insert_with(|| Lifecycle::new(hosted.name.clone()));
@@ -254,8 +261,8 @@ impl FormationHost {
     }
 
     /// Attaches the directory of a release the log already admitted (a reopened host).
-    pub fn attach(&self, dir: &Path) -> Result<ReleaseHash, ExecutorError> {
-        let hosted = Self::hosted_of(dir, &self.python)?;
+    pub fn attach(&self, dir: &Path, hash: Option<ReleaseHash>) -> Result<ReleaseHash, ExecutorError> {
+        let hosted = Self::hosted_of(dir, &self.python, hash)?;
         let mut st = self.write();
         let known = st.lifecycles.get(&hosted.name).is_some_and(|l| l.releases.contains_key(&hosted.release));
         if !known {
