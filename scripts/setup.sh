@@ -64,4 +64,14 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
     echo "$reqs" >"$real/$name/.complete"
   fi
 done
+# Official mcp-server-git wheels (no dependencies) on both sides of the dash-target fix,
+# for the reference profile's stock check: only their server.py is parsed, never run.
+wheels="$real/git-wheels"
+mkdir -p "$wheels"
+for v in 2025.1.14 2025.7.1 2025.9.25 2025.11.25 2025.12.18 2026.1.14 2026.6.4 2026.10.19; do
+  if ! ls "$wheels/mcp_server_git-$v-"*.whl >/dev/null 2>&1; then
+    "$venv/bin/python" -m pip download -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
+      --no-deps --only-binary=:all: -d "$wheels" "mcp-server-git==$v"
+  fi
+done
 chmod -R a+rX "$real"
