@@ -143,7 +143,7 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
         metrics: metrics.clone(),
     };
     let releases = Arc::new(Releases::open(&config.store_dir, params)?);
-    let formations = formations::host(ledger.clone(), releases.clone(), python_for_profiles, config.runtime)
+    let formations = formations::host(ledger.clone(), releases.clone(), python_for_profiles, config.dispatch_policy)
         .context("replaying formations and release lifecycles from the ledger")?;
     let (tokens, source) = auth::Tokens::load(config.tokens_file.as_deref(), &config.data_dir)?;
     match &source {

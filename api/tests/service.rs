@@ -880,8 +880,14 @@ fn formed_calls_are_fenced_after_a_rollout_over_the_api() {
     assert!(sink.wait_for_requests(1, Duration::from_secs(30)));
     let body: Value = serde_json::from_slice(&sink.requests()[0].body).unwrap();
     assert_eq!(body["private"], false, "formed on 1.1, run on 1.1: {body}");
+    // A retired release runs nothing, by formation or by hash.
+    let retired = svc.post(&format!("/v1/releases/{h10}/lifecycle"), Some(&token), &json!({"action": "retire"}));
+    assert_eq!(retired.status, 200, "{retired:?}");
+    let direct = json!({"tool": "create_repository", "arguments": {"name": "direct"}});
+    let r = svc.post(&format!("/v1/releases/{h10}/calls"), Some(&token), &direct);
+    assert!(r.client_error(409) && r.json()["error"].as_str().unwrap().contains("retired"), "{r:?}");
+    assert_eq!(sink.request_count(), 1);
     drop(svc);
     let verify = germline(&["ledger", "--data-dir", &dir.join("data").to_string_lossy(), "verify"], dir);
-    assert!(verify.contains("formations 2 lifecycle events 4") && verify.contains("OK"), "{verify}");
-    let _ = h10;
+    assert!(verify.contains("formations 2 lifecycle events 5") && verify.contains("OK"), "{verify}");
 }

@@ -315,6 +315,15 @@ impl FormationHost {
         self.read().lifecycles.get(name).cloned()
     }
 
+    /// Whether `r` was admitted here and retired since (it runs nothing any more).
+    pub fn is_retired(&self, r: &ReleaseHash) -> bool {
+        let st = self.read();
+        st.releases
+            .get(r)
+            .and_then(|h| st.lifecycles.get(&h.name))
+            .is_some_and(|l| l.releases.get(r).is_some_and(|s| s.retired))
+    }
+
     /// An admitted release by hash.
     pub fn release(&self, r: &ReleaseHash) -> Option<Arc<HostedRelease>> {
         self.read().releases.get(r).cloned()

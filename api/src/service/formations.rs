@@ -14,7 +14,6 @@ use axum::http::StatusCode;
 use axum::Json;
 use germline_executor::call::{CallOutcome, CallRequest};
 use germline_executor::dispatch::{Fence, FormationHost, HostedRelease, ReleaseRunner};
-use germline_executor::runtime::RuntimeKind;
 use germline_executor::ExecutorError;
 use germline_model::{FormationEntry, Lifecycle, ReleaseHash, ReleaseName, Sha256Digest};
 use serde::{Deserialize, Serialize};
@@ -307,9 +306,10 @@ pub fn host(
     ledger: Arc<germline_ledger::Ledger>,
     releases: Arc<Releases>,
     python: germline_executor::germline::PythonRuntime,
-    _kind: RuntimeKind,
+    policy: germline_model::DispatchPolicy,
 ) -> anyhow::Result<FormationHost> {
     let host = FormationHost::open_with(ledger, Arc::new(ServiceRunner { releases: releases.clone() }), python)?;
+    host.set_dispatch_policy(policy);
     register(&host, &releases)?;
     Ok(host)
 }

@@ -459,6 +459,14 @@ fn hexs(h: &[Hash]) -> Vec<String> {
 }
 
 impl AppState {
+    /// A retired release runs nothing any more (DESIGN §8).
+    fn not_retired(&self, hash: &ReleaseHash) -> Result<(), ApiError> {
+        if self.formations.is_retired(hash) {
+            return Err(ApiError::Refused(format!("release {hash} was retired")));
+        }
+        Ok(())
+    }
+
     fn slot(&self, hash: &ReleaseHash) -> Result<Arc<ReleaseSlot>, ApiError> {
         self.releases.get(hash).ok_or_else(|| ApiError::NotFound(format!("release {hash} is not admitted here")))
     }
@@ -857,6 +865,7 @@ pub async fn call(
     // The body's own failures (size, syntax) come first: they are the request's, whatever it names.
     let body = body?.0;
     let slot = st.slot(&parse_hash(&hash?.0)?)?;
+    st.not_retired(&slot.hash)?;
     let req = body.into_request()?;
     let mut out = run_calls(st, slot, vec![req]).await?;
     out.pop().map(Json).ok_or_else(|| ApiError::Internal("no outcome".into()))
@@ -882,6 +891,7 @@ pub async fn session(
 ) -> Result<Json<SessionResponse>, ApiError> {
     let calls = body?.0.calls;
     let slot = st.slot(&parse_hash(&hash?.0)?)?;
+    st.not_retired(&slot.hash)?;
     if calls.is_empty() || calls.len() > st.config.max_session_calls {
         return Err(ApiError::BadRequest(format!("a session has 1 to {} calls", st.config.max_session_calls)));
     }
