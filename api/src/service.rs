@@ -143,8 +143,14 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
         metrics: metrics.clone(),
     };
     let releases = Arc::new(Releases::open(&config.store_dir, params)?);
-    let formations = formations::host(ledger.clone(), releases.clone(), python_for_profiles, config.dispatch_policy)
-        .context("replaying formations and release lifecycles from the ledger")?;
+    let formations = formations::host(
+        ledger.clone(),
+        releases.clone(),
+        python_for_profiles,
+        config.dispatch_policy,
+        &config.data_dir,
+    )
+    .context("replaying formations and release lifecycles from the ledger")?;
     let (tokens, source) = auth::Tokens::load(config.tokens_file.as_deref(), &config.data_dir)?;
     match &source {
         auth::TokenSource::Generated(p) => {

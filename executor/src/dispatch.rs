@@ -159,6 +159,7 @@ pub struct FormationHost {
     state: RwLock<HostState>,
     formations: Mutex<BTreeMap<Sha256Digest, u64>>,
     pending: Mutex<BTreeMap<Sha256Digest, CallRequest>>,
+    continuations: Mutex<Option<PathBuf>>,
     fence_off: std::sync::atomic::AtomicBool,
 }
 
@@ -198,8 +199,51 @@ impl FormationHost {
             state: RwLock::new(HostState { lifecycles: audit.lifecycles, releases: BTreeMap::new() }),
             formations: Mutex::new(audit.formations),
             pending: Mutex::new(BTreeMap::new()),
+            continuations: Mutex::new(None),
             fence_off: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Keeps pending calls (their arguments and items) in `dir` too, one owner-only file
+    /// per formation, so they can be dispatched after a restart. The files are not
+    /// trusted: a call read back must bind to its record's argument digest in the log.
+    pub fn keep_pending_in(&self, dir: &Path) -> Result<(), ExecutorError> {
+        std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(ExecutorError::io(format!("restricting {}", dir.display())))?;
+        *lock(&self.continuations) = Some(dir.to_path_buf());
+        Ok(())
+    }
+
+    fn store_pending(&self, id: &Sha256Digest, req: &CallRequest) -> Result<(), ExecutorError> {
+        lock(&self.pending).insert(*id, req.clone());
+        let Some(dir) = lock(&self.continuations).clone() else { return Ok(()) };
+        let path = dir.join(format!("{}.json", id.to_hex()));
+        let tmp = dir.join(format!(".{}.tmp", id.to_hex()));
+        let bytes = serde_json::to_vec(req).map_err(|e| ExecutorError::Formation(e.to_string()))?;
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(ExecutorError::io(format!("writing {}", tmp.display())))?;
+            f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(ExecutorError::io("writing a pending call"))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(ExecutorError::io(format!("storing {}", path.display())))
+    }
+
+    fn load_pending(&self, id: &Sha256Digest) -> Option<CallRequest> {
+        if let Some(r) = lock(&self.pending).get(id).cloned() {
+            return Some(r);
+        }
+        let dir = lock(&self.continuations).clone()?;
+        let bytes = std::fs::read(dir.join(format!("{}.json", id.to_hex()))).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Sets the deployment's dispatch policy for new formations.
@@ -406,9 +450,9 @@ impl FormationHost {
             successors,
         };
         let entry = FormationEntry::new(record);
+        self.store_pending(&entry.id, req)?;
         let index = self.log.append_formation(&entry).map_err(ExecutorError::Formation)?;
         lock(&self.formations).insert(entry.id, index);
-        lock(&self.pending).insert(entry.id, req.clone());
         Ok(entry)
     }
 
@@ -428,7 +472,7 @@ impl FormationHost {
                 id.short()
             )));
         }
-        let pending = lock(&self.pending).get(id).cloned();
+        let pending = self.load_pending(id);
         let req = req
             .cloned()
             .or(pending)

@@ -149,6 +149,13 @@ fn after_retirement_the_captured_successor_runs_and_an_uncaptured_one_does_not()
     let e = c.host.dispatch(&f.id, None).expect_err("uncaptured").to_string();
     assert!(e.contains("not captured"), "{e}");
     assert_eq!(received(&c.sink), vec![true], "the uncaptured successor ran nothing");
+    // A release admitted after formation (private by default, like the source) governs
+    // new formations only: the pending call's authority does not grow.
+    let v12 = c.host.admit(&repohost_release(&c.world.dir.path().join("late"), "1.2.0", true)).expect("admit 1.2");
+    c.host.promote(&v12).expect("promote 1.2");
+    let e = c.host.dispatch(&f.id, None).expect_err("installed after formation").to_string();
+    assert!(e.contains("repohost 1.2.0") && e.contains("not captured"), "{e}");
+    assert_eq!(received(&c.sink), vec![true]);
     // Forming against the retired source's snapshot is refused outright.
     assert!(c.host.form(&session.snapshot, &omitted()).is_err());
 }
@@ -180,4 +187,44 @@ fn a_formation_is_bound_to_its_arguments_and_its_stored_record() {
     let e = host.dispatch(&f.id, None).expect_err("substituted").to_string();
     assert!(e.contains("does not hash to its id"), "{e}");
     assert!(sink.requests().is_empty());
+}
+
+#[test]
+fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
+    let world = World::new();
+    let sink = Sink::start(SinkBehaviour::default());
+    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let py = python(&world.dir.path().join("home"));
+    let (ledger_dir, pending) = (world.dir.path().join("ledger"), world.dir.path().join("pending"));
+    let open = || {
+        germline_ledger::Ledger::open(
+            &ledger_dir,
+            germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() },
+        )
+        .expect("ledger")
+    };
+    let dir = repohost_release(&world.dir.path().join("r"), "1.0.0", true);
+    let (f, g) = {
+        let host =
+            FormationHost::open(Arc::new(open()), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
+        host.keep_pending_in(&pending).expect("pending dir");
+        let v10 = host.admit(&dir).expect("admit");
+        host.promote(&v10).expect("promote");
+        let (_, s) = host.open_session(&name()).expect("list");
+        let f = host.form(&s.snapshot, &omitted()).expect("form");
+        let g = host.form(&s.snapshot, &request("create_repository", json!({"name": "other"}), &[])).expect("form");
+        (f, g)
+    };
+    // A stored call rewritten while the host was down no longer binds to its record.
+    let stored = pending.join(format!("{}.json", g.id.to_hex()));
+    let text = std::fs::read_to_string(&stored).expect("stored call");
+    std::fs::write(&stored, text.replace("\"other\"", "\"other\",\"private\":false")).expect("tamper");
+    let host = FormationHost::open(Arc::new(open()), RuntimeKind::Germline, policy, py).expect("reopened host");
+    host.keep_pending_in(&pending).expect("pending dir");
+    host.attach(&dir, None).expect("attach");
+    let o = host.dispatch(&f.id, None).expect("runs after the restart");
+    assert!(o.error.is_none(), "{:?}", o.error);
+    let e = host.dispatch(&g.id, None).expect_err("tampered").to_string();
+    assert!(e.contains("arguments differ"), "{e}");
+    assert_eq!(received(&sink), vec![true]);
 }

@@ -307,9 +307,11 @@ pub fn host(
     releases: Arc<Releases>,
     python: germline_executor::germline::PythonRuntime,
     policy: germline_model::DispatchPolicy,
+    data_dir: &std::path::Path,
 ) -> anyhow::Result<FormationHost> {
     let host = FormationHost::open_with(ledger, Arc::new(ServiceRunner { releases: releases.clone() }), python)?;
     host.set_dispatch_policy(policy);
+    host.keep_pending_in(&data_dir.join("formations"))?;
     register(&host, &releases)?;
     Ok(host)
 }
