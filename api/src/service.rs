@@ -55,6 +55,7 @@ pub struct Shared {
     in_flight: InFlight,
     ready: AtomicBool,
     admission: tokio::sync::Mutex<()>,
+    mcp_sessions: formations::McpSessions,
 }
 
 /// The handlers' state: cheap to clone.
@@ -170,6 +171,7 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
         in_flight: InFlight::default(),
         ready: AtomicBool::new(false),
         admission: tokio::sync::Mutex::new(()),
+        mcp_sessions: formations::McpSessions::default(),
     })))
 }
 
@@ -190,6 +192,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/formations", post(formations::form))
         .route("/v1/formations/{id}/dispatch", post(formations::dispatch))
         .route("/v1/releases/{hash}/lifecycle", post(formations::lifecycle))
+        .route("/v1/mcp/{name}", post(formations::mcp))
         .layer(DefaultBodyLimit::max(c.body_limit_bytes))
         .route_layer(auth.clone());
     let mut reads = Router::new()

@@ -1,7 +1,9 @@
 //! Formation-consistent dispatch over the API (DESIGN §8): `POST /v1/formations` forms a
 //! call against the current release of a name (the delayed-approval path keeps it
 //! pending), `POST /v1/formations/{id}/dispatch` runs it behind the final-hop fence, and
-//! `POST /v1/releases/{hash}/lifecycle` promotes, rolls back or retires a release. The
+//! `POST /v1/releases/{hash}/lifecycle` promotes, rolls back or retires a release, and
+//! `POST /v1/mcp/{name}` is an MCP endpoint (JSON-RPC over HTTP, `Mcp-Session-Id`
+//! sessions) whose calls bind to the snapshot the session saw at `tools/list`. The
 //! formed calls run on the service's own germlines (dampening and witnesses as for any
 //! call); records and lifecycle events go to the service's ledger.
 
@@ -314,4 +316,156 @@ pub fn host(
     host.keep_pending_in(&data_dir.join("formations"))?;
     register(&host, &releases)?;
     Ok(host)
+}
+
+/// Most MCP sessions alive at once.
+const MAX_MCP_SESSIONS: usize = 1024;
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// One MCP session of the service endpoint: the name it talks to and the snapshot it saw.
+#[derive(Clone)]
+struct McpSession {
+    name: ReleaseName,
+    session: Option<germline_executor::dispatch::Session>,
+}
+
+/// The service's MCP sessions, by id.
+#[derive(Default)]
+pub struct McpSessions(std::sync::Mutex<std::collections::BTreeMap<String, McpSession>>);
+
+impl McpSessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, McpSession>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn rpc_ok(id: &Value, result: Value) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn rpc_err(id: &Value, code: i64, message: &str) -> Value {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// JSON-RPC: invalid request, method not found, invalid params; -32000: the call was not
+/// run (formation refused or final-hop fence).
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const NOT_RUN: i64 = -32000;
+
+#[utoipa::path(post, path = "/v1/mcp/{name}", tag = "formations",
+    request_body(content = Object, description = "One JSON-RPC 2.0 message (MCP): initialize, ping, tools/list, tools/call, or a notification"),
+    params(
+        ("name" = String, Path, description = "Release name", pattern = "^[a-z0-9._-]{1,128}$"),
+        ("Mcp-Session-Id" = Option<String>, Header, description = "The session `initialize` returned (every message but initialize)")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The JSON-RPC response (a refused or fenced call is error -32000 naming formation, release and reason)", body = Object),
+        (status = 202, description = "A notification was accepted"),
+        (status = 400, description = "Not a release name or not a JSON object", body = ErrorBody),
+        (status = 401, description = "Missing or wrong token", body = ErrorBody),
+        (status = 404, description = "Unknown or ended session: initialize again", body = ErrorBody),
+        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 415, description = "Not JSON", body = ErrorBody),
+        (status = 503, description = "Shutting down, or too many sessions", body = ErrorBody)))]
+pub async fn mcp(
+    State(st): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let msg = body?.0;
+    let name = ReleaseName::new(&name?.0).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let Value::Object(msg) = msg else {
+        return Err(ApiError::BadRequest("expected one JSON-RPC object (no batches)".into()));
+    };
+    let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+    let id = msg.get("id").cloned();
+    let params = msg.get("params").cloned().unwrap_or(Value::Null);
+    if method.as_deref() == Some("initialize") {
+        let Some(id) = id else { return Ok(StatusCode::ACCEPTED.into_response()) };
+        let mut seed = [0u8; 16];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+            .map_err(|_| ApiError::Internal("no randomness for a session id".into()))?;
+        let sid = hex::encode(seed);
+        {
+            let mut sessions = st.mcp_sessions.lock();
+            if sessions.len() >= MAX_MCP_SESSIONS {
+                return Err(ApiError::Unavailable("too many MCP sessions".into()));
+            }
+            sessions.insert(sid.clone(), McpSession { name: name.clone(), session: None });
+        }
+        let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("2025-06-18").to_owned();
+        let result = serde_json::json!({
+            "protocolVersion": asked,
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": {"name": format!("germline:{name}"), "version": env!("CARGO_PKG_VERSION")},
+            "instructions": "Calls bind to the tools this session listed: after a rollout, list them again.",
+        });
+        let mut resp = Json(rpc_ok(&id, result)).into_response();
+        if let Ok(v) = axum::http::HeaderValue::from_str(&sid) {
+            resp.headers_mut().insert(SESSION_HEADER, v);
+        }
+        return Ok(resp);
+    }
+    let sid = headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let session = st.mcp_sessions.lock().get(&sid).cloned().filter(|s| s.name == name);
+    let Some(session) = session else {
+        return Err(ApiError::NotFound("unknown or ended session: initialize again".into()));
+    };
+    let (Some(method), Some(id)) = (method, id) else {
+        return Ok(StatusCode::ACCEPTED.into_response());
+    };
+    if !(id.is_string() || id.is_number()) {
+        return Ok(Json(rpc_err(&Value::Null, INVALID_REQUEST, "id must be a string or a number")).into_response());
+    }
+    let answer = match method.as_str() {
+        "ping" => rpc_ok(&id, serde_json::json!({})),
+        "tools/list" => {
+            let n = name.clone();
+            let listed = blocking(&st, move |st| Ok(st.formations.open_session(&n).map_err(|e| e.to_string()))).await?;
+            match listed {
+                Ok((tools, s)) => {
+                    if let Some(m) = st.mcp_sessions.lock().get_mut(&sid) {
+                        m.session = Some(s);
+                    }
+                    rpc_ok(&id, tools)
+                }
+                Err(e) => rpc_err(&id, NOT_RUN, &e),
+            }
+        }
+        "tools/call" => {
+            let Some(s) = session.session else {
+                return Ok(Json(rpc_err(
+                    &id,
+                    INVALID_REQUEST,
+                    "list the tools first: calls bind to the tools this session saw",
+                ))
+                .into_response());
+            };
+            let tool = params.get("name").and_then(Value::as_str).map(str::to_owned);
+            let arguments = match params.get("arguments") {
+                None | Some(Value::Null) => Some(serde_json::Map::new()),
+                Some(Value::Object(m)) => Some(m.clone()),
+                Some(_) => None,
+            };
+            let (Some(tool), Some(arguments)) = (tool, arguments) else {
+                return Ok(Json(rpc_err(&id, INVALID_PARAMS, "tools/call needs a tool name and object arguments"))
+                    .into_response());
+            };
+            let req = CallRequest { tool, arguments, items: Vec::new(), consumers: Vec::new() };
+            match blocking(&st, move |st| Ok(st.formations.session_call(&s, &req).map_err(|e| e.to_string()))).await? {
+                Ok(o) => match (o.result, o.error) {
+                    (Some(result), _) => rpc_ok(&id, result),
+                    (None, e) => rpc_err(&id, NOT_RUN, &e.unwrap_or_else(|| "the call produced no result".into())),
+                },
+                Err(e) => rpc_err(&id, NOT_RUN, &e),
+            }
+        }
+        other => rpc_err(&id, METHOD_NOT_FOUND, &format!("Method not found: {other}")),
+    };
+    Ok(Json(answer).into_response())
 }

@@ -42,7 +42,7 @@ const MAX_ENTRIES_PAGE: u64 = 1000;
         witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency,
         crate::fleet::routes::checkpoint, crate::fleet::routes::tile, crate::fleet::routes::lookup_release,
         crate::fleet::routes::status, crate::fleet::witness::add_checkpoint,
-        super::formations::form, super::formations::dispatch, super::formations::lifecycle
+        super::formations::form, super::formations::dispatch, super::formations::lifecycle, super::formations::mcp
     ),
     modifiers(&BearerAuth),
     tags(
