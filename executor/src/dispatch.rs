@@ -79,12 +79,15 @@ pub trait ReleaseRunner: Send + Sync {
     fn stop(&self, release: &HostedRelease);
 }
 
+/// One release's runtime, started on first use.
+type RuntimeSlot = Arc<Mutex<Option<Runtime>>>;
+
 /// A [`ReleaseRunner`] owning one runtime per release, started on first use.
 pub struct LocalRunner {
     kind: RuntimeKind,
     policy: Policy,
     python: PythonRuntime,
-    runtimes: Mutex<BTreeMap<ReleaseHash, Arc<Mutex<Option<Runtime>>>>>,
+    runtimes: Mutex<BTreeMap<ReleaseHash, RuntimeSlot>>,
 }
 
 impl LocalRunner {
@@ -160,6 +163,7 @@ pub struct FormationHost {
     formations: Mutex<BTreeMap<Sha256Digest, u64>>,
     pending: Mutex<BTreeMap<Sha256Digest, CallRequest>>,
     continuations: Mutex<Option<PathBuf>>,
+    consumed: Mutex<std::collections::BTreeSet<Sha256Digest>>,
     fence_off: std::sync::atomic::AtomicBool,
 }
 
@@ -200,6 +204,7 @@ impl FormationHost {
             formations: Mutex::new(audit.formations),
             pending: Mutex::new(BTreeMap::new()),
             continuations: Mutex::new(None),
+            consumed: Mutex::new(std::collections::BTreeSet::new()),
             fence_off: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -235,6 +240,16 @@ impl FormationHost {
             f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(ExecutorError::io("writing a pending call"))?;
         }
         std::fs::rename(&tmp, &path).map_err(ExecutorError::io(format!("storing {}", path.display())))
+    }
+
+    /// A formed call runs once: after it ran (or after a session's immediate dispatch)
+    /// its kept call is dropped and its id refused from then on.
+    fn consume(&self, id: &Sha256Digest) {
+        lock(&self.consumed).insert(*id);
+        lock(&self.pending).remove(id);
+        if let Some(dir) = lock(&self.continuations).clone() {
+            let _ = std::fs::remove_file(dir.join(format!("{}.json", id.to_hex())));
+        }
     }
 
     fn load_pending(&self, id: &Sha256Digest) -> Option<CallRequest> {
@@ -445,6 +460,7 @@ impl FormationHost {
             arguments: Sha256Digest::of_json(&Value::Object(req.arguments.clone())),
             policy,
             formed_at_ms: now_ms(),
+            nonce: fresh_nonce()?,
             epoch: l.epoch,
             contract: contract.map(|c| c.join("+")),
             successors,
@@ -461,6 +477,9 @@ impl FormationHost {
     /// record's argument digest); `None` takes the pending call kept at formation.
     pub fn dispatch(&self, id: &Sha256Digest, req: Option<&CallRequest>) -> Result<CallOutcome, ExecutorError> {
         let st = self.read();
+        if lock(&self.consumed).contains(id) {
+            return Err(ExecutorError::Formation(format!("formation {} already ran: form the call again", id.short())));
+        }
         let index = lock(&self.formations)
             .get(id)
             .copied()
@@ -497,6 +516,9 @@ impl FormationHost {
             final_hop_fence_check(rt, &target, id, record, l)
         };
         let outcome = self.runner.run(&target, &req, &mut fence);
+        if outcome.is_ok() {
+            self.consume(id);
+        }
         drop(st);
         outcome
     }
@@ -504,7 +526,9 @@ impl FormationHost {
     /// One call of an MCP session: formed against the session's snapshot, dispatched now.
     pub fn session_call(&self, session: &Session, req: &CallRequest) -> Result<CallOutcome, ExecutorError> {
         let f = self.form(&session.snapshot, req)?;
-        self.dispatch(&f.id, Some(req))
+        let outcome = self.dispatch(&f.id, Some(req));
+        self.consume(&f.id);
+        outcome
     }
 }
 
@@ -537,6 +561,12 @@ pub fn final_hop_fence_check(
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fresh_nonce() -> Result<String, ExecutorError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+    Ok(hex::encode(b))
 }
 
 fn now_ms() -> u64 {

@@ -97,6 +97,7 @@ mod tests {
             arguments: Sha256Digest::of_json(&json!({"target": "main"})),
             policy: DispatchPolicy::CallSpecific,
             formed_at_ms: 5,
+            nonce: "01".into(),
             epoch,
             contract: Some("read".into()),
             successors: vec![],

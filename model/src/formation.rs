@@ -274,6 +274,8 @@ pub struct FormationRecord {
     pub policy: DispatchPolicy,
     /// Formation time, Unix milliseconds.
     pub formed_at_ms: u64,
+    /// A fresh random value (hex), so two formations of the same call are two records.
+    pub nonce: String,
     /// Lifecycle epoch of the release name at formation.
     pub epoch: u64,
     /// The modeled effect of the call on its source, when a profile covers it (the
@@ -713,6 +715,7 @@ mod tests {
             arguments: Sha256Digest::of_json(&json!({"target": "main"})),
             policy,
             formed_at_ms: 1,
+            nonce: "00".into(),
             epoch: 3,
             contract: Some("read".into()),
             successors: captured

@@ -137,6 +137,8 @@ fn after_retirement_the_captured_successor_runs_and_an_uncaptured_one_does_not()
     let c = case(RuntimeKind::Germline);
     let (_, session) = c.host.open_session(&name()).expect("list on 1.0");
     let f = c.host.form(&session.snapshot, &omitted()).expect("form");
+    let g = c.host.form(&session.snapshot, &omitted()).expect("form the same call again");
+    assert_ne!(f.id, g.id, "two formations of one call are two records");
     let captured: Vec<ReleaseHash> = f.record.successors.iter().map(|s| s.release).collect();
     assert_eq!(captured, vec![c.v09], "0.9 (private) captured, 1.1 (public) not");
     c.host.roll_back(&c.v09).expect("rollback to 0.9");
@@ -145,15 +147,17 @@ fn after_retirement_the_captured_successor_runs_and_an_uncaptured_one_does_not()
     let o = c.host.dispatch(&f.id, None).expect("captured successor runs");
     assert!(o.error.is_none(), "{:?}", o.error);
     assert_eq!(received(&c.sink), vec![true]);
+    let e = c.host.dispatch(&f.id, None).expect_err("a formed call runs once").to_string();
+    assert!(e.contains("already ran"), "{e}");
     c.host.promote(&c.v11).expect("rollout to 1.1");
-    let e = c.host.dispatch(&f.id, None).expect_err("uncaptured").to_string();
+    let e = c.host.dispatch(&g.id, None).expect_err("uncaptured").to_string();
     assert!(e.contains("not captured"), "{e}");
     assert_eq!(received(&c.sink), vec![true], "the uncaptured successor ran nothing");
     // A release admitted after formation (private by default, like the source) governs
     // new formations only: the pending call's authority does not grow.
     let v12 = c.host.admit(&repohost_release(&c.world.dir.path().join("late"), "1.2.0", true)).expect("admit 1.2");
     c.host.promote(&v12).expect("promote 1.2");
-    let e = c.host.dispatch(&f.id, None).expect_err("installed after formation").to_string();
+    let e = c.host.dispatch(&g.id, None).expect_err("installed after formation").to_string();
     assert!(e.contains("repohost 1.2.0") && e.contains("not captured"), "{e}");
     assert_eq!(received(&c.sink), vec![true]);
     // Forming against the retired source's snapshot is refused outright.
