@@ -667,6 +667,9 @@ impl FcdAudit {
                 if !l.is_live(&r.snapshot.release) {
                     return Err(format!("formation entry {index}: its source is not a live release of {}", l.name));
                 }
+                if l.version(&r.snapshot.release) != Some(r.snapshot.version.as_str()) {
+                    return Err(format!("formation entry {index}: its snapshot's version is not the admitted one"));
+                }
                 if r.epoch != l.epoch {
                     return Err(format!(
                         "formation entry {index}: formed at epoch {} but the log is at epoch {}",
@@ -675,6 +678,18 @@ impl FcdAudit {
                 }
                 if let Some(s) = r.successors.iter().find(|s| !l.is_live(&s.release)) {
                     return Err(format!("formation entry {index}: captured successor {} is not live", s.release));
+                }
+                if let Some(s) = r.successors.iter().find(|s| l.version(&s.release) != Some(s.version.as_str())) {
+                    return Err(format!(
+                        "formation entry {index}: captured successor {} has another version",
+                        s.release
+                    ));
+                }
+                if r.successors.iter().any(|s| s.release == r.snapshot.release) {
+                    return Err(format!("formation entry {index}: the source is listed as its own successor"));
+                }
+                if r.policy != DispatchPolicy::CallSpecific && !r.successors.is_empty() {
+                    return Err(format!("formation entry {index}: only call-specific formations capture successors"));
                 }
                 if self.formations.insert(f.id, index).is_some() {
                     return Err(format!("formation entry {index}: formation {} recorded twice", f.id.short()));
