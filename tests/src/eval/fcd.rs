@@ -114,11 +114,13 @@ impl FcdReport {
                 width = c.violation.len()
             ));
             for r in &c.rows {
+                let a = format!("{}/{}", r.a_completed, c.trials);
+                let b = format!("{}/{}", r.b_completed, c.trials);
                 out.push_str(&format!(
                     "  {:<20} {:>11} {:>11} {:>15} {:>width$}\n",
                     r.policy,
-                    format!("{}/{}", r.a_completed, c.trials),
-                    format!("{}/{}", r.b_completed, c.trials),
+                    a,
+                    b,
                     r.new_formations,
                     r.violations,
                     width = c.violation.len()
