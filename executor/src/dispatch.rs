@@ -59,12 +59,14 @@ fn short(r: &ReleaseHash) -> String {
     r.to_hex()[..12].to_owned()
 }
 
-/// The fence a [`ReleaseRunner`] checks on the runtime about to fork a call's copies.
-pub type Fence<'a> = dyn FnMut(&Runtime) -> Result<FenceGrant, ExecutorError> + 'a;
+/// The fence a [`ReleaseRunner`] checks right before a runtime forks a call's copies,
+/// given that runtime's own release hash ([`Runtime::release`]; `None` for runtimes that
+/// compute none, which are then taken to be the release they were started for).
+pub type Fence<'a> = dyn FnMut(Option<ReleaseHash>) -> Result<FenceGrant, ExecutorError> + 'a;
 
 /// Owns the releases' runtimes: lists tools and runs calls for the host. `run` must call
-/// `fence` with the runtime that will run the call, immediately before `Runtime::call`,
-/// and run nothing when it fails.
+/// `fence` with the release of the runtime that will run the call, immediately before
+/// `Runtime::call`, and run nothing when it fails.
 pub trait ReleaseRunner: Send + Sync {
     /// `tools/list` of `release`.
     fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError>;
@@ -125,7 +127,7 @@ impl ReleaseRunner for LocalRunner {
         fence: &mut Fence<'_>,
     ) -> Result<CallOutcome, ExecutorError> {
         self.with_runtime(release, |rt| {
-            fence(rt)?;
+            fence(rt.release())?;
             Ok(rt.call(req))
         })
     }
@@ -509,11 +511,11 @@ impl FormationHost {
             .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", record.snapshot.name)))?;
         let target = Self::current(&st, &record.snapshot.name)?;
         let fence_off = self.fence_off.load(std::sync::atomic::Ordering::SeqCst);
-        let mut fence = |rt: &Runtime| {
+        let mut fence = |running: Option<ReleaseHash>| {
             if fence_off {
                 return Ok(FenceGrant::Source);
             }
-            final_hop_fence_check(rt, &target, id, record, l)
+            final_hop_fence_check(running.unwrap_or(target.release), &target, id, record, l)
         };
         let outcome = self.runner.run(&target, &req, &mut fence);
         if outcome.is_ok() {
@@ -533,17 +535,17 @@ impl FormationHost {
 }
 
 /// The final-hop fence, checked with the lifecycle held fixed, right before the call's
-/// copies are forked from `rt`: the germline's own release must be the formation's
-/// source, or a successor captured at formation and eligible now. The error names the
-/// formation, the release the call would have run on, and why.
+/// copies are forked from a runtime of release `running` (`hosted` is what the host routed
+/// to): that release must be the formation's source, or a successor captured at
+/// formation and eligible now. The error names the formation, the release the call would
+/// have run on, and why.
 pub fn final_hop_fence_check(
-    rt: &Runtime,
+    running: ReleaseHash,
     hosted: &HostedRelease,
     id: &Sha256Digest,
     record: &FormationRecord,
     lifecycle: &Lifecycle,
 ) -> Result<FenceGrant, ExecutorError> {
-    let running = rt.release().unwrap_or(hosted.release);
     let s = &record.snapshot;
     final_hop_fence(record, lifecycle, &running).map_err(|why| {
         ExecutorError::Fence(format!(
@@ -571,4 +573,79 @@ fn fresh_nonce() -> Result<String, ExecutorError> {
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use germline_model::MemoryFormationLog;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// A runner without processes: `run` checks the fence, reports it passed, then holds
+    /// the call for `hold` (standing in for forking and running the copies).
+    struct SlowRunner {
+        entered: Mutex<Option<mpsc::Sender<()>>>,
+        hold: Duration,
+        finished: Mutex<Option<Instant>>,
+    }
+
+    impl ReleaseRunner for SlowRunner {
+        fn list_tools(&self, _: &HostedRelease) -> Result<Value, ExecutorError> {
+            Ok(serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}))
+        }
+
+        fn run(&self, r: &HostedRelease, _: &CallRequest, fence: &mut Fence<'_>) -> Result<CallOutcome, ExecutorError> {
+            fence(Some(r.release))?;
+            if let Some(tx) = lock(&self.entered).take() {
+                let _ = tx.send(());
+            }
+            std::thread::sleep(self.hold);
+            *lock(&self.finished) = Some(Instant::now());
+            Ok(CallOutcome::default())
+        }
+
+        fn stop(&self, _: &HostedRelease) {}
+    }
+
+    fn release(root: &Path, version: &str) -> PathBuf {
+        let dir = root.join(version);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let manifest =
+            format!("[release]\nname = \"fake\"\nversion = \"{version}\"\nruntime = \"python\"\nmodule = \"m\"\n");
+        std::fs::write(dir.join("germline.toml"), manifest).unwrap_or_else(|e| panic!("{e}"));
+        dir
+    }
+
+    #[test]
+    fn a_lifecycle_change_waits_for_a_dispatch_between_its_fence_and_its_copies() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (tx, rx) = mpsc::channel();
+        let runner = Arc::new(SlowRunner {
+            entered: Mutex::new(Some(tx)),
+            hold: Duration::from_millis(300),
+            finished: Mutex::new(None),
+        });
+        let python = PythonRuntime { python: "/nonexistent".into(), shim_dir: dir.path().into(), read_paths: vec![] };
+        let host = Arc::new(
+            FormationHost::open_with(Arc::new(MemoryFormationLog::default()), runner.clone(), python)
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let a = host.admit(&release(dir.path(), "1")).unwrap_or_else(|e| panic!("{e}"));
+        host.promote(&a).unwrap_or_else(|e| panic!("{e}"));
+        let b = host.admit(&release(dir.path(), "2")).unwrap_or_else(|e| panic!("{e}"));
+        let name = ReleaseName::new("fake").unwrap_or_else(|e| panic!("{e}"));
+        let (_, session) = host.open_session(&name).unwrap_or_else(|e| panic!("{e}"));
+        let req = CallRequest { tool: "t".into(), ..Default::default() };
+        let f = host.form(&session.snapshot, &req).unwrap_or_else(|e| panic!("{e}"));
+        let h = host.clone();
+        let call = std::thread::spawn(move || h.dispatch(&f.id, None).map(|_| ()).map_err(|e| e.to_string()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|e| panic!("the fence passed: {e}"));
+        host.promote(&b).unwrap_or_else(|e| panic!("{e}"));
+        let promoted = Instant::now();
+        let finished = lock(&runner.finished).unwrap_or_else(|| panic!("the call finished before the rollout"));
+        assert!(promoted >= finished, "the rollout slipped between the fence and the call");
+        assert_eq!(call.join().unwrap_or_else(|_| panic!("dispatch thread")), Ok(()));
+        assert_eq!(host.lifecycle(&name).and_then(|l| l.current), Some(b));
+    }
 }

@@ -59,7 +59,7 @@ impl ReleaseRunner for ServiceRunner {
         fence: &mut Fence<'_>,
     ) -> Result<CallOutcome, ExecutorError> {
         self.with_host(release, |h| {
-            fence(&h.rt)?;
+            fence(h.rt.release())?;
             let outcome = h.call(req).map_err(|e| ExecutorError::Call(format!("{e:#}")))?;
             if let Err(e) = h.after_call(req, &outcome) {
                 tracing::error!("recording the formed call in the ledger: {e:#}");
