@@ -46,11 +46,15 @@ if [ ! -x "$st_venv/bin/schemathesis" ] || [ "$(cat "$st_venv/.version" 2>/dev/n
 fi
 
 # Unmodified official MCP servers from PyPI, vendored into release directories for the
-# compatibility tests and `germline bench --server` (pinned; downloads cached).
+# compatibility tests and `germline bench --server` (pinned; downloads cached). The two
+# older mcp-server-git releases sit on either side of the upstream dash-target fix
+# (2025.12.18 added the `target.startswith("-")` rejection to git_diff) for the
+# formation-consistent dispatch tests and `germline eval fcd`.
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"
 mkdir -p "$real" /var/cache/germline/pip-cache
 for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" \
-  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0"; do
+  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0" \
+  "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then
     rm -rf "$real/$name"
@@ -58,6 +62,16 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
       --target "$real/$name/vendor" $reqs
     echo "$reqs" >"$real/$name/.complete"
+  fi
+done
+# Official mcp-server-git wheels (no dependencies) on both sides of the dash-target fix,
+# for the reference profile's stock check: only their server.py is parsed, never run.
+wheels="$real/git-wheels"
+mkdir -p "$wheels"
+for v in 2025.1.14 2025.7.1 2025.9.25 2025.11.25 2025.12.18 2026.1.14 2026.6.4 2026.10.19; do
+  if ! ls "$wheels/mcp_server_git-$v-"*.whl >/dev/null 2>&1; then
+    "$venv/bin/python" -m pip download -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
+      --no-deps --only-binary=:all: -d "$wheels" "mcp-server-git==$v"
   fi
 done
 chmod -R a+rX "$real"
