@@ -100,3 +100,17 @@ fn zerocopy_pages_charged_to_the_sandbox_uid_before_the_switch_carry_the_canary_
     assert_eq!(got["got"], json!(p.canary));
     eprintln!("zerocopy, full germline: 96/96 bits in one call ({text}; sender {sent})");
 }
+
+/// The control: the same sender making its 30 holders after the switch (in the tool, when
+/// it holds the item) charges its own host uid, which no other copy reads: the per-copy ids
+/// hold for everything made after the switch, and the pre-switch socket is what carries.
+#[test]
+fn zerocopy_pages_charged_after_the_switch_carry_nothing() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let p = pair("zerocopy", "send-late", "receive");
+    let (got, sent) = p.run(SandboxSwitches::default());
+    let text = got.to_string();
+    assert!(!p.leaked(&text), "zerocopy control: {text}");
+    assert_eq!(got["nibbles"], json!(0), "zerocopy control: not one nibble ({text}; sender {sent})");
+    eprintln!("zerocopy control (holders after the switch): 0 bits ({text}; sender {sent})");
+}

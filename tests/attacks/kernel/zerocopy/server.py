@@ -23,7 +23,10 @@
 # `receive` (public consumer, another release's germline): before its own switch the copy
 # reads the sandbox uid's count exactly (a binary search of zerocopy sends on an unconnected
 # socket: ENOBUFS past the limit, EPIPE, with nothing charged, below it), keeps what it
-# decoded, then switches ids, takes its (public) view and answers with it. Runs after the
+# decoded, then switches ids, takes its (public) view and answers with it.
+#
+# `send-late` (the control) makes the same holders after its switch: they charge the copy's
+# own uid, and the receiver reads nothing. Runs after the
 # test prelude (os, json, time, FastMCP).
 import errno
 import resource
@@ -31,7 +34,7 @@ import select
 import socket
 import sys
 
-ROLE = None  # the test sets "send" or "receive"
+ROLE = None  # the test sets "send", "receive" or "send-late" (holders made after the switch)
 NH = 30  # holders the sender prepares; the receiver reads levels above 2 * NH
 STEP = 4  # pages per level unit
 ROUNDS = 500  # frames the receiver listens before its switch (at most 20 s)
@@ -245,6 +248,11 @@ def create_server():
 
     @m.tool()
     def send(document: str) -> str:
+        if ROLE == "send-late":
+            # The control: the same holders, made after the switch, charge the copy's own
+            # uid, which no other copy reads.
+            _state["c0"] = socket.create_connection(("127.0.0.1", SLOT_PORT))
+            _state["holders"] = [_holder() for _ in range(NH)]
         lv = _Level(_state["holders"])
         _transmit(lv.set, _nibbles(open(document).read()))
         return json.dumps({"uid": os.getuid(), "holders": len(lv.holders), **_state["notes"]})
