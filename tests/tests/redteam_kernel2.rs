@@ -133,3 +133,45 @@ fn portperturb_source_ports_of_one_shared_table_carry_the_canary_between_live_co
     assert_eq!(got["got"], json!(p.canary));
     eprintln!("portperturb, full germline: 96/96 bits in one call ({text}; sender {sent})");
 }
+
+// --- portstore: the same table as a store that outlives every copy -----------------------
+
+/// Three calls of one release on one germline, one after the other: `mark` (public
+/// consumer) reads 24 entries of `table_perturb` through addresses of its choosing and keeps
+/// the readings in its public slot; `send` (holding the item, consumer cleared for hr)
+/// moves entry i by 150 × (nibble + 1) connects and is killed; `read` (public consumer, a
+/// new copy) reads the entries again. No copy is alive at the same time as another, and
+/// the slot only ever holds what the public copies saw. Nothing in germline switches this
+/// off.
+#[test]
+#[ignore = "open channel"]
+fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_one() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    // Seen once or twice in seven runs: every entry read back unrelated to what was written
+    // (cause not found); a new world is tried then, up to three in all.
+    for attempt in 1..=3 {
+        let p = pair("portstore", "x", "x");
+        let mut rt = p.start(&p.sender, SandboxSwitches::default());
+        let public = |rt: &mut Runtime, tool: &str| {
+            let mut req = request(tool, json!({}), &[]);
+            req.consumers = vec!["public".into()];
+            let o = rt.call(&req);
+            assert!(o.error.is_none(), "{tool}: {:?}", o.error);
+            result_text(&o)
+        };
+        let marked = public(&mut rt, "mark");
+        let o = rt.call(&request("send", json!({"document": p.secret}), &[&p.secret]));
+        assert!(o.error.is_none(), "send: {:?}", o.error);
+        let sent = result_text(&o);
+        let text = public(&mut rt, "read");
+        if !p.leaked(&text) && attempt < 3 {
+            eprintln!("portstore, try {attempt}: canary {} not read back ({text}; sender {sent})", p.canary);
+            continue;
+        }
+        assert!(p.leaked(&text), "portstore: the canary {} reaches a later public call ({text}; {marked}; sender {sent})", p.canary);
+        let got: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(got["got"], json!(p.canary));
+        eprintln!("portstore, full germline: 96/96 bits from one call into a later one, try {attempt} ({text}; sender {sent})");
+        return;
+    }
+}
