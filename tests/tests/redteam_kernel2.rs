@@ -175,3 +175,39 @@ fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_
         return;
     }
 }
+
+// --- cookiestore: the host-wide socket cookie counter as a store -------------------------
+
+/// One release, one germline, calls one after the other: `mark` (public consumer) reads the
+/// host's socket cookie counter into its public slot; then 32 times `send` (holding the
+/// item) takes 4096 × (3 v + 1) cookies for the next 3 bits v and is killed, and `read`
+/// (public consumer, a new copy) reads how far the counter moved and marks again. No two
+/// copies are alive at once. Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn cookiestore_host_wide_socket_cookie_counter_carries_the_canary_from_calls_into_later_ones() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let p = pair("cookiestore", "x", "x");
+    let mut rt = p.start(&p.sender, SandboxSwitches::default());
+    let public = |rt: &mut Runtime, tool: &str| {
+        let mut req = request(tool, json!({}), &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "{tool}: {:?}", o.error);
+        result_text(&o)
+    };
+    public(&mut rt, "mark");
+    let mut text = String::new();
+    let mut chunks = Vec::new();
+    for i in 0..32 {
+        let o = rt.call(&request("send", json!({"document": p.secret, "index": i}), &[&p.secret]));
+        assert!(o.error.is_none(), "send {i}: {:?}", o.error);
+        text = public(&mut rt, "read");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        chunks.push(v["chunks"].clone());
+    }
+    assert!(p.leaked(&text), "cookiestore: the canary {} reaches later public calls ({text}; chunks {chunks:?})", p.canary);
+    let got: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(got["got"], json!(p.canary));
+    eprintln!("cookiestore, full germline: 96/96 bits, 3 per hr call ({text}; chunks {chunks:?})");
+}
