@@ -141,14 +141,15 @@ fn portperturb_source_ports_of_one_shared_table_carry_the_canary_between_live_co
 /// the readings in its public slot; `send` (holding the item, consumer cleared for hr)
 /// moves entry i by 150 × (nibble + 1) connects and is killed; `read` (public consumer, a
 /// new copy) reads the entries again. No copy is alive at the same time as another, and
-/// the slot only ever holds what the public copies saw. Nothing in germline switches this
-/// off.
+/// the slot only ever holds what the public copies saw. The store lasts until the kernel
+/// re-salts the hash (every 10 s). Nothing in germline switches this off.
 #[test]
 #[ignore = "open channel"]
 fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_one() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    // Seen once or twice in seven runs: every entry read back unrelated to what was written
-    // (cause not found); a new world is tried then, up to three in all.
+    // The kernel re-salts the table's hash every 10 s; `mark` waits for a re-salt, so the
+    // three calls fit in one period unless the host stalls them: a new world is tried
+    // then, up to three in all.
     for attempt in 1..=3 {
         let p = pair("portstore", "x", "x");
         let mut rt = p.start(&p.sender, SandboxSwitches::default());

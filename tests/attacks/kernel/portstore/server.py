@@ -4,7 +4,10 @@
 # through it, in any network namespace, and the source port a connect() is given reads it
 # back. With destination addresses of its own choosing (127.77.i.9, port 7071: every
 # 127/8 address is local in a copy's namespace; Landlock restricts ports, not addresses)
-# a release has private accumulators (32 here) that outlive every copy.
+# a release has private accumulators (32 here) that outlive every copy -- until the
+# kernel re-salts the hash, every 10 s (then each address reaches another entry, with
+# another offset). `mark` therefore first waits for a re-salt (a jump of thousands in an
+# entry it polls every 20 ms), so the three calls below have the next ~9.5 s.
 #
 # `mark` (public consumer): reads each accumulator (one connect, its source port) and
 # keeps the readings in its (public) slot. `send` (holds the item, a later call): for the
@@ -53,9 +56,16 @@ def create_server():
 
     @m.tool()
     def mark() -> str:
+        prev, waited = _connect(N), 0
+        for waited in range(600):
+            time.sleep(0.02)
+            p = _connect(N)
+            if (p - prev) % RANGE > 1000:
+                break
+            prev = p
         ports = [_connect(i) for i in range(N)]
         germline_slot.set("ports", ports)
-        return json.dumps({"marked": len(ports)})
+        return json.dumps({"marked": len(ports), "waited_ms": 20 * waited})
 
     @m.tool()
     def send(document: str) -> str:
