@@ -421,6 +421,10 @@ fn trim(v: &[u8]) -> &[u8] {
     &v[start..end]
 }
 
+/// Test-only switch ("mechanism off"): egress connections take the source port the kernel
+/// picks, as before. Never set outside tests.
+pub static EGRESS_KERNEL_PORTS_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Connects to an egress destination from a source port the broker draws at random.
 ///
 /// A port the kernel picks for `connect` comes from the host-wide `table_perturb`, which
@@ -431,6 +435,9 @@ fn trim(v: &[u8]) -> &[u8] {
 /// table, so a destination learns nothing from it.
 pub fn egress_connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    if EGRESS_KERNEL_PORTS_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst) {
+        return TcpStream::connect_timeout(addr, timeout);
+    }
     let mut last = None;
     for _ in 0..64 {
         let mut b = [0u8; 2];

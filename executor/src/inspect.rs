@@ -241,13 +241,15 @@ pub fn check_exit_signal(copy: i32) -> Result<(), ExecutorError> {
 }
 
 /// The rule a copy must meet before it is given its view, quoted in every refusal.
-pub const COPY_IDS_RULE: &str = "before a copy is given data, every thread of it runs as the copy's own host ids \
+pub const COPY_IDS_RULE: &str =
+    "before a copy is given data, it has one thread, which runs as the copy's own host ids \
      with no capability and no-new-privileges set, it has no child, and it holds only files and sockets: \
      a process, capability or object left from before the switch would count against the ids the germline and \
      other copies share";
 
 /// Checks, from `/proc`, that copy `pid` switched to `ids` and can never act as any other
 /// ids again ([`COPY_IDS_RULE`]):
+/// - it has one thread (so nothing it starts later escapes the check);
 /// - every thread's real, effective, saved and file-system uid and gid are the copy's,
 ///   with no supplementary group;
 /// - no capability in any set (the copy's namespace maps only its root, and with
@@ -259,6 +261,17 @@ pub const COPY_IDS_RULE: &str = "before a copy is given data, every thread of it
 ///   the switch stays charged to the ids it was made under.
 pub fn check_copy_ids(pid: i32, ids: crate::outside::CopyIds) -> Result<(), ExecutorError> {
     let refuse = |what: String| ExecutorError::refused("copy ids", format!("{what}: {COPY_IDS_RULE}"));
+    // One thread: then every thread the copy starts later inherits the ids checked below
+    // (which it can never leave). With more, one created while the list below is read
+    // could escape it.
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(ExecutorError::io(format!("reading /proc/{pid}/status")))?;
+    let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim).unwrap_or("?");
+    if threads != "1" {
+        return Err(refuse(format!(
+            "the copy has {threads} threads at its check; a copy switches before it starts any"
+        )));
+    }
     let tasks =
         fs::read_dir(format!("/proc/{pid}/task")).map_err(ExecutorError::io(format!("listing threads of {pid}")))?;
     let mut seen = 0;

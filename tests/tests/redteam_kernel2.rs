@@ -1,8 +1,9 @@
 //! Kernel channels found by a second adversarial pass, after each live copy got host ids
 //! of its own (`executor/src/ids.rs`). Each test runs releases from
-//! `tests/attacks/kernel/<name>/server.py`; a channel that nothing in germline switches
-//! off is shown by an ignored test (`open channel`) asserting the leak under the full
-//! germline.
+//! `tests/attacks/kernel/<name>/server.py` with the mechanism that closes the channel off
+//! (the earlier denylist filter, which let `getsockname`, `SO_COOKIE` and `SO_ZEROCOPY`
+//! through; or the broker's egress on kernel-picked source ports) and asserts the canary
+//! crosses, then with it on and asserts nothing does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use germline_executor::confine::SandboxSwitches;
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_executor::seccomp::SeccompPolicy;
 use germline_tests::oracle::Oracle;
 use germline_tests::world::{request, result_text, World};
 use serde_json::{json, Value};
@@ -40,16 +42,43 @@ fn pair(name: &str, send_role: &str, receive_role: &str) -> Pair {
     let mut oracle = Oracle::new();
     let hr = oracle.plant(&["hr"]);
     let secret = w.item("hr", "secret.txt", hr.as_str());
-    let sender = w.release(&format!("{name}-send"), "", &code.replace("\nROLE = None", &format!("\nROLE = {send_role:?}")));
-    let receiver =
-        w.release(&format!("{name}-receive"), "", &code.replace("\nROLE = None", &format!("\nROLE = {receive_role:?}")));
+    let sender =
+        w.release(&format!("{name}-send"), "", &code.replace("\nROLE = None", &format!("\nROLE = {send_role:?}")));
+    let receiver = w.release(
+        &format!("{name}-receive"),
+        "",
+        &code.replace("\nROLE = None", &format!("\nROLE = {receive_role:?}")),
+    );
     Pair { canary: hr.as_str().to_owned(), w, oracle, secret, sender, receiver }
 }
 
+/// Whether a tool's answer is the kernel's refusal (EPERM).
+fn refused(t: &str) -> bool {
+    t.contains("EPERM") || t.contains("Operation not permitted")
+}
+
+/// The syscall filter of a run: the allowlist (on) or the earlier denylist (off).
+fn filter(off: bool) -> SeccompPolicy {
+    if off {
+        SeccompPolicy::denylist_only()
+    } else {
+        SeccompPolicy::germline()
+    }
+}
+
+fn with_filter(mut rt: Runtime, seccomp: SeccompPolicy) -> Runtime {
+    match &mut rt {
+        Runtime::Germline(g) => g.set_seccomp_policy(seccomp),
+        _ => panic!("not a germline runtime"),
+    }
+    rt
+}
+
 impl Pair {
-    fn start(&self, release: &Path, switches: SandboxSwitches) -> Runtime {
+    fn start_filtered(&self, release: &Path, switches: SandboxSwitches, seccomp: SeccompPolicy) -> Runtime {
         let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
-        self.w.start_with(RuntimeKind::Germline, release, policy, switches).expect("germline starts")
+        let rt = self.w.start_with(RuntimeKind::Germline, release, policy, switches).expect("germline starts");
+        with_filter(rt, seccomp)
     }
 
     fn leaked(&self, text: &str) -> bool {
@@ -59,9 +88,9 @@ impl Pair {
     /// `receive` (public consumer only) on the receiver's germline and, 1.5 s later,
     /// `send` (holding the item) on the sender's: two releases, two germlines, live at
     /// once. Returns the receiver's JSON and the sender's text.
-    fn run(&self, switches: SandboxSwitches, rounds: u32) -> (Value, String) {
-        let mut sender = self.start(&self.sender, switches.clone());
-        let mut receiver = self.start(&self.receiver, switches);
+    fn run_filtered(&self, switches: SandboxSwitches, rounds: u32, seccomp: SeccompPolicy) -> (Value, String) {
+        let mut sender = self.start_filtered(&self.sender, switches, seccomp.clone());
+        let mut receiver = self.start_filtered(&self.receiver, switches, seccomp);
         let (sent, got) = std::thread::scope(|s| {
             let b = s.spawn(|| {
                 let mut req = request("receive", json!({"rounds": rounds}), &[]);
@@ -75,9 +104,19 @@ impl Pair {
             });
             (a.join().unwrap(), b.join().unwrap())
         });
-        assert!(sent.error.is_none() && got.error.is_none(), "{:?} {:?}", sent.error, got.error);
+        // With the mechanism on, a tool may fail where the kernel refuses it (EPERM): the
+        // error is the answer then.
+        let sent = match sent.error {
+            Some(e) => format!("error: {e}"),
+            None => result_text(&sent),
+        };
+        if let Some(e) = got.error {
+            return (json!({"error": e.to_string(), "nibbles": 0, "dibits": 0}), sent);
+        }
         let text = result_text(&got);
-        (serde_json::from_str(&text).unwrap_or_else(|_| panic!("receiver: {text}")), result_text(&sent))
+        // A tool that raised answers with its error text.
+        let v = serde_json::from_str(&text).unwrap_or_else(|_| json!({"error": text, "nibbles": 0, "dibits": 0}));
+        (v, sent)
     }
 }
 
@@ -88,17 +127,25 @@ impl Pair {
 /// notification keeps charging the sandbox uid's `locked_vm` for every send appended to it
 /// after the switch, when the copy holds the item. The receiver's copy (another release,
 /// public consumer) reads that count to the page before its own switch (ENOBUFS past
-/// RLIMIT_MEMLOCK) and answers with what it decoded. Nothing in germline switches this off.
+/// RLIMIT_MEMLOCK) and answers with what it decoded. Off (the earlier filter, which let
+/// `SO_ZEROCOPY` through) the canary crosses; on, the allowlist of socket options refuses
+/// `SO_ZEROCOPY` and not one nibble does.
 #[test]
-#[ignore = "open channel"]
 fn zerocopy_pages_charged_to_the_sandbox_uid_before_the_switch_carry_the_canary_between_live_copies() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    let p = pair("zerocopy", "send", "receive");
-    let (got, sent) = p.run(SandboxSwitches::default(), 0);
-    let text = got.to_string();
-    assert!(p.leaked(&text), "zerocopy: the canary crosses under the full germline ({text}; sender {sent})");
-    assert_eq!(got["got"], json!(p.canary));
-    eprintln!("zerocopy, full germline: 96/96 bits in one call ({text}; sender {sent})");
+    for off in [true, false] {
+        let p = pair("zerocopy", "send", "receive");
+        let (got, sent) = p.run_filtered(SandboxSwitches::default(), 0, filter(off));
+        let text = got.to_string();
+        if off {
+            assert!(p.leaked(&text), "zerocopy off: the canary crosses ({text}; sender {sent})");
+            eprintln!("zerocopy off: 96/96 bits in one call ({text}; sender {sent})");
+        } else {
+            assert!(!p.leaked(&text), "zerocopy on: {text}; sender {sent}");
+            assert_eq!(got["nibbles"], json!(0), "zerocopy on: not one nibble ({text}; sender {sent})");
+            eprintln!("zerocopy on: 0 bits ({text}; sender {sent})");
+        }
+    }
 }
 
 /// The control: the same sender making its 30 holders after the switch (in the tool, when
@@ -108,7 +155,9 @@ fn zerocopy_pages_charged_to_the_sandbox_uid_before_the_switch_carry_the_canary_
 fn zerocopy_pages_charged_after_the_switch_carry_nothing() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
     let p = pair("zerocopy", "send-late", "receive");
-    let (got, sent) = p.run(SandboxSwitches::default(), 0);
+    // The earlier filter, under which zerocopy sends are allowed: what keeps these holders
+    // apart is only that they were made after the switch.
+    let (got, sent) = p.run_filtered(SandboxSwitches::default(), 0, SeccompPolicy::denylist_only());
     let text = got.to_string();
     assert!(!p.leaked(&text), "zerocopy control: {text}");
     assert_eq!(got["nibbles"], json!(0), "zerocopy control: not one nibble ({text}; sender {sent})");
@@ -121,17 +170,24 @@ fn zerocopy_pages_charged_after_the_switch_carry_nothing() {
 /// frame to 127.0.0.1:7071 in its own network namespace; the receiver's copy (another
 /// release, public consumer) opens one per frame in its own namespace and reads how far its
 /// source port moved: both go through one entry of the kernel's `table_perturb`, shared by
-/// every network namespace. Nothing in germline switches this off.
+/// every network namespace. Off (the earlier filter, which let `getsockname` through) the
+/// canary crosses; on, `getsockname` is refused and the receiver reads no port at all.
 #[test]
-#[ignore = "open channel"]
 fn portperturb_source_ports_of_one_shared_table_carry_the_canary_between_live_copies() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    let p = pair("portperturb", "send", "receive");
-    let (got, sent) = p.run(SandboxSwitches::default(), 300);
-    let text = got.to_string();
-    assert!(p.leaked(&text), "portperturb: the canary crosses under the full germline ({text}; sender {sent})");
-    assert_eq!(got["got"], json!(p.canary));
-    eprintln!("portperturb, full germline: 96/96 bits in one call ({text}; sender {sent})");
+    for off in [true, false] {
+        let p = pair("portperturb", "send", "receive");
+        let (got, sent) = p.run_filtered(SandboxSwitches::default(), 300, filter(off));
+        let text = got.to_string();
+        if off {
+            assert!(p.leaked(&text), "portperturb off: the canary crosses ({text}; sender {sent})");
+            eprintln!("portperturb off: 96/96 bits in one call ({text}; sender {sent})");
+        } else {
+            assert!(!p.leaked(&text), "portperturb on: {text}; sender {sent}");
+            assert_eq!(got["dibits"], json!(0), "portperturb on: not one symbol ({text}; sender {sent})");
+            eprintln!("portperturb on: 0 bits ({text}; sender {sent})");
+        }
+    }
 }
 
 // --- portstore: the same table as a store that outlives every copy -----------------------
@@ -142,38 +198,56 @@ fn portperturb_source_ports_of_one_shared_table_carry_the_canary_between_live_co
 /// moves entry i by 150 × (nibble + 1) connects and is killed; `read` (public consumer, a
 /// new copy) reads the entries again. No copy is alive at the same time as another, and
 /// the slot only ever holds what the public copies saw. The store lasts until the kernel
-/// re-salts the hash (every 10 s). Nothing in germline switches this off.
+/// re-salts the hash (every 10 s). Off (the earlier filter, `getsockname` allowed) the
+/// canary reaches the later public call; on, no copy can read a source port.
 #[test]
-#[ignore = "open channel"]
 fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_one() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    // The kernel re-salts the table's hash every 10 s; `mark` waits for a re-salt, so the
-    // three calls fit in one period unless the host stalls them: a new world is tried
-    // then, up to three in all.
-    for attempt in 1..=3 {
-        let p = pair("portstore", "x", "x");
-        let mut rt = p.start(&p.sender, SandboxSwitches::default());
-        let public = |rt: &mut Runtime, tool: &str| {
-            let mut req = request(tool, json!({}), &[]);
-            req.consumers = vec!["public".into()];
-            let o = rt.call(&req);
-            assert!(o.error.is_none(), "{tool}: {:?}", o.error);
-            result_text(&o)
-        };
-        let marked = public(&mut rt, "mark");
-        let o = rt.call(&request("send", json!({"document": p.secret}), &[&p.secret]));
-        assert!(o.error.is_none(), "send: {:?}", o.error);
-        let sent = result_text(&o);
-        let text = public(&mut rt, "read");
-        if !p.leaked(&text) && attempt < 3 {
-            eprintln!("portstore, try {attempt}: canary {} not read back ({text}; sender {sent})", p.canary);
-            continue;
+    for off in [true, false] {
+        // The kernel re-salts the table's hash every 10 s; `mark` waits for a re-salt, so
+        // the three calls fit in one period unless the host stalls them: a new world is
+        // tried then, up to three in all.
+        let tries = if off { 3 } else { 1 };
+        for attempt in 1..=tries {
+            let p = pair("portstore", "x", "x");
+            let mut rt = p.start_filtered(&p.sender, SandboxSwitches::default(), filter(off));
+            let public = |rt: &mut Runtime, tool: &str| {
+                let mut req = request(tool, json!({}), &[]);
+                req.consumers = vec!["public".into()];
+                let o = rt.call(&req);
+                match o.error {
+                    Some(e) => format!("error: {e}"),
+                    None => result_text(&o),
+                }
+            };
+            let marked = public(&mut rt, "mark");
+            let o = rt.call(&request("send", json!({"document": p.secret}), &[&p.secret]));
+            let sent = match &o.error {
+                Some(e) => format!("error: {e}"),
+                None => result_text(&o),
+            };
+            let text = public(&mut rt, "read");
+            let leaked = p.leaked(&text);
+            if !off {
+                assert!(!leaked, "portstore on: {text}; {marked}; sender {sent}");
+                assert!(refused(&marked) || refused(&text), "portstore on: refused ({marked}; {text})");
+                eprintln!("portstore on: 0 bits ({marked}; {text})");
+                break;
+            }
+            if !leaked && attempt < tries {
+                eprintln!("portstore off, try {attempt}: canary {} not read back ({text}; sender {sent})", p.canary);
+                continue;
+            }
+            assert!(
+                leaked,
+                "portstore off: the canary {} reaches a later public call ({text}; {marked}; sender {sent})",
+                p.canary
+            );
+            eprintln!(
+                "portstore off: 96/96 bits from one call into a later one, try {attempt} ({text}; sender {sent})"
+            );
+            break;
         }
-        assert!(p.leaked(&text), "portstore: the canary {} reaches a later public call ({text}; {marked}; sender {sent})", p.canary);
-        let got: Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(got["got"], json!(p.canary));
-        eprintln!("portstore, full germline: 96/96 bits from one call into a later one, try {attempt} ({text}; sender {sent})");
-        return;
     }
 }
 
@@ -183,34 +257,49 @@ fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_
 /// host's socket cookie counter into its public slot; then 32 times `send` (holding the
 /// item) takes 4096 × (3 v + 1) cookies for the next 3 bits v and is killed, and `read`
 /// (public consumer, a new copy) reads how far the counter moved and marks again. No two
-/// copies are alive at once. Nothing in germline switches this off.
+/// copies are alive at once. Off (the earlier filter, `SO_COOKIE` allowed) the canary
+/// crosses; on, `getsockopt(SO_COOKIE)` is refused.
 #[test]
-#[ignore = "open channel"]
 fn cookiestore_host_wide_socket_cookie_counter_carries_the_canary_from_calls_into_later_ones() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    let p = pair("cookiestore", "x", "x");
-    let mut rt = p.start(&p.sender, SandboxSwitches::default());
-    let public = |rt: &mut Runtime, tool: &str| {
-        let mut req = request(tool, json!({}), &[]);
-        req.consumers = vec!["public".into()];
-        let o = rt.call(&req);
-        assert!(o.error.is_none(), "{tool}: {:?}", o.error);
-        result_text(&o)
-    };
-    public(&mut rt, "mark");
-    let mut text = String::new();
-    let mut chunks = Vec::new();
-    for i in 0..32 {
-        let o = rt.call(&request("send", json!({"document": p.secret, "index": i}), &[&p.secret]));
-        assert!(o.error.is_none(), "send {i}: {:?}", o.error);
-        text = public(&mut rt, "read");
-        let v: Value = serde_json::from_str(&text).unwrap();
-        chunks.push(v["chunks"].clone());
+    for off in [true, false] {
+        let p = pair("cookiestore", "x", "x");
+        let mut rt = p.start_filtered(&p.sender, SandboxSwitches::default(), filter(off));
+        let public = |rt: &mut Runtime, tool: &str| {
+            let mut req = request(tool, json!({}), &[]);
+            req.consumers = vec!["public".into()];
+            let o = rt.call(&req);
+            match o.error {
+                Some(e) => format!("error: {e}"),
+                None => result_text(&o),
+            }
+        };
+        let marked = public(&mut rt, "mark");
+        if !off {
+            // Nothing to mark with: the counter cannot be read at all.
+            let o = rt.call(&request("send", json!({"document": p.secret, "index": 0}), &[&p.secret]));
+            let text = public(&mut rt, "read");
+            assert!(!p.leaked(&text), "cookiestore on: {text}");
+            assert!(refused(&marked) && refused(&text), "cookiestore on: refused ({marked}; {text}; {:?})", o.error);
+            eprintln!("cookiestore on: 0 bits ({marked}; {text})");
+            continue;
+        }
+        let mut text = String::new();
+        let mut chunks = Vec::new();
+        for i in 0..32 {
+            let o = rt.call(&request("send", json!({"document": p.secret, "index": i}), &[&p.secret]));
+            assert!(o.error.is_none(), "send {i}: {:?}", o.error);
+            text = public(&mut rt, "read");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("read: {text}"));
+            chunks.push(v["chunks"].clone());
+        }
+        assert!(
+            p.leaked(&text),
+            "cookiestore off: the canary {} reaches later public calls ({text}; chunks {chunks:?})",
+            p.canary
+        );
+        eprintln!("cookiestore off: 96/96 bits, 3 per hr call ({text}; chunks {chunks:?})");
     }
-    assert!(p.leaked(&text), "cookiestore: the canary {} reaches later public calls ({text}; chunks {chunks:?})", p.canary);
-    let got: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(got["got"], json!(p.canary));
-    eprintln!("cookiestore, full germline: 96/96 bits, 3 per hr call ({text}; chunks {chunks:?})");
 }
 
 // --- portdest: the broker's own source ports tell a destination ------------------------
@@ -268,7 +357,8 @@ impl PortDest {
                     peer.port().to_string()
                 };
                 s2.lock().unwrap().push((path, peer.port()));
-                let _ = write!(c, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                let _ =
+                    write!(c, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
             }
         });
         PortDest { addr, seen, stop }
@@ -287,11 +377,33 @@ impl Drop for PortDest {
 /// entry by 300 × (1 + 3 bits of the item) connects; stats.example reads the bits from the
 /// source ports of the broker's next connections to it (`tick`, public). All within one
 /// 10-s re-salt period of the kernel's hash, so 9 bits per period here. The destination learns
-/// the item from the broker's own packets. Nothing in germline switches this off.
+/// the item from the broker's own packets. Off (`EGRESS_KERNEL_PORTS_FOR_TESTS`: the kernel
+/// picks the broker's source ports) the destination reads the bits; on (the broker binds a
+/// source port it draws itself) no address of the copy's moves the broker's ports, and the
+/// search finds none. Both runs use the earlier filter, under which a copy still reads its
+/// own source ports, so the test shows the broker's ports alone. The off run needs a
+/// colliding address among the candidates, found in ~40% of 10-s periods on the host of the
+/// pass and in none of 16 periods on a later run, so it is run by hand;
+/// `broker_source_ports_follow_the_host_table_only_with_the_mechanism_off` shows the
+/// mechanism deterministically.
 #[test]
-#[ignore = "open channel"]
+#[ignore = "the off run depends on finding a colliding address (probabilistic, minutes)"]
 fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    struct KernelPorts;
+    impl Drop for KernelPorts {
+        fn drop(&mut self) {
+            germline_executor::http::EGRESS_KERNEL_PORTS_FOR_TESTS.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let _reset = KernelPorts;
+    for off in [true, false] {
+        germline_executor::http::EGRESS_KERNEL_PORTS_FOR_TESTS.store(off, std::sync::atomic::Ordering::SeqCst);
+        portdest_run(off);
+    }
+}
+
+fn portdest_run(off: bool) {
     let code = attack("portdest");
     let w = World::new();
     let mut oracle = Oracle::new();
@@ -301,7 +413,10 @@ fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
     let release = w.release("portdest", tools, &code);
     let d = PortDest::start();
     let policy = w.policy(&[("stats.example", &[], Some(d.addr))], &[("agent", &["hr"]), ("public", &[])], "");
-    let mut rt = w.start_with(RuntimeKind::Germline, &release, policy, SandboxSwitches::default()).expect("starts");
+    // Both runs keep the earlier filter (which lets the copy read its own source ports), so
+    // what differs is only how the broker's egress ports are chosen.
+    let rt = w.start_with(RuntimeKind::Germline, &release, policy, SandboxSwitches::default()).expect("starts");
+    let mut rt = with_filter(rt, SeccompPolicy::denylist_only());
     let public = |rt: &mut Runtime, tool: &str, args: Value| {
         let mut req = request(tool, args, &[]);
         req.consumers = vec!["public".into()];
@@ -313,7 +428,7 @@ fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
     // addresses (a collision among them in ~40% of periods), then three hr calls follow.
     let mut found = String::new();
     let mut ok = false;
-    for attempt in 0..8 {
+    for attempt in 0..if off { 8 } else { 2 } {
         found = public(&mut rt, "find", json!({"start": 32768 * attempt}));
         eprintln!("portdest find {attempt}: {found}");
         let v: Value = serde_json::from_str(&found).unwrap();
@@ -321,6 +436,11 @@ fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
             ok = true;
             break;
         }
+    }
+    if !off {
+        assert!(!ok, "portdest on: no address of the copy's moves the broker's source ports ({found})");
+        eprintln!("portdest on: no colliding address in two periods, 0 bits ({found})");
+        return;
     }
     assert!(ok, "no colliding address found in eight periods: {found}");
     let before = d.seen.lock().unwrap().len();
@@ -348,6 +468,67 @@ fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
     }
     let x = u128::from_str_radix(&hr.as_str()[hr.as_str().len() - 24..], 16).unwrap();
     let want: Vec<i64> = (0..3).map(|i| ((x >> (3 * (31 - i))) & 7) as i64).collect();
-    eprintln!("portdest: stats.example read {bits:?}, the item's first 9 bits are {want:?} (steps {steps:?}; {found})");
+    eprintln!(
+        "portdest off: stats.example read {bits:?}, the item's first 9 bits are {want:?} (steps {steps:?}; {found})"
+    );
     assert_eq!(bits, want, "portdest: the destination reads the item's bits from the broker's source ports");
+}
+
+/// The broker's source ports and the host table, without a search: the test process itself
+/// connects 200 times to stats.example from the same address the broker uses, which moves
+/// exactly the `table_perturb` entry of the broker's connections there (a copy reaches any
+/// entry through an address of its own, as `portdest` shows). Off (kernel-picked egress
+/// ports) every step between the ports of the broker's consecutive connections is what
+/// those 200 connects moved the entry by (2 to 16 each, plus the broker's own); on (ports
+/// the broker draws) the steps are unrelated to them.
+#[test]
+fn broker_source_ports_follow_the_host_table_only_with_the_mechanism_off() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    struct KernelPorts;
+    impl Drop for KernelPorts {
+        fn drop(&mut self) {
+            germline_executor::http::EGRESS_KERNEL_PORTS_FOR_TESTS.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let _reset = KernelPorts;
+    const ECHO: &str = r#"
+import urllib.request
+
+def create_server():
+    m = FastMCP("echoport")
+
+    @m.tool()
+    def port() -> str:
+        return urllib.request.urlopen("http://stats.example/port", timeout=10).read().decode()
+
+    return m
+"#;
+    for off in [true, false] {
+        germline_executor::http::EGRESS_KERNEL_PORTS_FOR_TESTS.store(off, std::sync::atomic::Ordering::SeqCst);
+        let w = World::new();
+        let release = w.release("echoport", "[tools.port]\nhosts = [\"stats.example\"]\n", ECHO);
+        let d = PortDest::start();
+        let policy = w.policy(&[("stats.example", &[], Some(d.addr))], &[("agent", &[])], "");
+        let mut rt = w.start(RuntimeKind::Germline, &release, policy).expect("starts");
+        let mut port = || {
+            let o = rt.call(&request("port", json!({}), &[]));
+            result_text(&o)
+                .trim()
+                .parse::<i64>()
+                .unwrap_or_else(|_| panic!("port: {:?} {:?}", result_text(&o), o.error))
+        };
+        let mut last = port();
+        let mut steps = Vec::new();
+        for _ in 0..5 {
+            for _ in 0..200 {
+                let _ = std::net::TcpStream::connect_timeout(&d.addr, Duration::from_secs(2));
+            }
+            let p = port();
+            steps.push((p - last).rem_euclid(28232));
+            last = p;
+        }
+        let moved = steps.iter().all(|s| (400..=3500).contains(s));
+        eprintln!("broker source ports, kernel-picked {off}: steps {steps:?} after 200 connects each");
+        assert_eq!(moved, off, "off: every step is what the connects moved the entry by; on: unrelated ({steps:?})");
+    }
 }
