@@ -561,6 +561,10 @@ def germline_main(release_dir):
             code = 0
             try:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, wake)
+                # The germline ignores SIGCHLD so its copies are reaped unseen; the copy
+                # gets the disposition an unprotected server has, so `subprocess` can
+                # collect its own children's exit statuses (they stay inside the copy).
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 if os.environ.get("GERMLINE_SHARED_CONTROL") == "1":
                     os.close(CONTROL_FD)  # only a "mechanism off" test hands one over
                 _own_stdio()

@@ -232,6 +232,10 @@ fn mcp_server_git_matches_unprotected_with_the_repository_as_an_item() {
         let rev = ["HEAD", "HEAD~1", "HEAD~3", "nope"][i % 4];
         calls.push(("git_show".to_owned(), json!({"repo_path": r, "revision": rev})));
         calls.push(("git_diff_unstaged".to_owned(), json!({"repo_path": r, "context_lines": i % 4})));
+        // A target git rejects (a blob): the server shells out to `git diff`, which fails;
+        // under germline the copy must collect that exit status as the bare server does.
+        let target = ["HEAD~1", "HEAD:f0.txt"][i % 2];
+        calls.push(("git_diff".to_owned(), json!({"repo_path": r, "target": target})));
     }
     compare(&rel, policy(&data, extra), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
 }
