@@ -45,12 +45,14 @@ if [ ! -x "$st_venv/bin/schemathesis" ] || [ "$(cat "$st_venv/.version" 2>/dev/n
   echo "$st_version" >"$st_venv/.version"
 fi
 
-# Unmodified official MCP servers from PyPI, vendored into release directories for the
-# compatibility tests and `germline bench --server` (pinned; downloads cached).
+# Unmodified MCP servers and libraries from PyPI, vendored into release directories for
+# the compatibility tests and `germline bench --server` (pinned; downloads cached).
+# `datasci` is numpy, pandas and scikit-learn for the native-library tests (issue 16).
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"
 mkdir -p "$real" /var/cache/germline/pip-cache
 for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" \
-  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0"; do
+  "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0" \
+  "datasci numpy==2.4.6 pandas==3.1.1 scikit-learn==1.9.1 scipy==1.17.1"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then
     rm -rf "$real/$name"

@@ -244,6 +244,84 @@ impl Drop for PidCounter {
     }
 }
 
+/// At most this many bytes of the germline's stderr are kept while it starts.
+const STDERR_TAIL_BYTES: usize = 8192;
+/// At most this many of its last lines are quoted in a start error.
+const STDERR_TAIL_LINES: usize = 25;
+
+/// The end of what the interpreter wrote to stderr while it imported the release (a
+/// traceback, a crash message), read by a thread of the broker from a pipe. The germline
+/// is data-free, so the text carries no item: it goes into the start error unlabelled.
+/// The pipe never outlives the start: the shim closes stderr before the germline is ready,
+/// and G2 refuses a germline that still holds any descriptor but `/dev/null`.
+struct StartStderr {
+    tail: std::sync::Arc<Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StartStderr {
+    /// The reader and the write end for the germline's stderr.
+    fn pipe() -> Result<(Option<StartStderr>, Option<OwnedFd>), ExecutorError> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 fills two fresh descriptors that we take ownership of.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return Err(ExecutorError::io("the germline's stderr pipe")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: both descriptors are fresh and owned by nobody else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let tail = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let kept = tail.clone();
+        let reader = std::thread::Builder::new()
+            .name("germline-stderr".into())
+            .spawn(move || {
+                use std::io::Read;
+                let mut f = std::fs::File::from(read);
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = f.read(&mut buf) {
+                    let mut t = kept.lock().unwrap_or_else(|p| p.into_inner());
+                    t.extend_from_slice(&buf[..n]);
+                    if t.len() > STDERR_TAIL_BYTES {
+                        let cut = t.len() - STDERR_TAIL_BYTES;
+                        t.drain(..cut);
+                    }
+                }
+            })
+            .map_err(ExecutorError::io("starting the germline's stderr reader"))?;
+        Ok((Some(StartStderr { tail, reader: Some(reader) }), Some(write)))
+    }
+
+    /// The last lines written, once every writer has closed the pipe (waiting at most
+    /// half a second for that).
+    fn last_lines(&mut self) -> String {
+        let until = Instant::now() + Duration::from_millis(500);
+        while self.reader.as_ref().is_some_and(|r| !r.is_finished()) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if self.reader.as_ref().is_some_and(|r| r.is_finished()) {
+            let _ = self.reader.take().map(|r| r.join());
+        }
+        let t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let text = String::from_utf8_lossy(&t);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(STDERR_TAIL_LINES)..].join("\n")
+    }
+}
+
+/// Adds the germline's last stderr lines to a start error.
+fn with_stderr(e: ExecutorError, stderr: &mut Option<StartStderr>) -> ExecutorError {
+    let Some(s) = stderr.as_mut() else {
+        return e;
+    };
+    let tail = s.last_lines();
+    match e {
+        ExecutorError::GermlineRefused { check, detail } if !tail.is_empty() => ExecutorError::GermlineRefused {
+            check,
+            detail: format!("{detail}; the interpreter's stderr ended with:\n{tail}"),
+        },
+        other => other,
+    }
+}
+
 /// Test-only switch ("mechanism off"), re-exported: let the germline wait for its copies.
 pub use crate::inspect::CHILD_EXIT_CHECK_OFF_FOR_TESTS;
 
@@ -405,6 +483,9 @@ impl Germline {
         if debug_stderr {
             tracing::warn!("GERMLINE_DEBUG_GERMLINE is set: the germline's stderr stays open (debugging only)");
         }
+        // Without the debug switch, stderr is a pipe the broker reads while the release
+        // imports: a failed start names its cause (see [`StartStderr`]).
+        let (mut start_stderr, stderr_pipe) = if debug_stderr { (None, None) } else { StartStderr::pipe()? };
         let mut cmd = Command::new(&spec.runtime.python);
         cmd.arg("-I")
             .arg(spec.runtime.shim_dir.join("germline_host.py"))
@@ -421,7 +502,11 @@ impl Germline {
             // release code) reports each stop of the germline on its stdout: the broker
             // sleeps until then instead of polling (see `wait_stopped`).
             .stdout(if spec.switches.pid_namespace { Stdio::piped() } else { Stdio::null() })
-            .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
+            .stderr(match stderr_pipe {
+                Some(w) => Stdio::from(w),
+                None if debug_stderr => Stdio::inherit(),
+                None => Stdio::null(),
+            });
         if debug_stderr {
             cmd.env("GERMLINE_KEEP_STDERR", "1");
         }
@@ -486,6 +571,9 @@ impl Germline {
         }
         let report = sandbox.install(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        // The broker's copy of the stderr pipe's write end goes with the command, so the
+        // reader sees the end of the file once the germline and its first processes close it.
+        drop(cmd);
         let stops = child.stdout.take().map(OwnedFd::from);
         if let Some(fd) = &stops {
             // SAFETY: fcntl on a descriptor we own.
@@ -510,7 +598,7 @@ impl Germline {
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
-            let (keeper, pid) = Keeper::find(first, spec.start_timeout)?;
+            let (keeper, pid) = Keeper::find(first, spec.start_timeout).map_err(|e| with_stderr(e, &mut start_stderr))?;
             g.keeper = Some(keeper);
             g.pidfd = pidfd_open(pid)?;
             g.pid = pid;
@@ -528,8 +616,12 @@ impl Germline {
         }
         let pid = g.pid;
         // The germline stops itself once the release is imported.
-        g.wait_stopped(spec.start_timeout)
-            .map_err(|e| ExecutorError::refused("start", format!("the release did not finish importing: {e}")))?;
+        g.wait_stopped(spec.start_timeout).map_err(|e| {
+            with_stderr(
+                ExecutorError::refused("start", format!("the release did not finish importing: {e}")),
+                &mut start_stderr,
+            )
+        })?;
         g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
         inspect::check_germline(pid, &g.allowed)?;
         if !inspect::live_children(pid)?.is_empty() {

@@ -47,3 +47,90 @@ fn a_failing_subprocess_reports_its_exit_status_as_unprotected() {
     assert_eq!(pin, "1 3 CalledProcessError 7", "the unprotected server");
     assert_eq!(gl, pin, "germline differs from the unprotected server");
 }
+
+/// Where `scripts/setup.sh` vendors PyPI packages.
+fn real_servers() -> std::path::PathBuf {
+    std::env::var_os("GERMLINE_REAL_SERVERS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("/var/cache/germline/real-servers"))
+}
+
+/// A release written like [`World::release`], with the packages `scripts/setup.sh`
+/// vendored as `vendored` on its path (hard-linked where the file system allows).
+fn release_with_vendor(w: &World, name: &str, vendored: &str, tools: &str, body: &str) -> std::path::PathBuf {
+    let rel = w.release(name, tools, body);
+    let vendor = real_servers().join(vendored);
+    assert!(vendor.join(".complete").is_file(), "{} is missing: run scripts/setup.sh", vendor.display());
+    let cp = |flag: &str| {
+        std::process::Command::new("cp")
+            .arg(flag)
+            .arg(vendor.join("vendor"))
+            .arg(&rel)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !cp("-rl") {
+        let _ = std::fs::remove_dir_all(rel.join("vendor"));
+        assert!(cp("-r"), "copying {}", vendor.display());
+    }
+    let manifest = std::fs::read_to_string(rel.join("germline.toml")).expect("manifest");
+    let manifest = manifest.replace("[release]\n", "[release]\npython_path = [\".\", \"vendor\"]\n");
+    std::fs::write(rel.join("germline.toml"), manifest).expect("manifest");
+    rel
+}
+
+const DATASCI: &str = r#"
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import LinearRegression
+from sklearn.cluster import KMeans
+
+def create_server():
+    m = FastMCP("datasci")
+    @m.tool()
+    def analyse(n: int) -> str:
+        x = np.arange(n, dtype=float)
+        y = 3.0 * x + 2.0 + np.sin(x)
+        df = pd.DataFrame({"x": x, "y": y, "g": [i % 3 for i in range(n)]})
+        means = df.groupby("g")["y"].mean().round(6).to_dict()
+        fit = LinearRegression().fit(df[["x"]].values, df["y"].values)
+        km = KMeans(n_clusters=2, n_init=3, random_state=0).fit(np.c_[x, y])
+        inv = np.linalg.inv(np.array([[2.0, 1.0], [1.0, 3.0]])).round(6).tolist()
+        stamp = pd.Timestamp("2026-01-02T03:04:05") + pd.Timedelta(days=n)
+        return json.dumps({
+            "means": means, "coef": round(float(fit.coef_[0]), 6), "intercept": round(float(fit.intercept_), 6),
+            "clusters": sorted(int(c) for c in np.bincount(km.labels_)), "inv": inv, "stamp": stamp.isoformat(),
+            "numpy": np.__version__, "pandas": pd.__version__,
+        }, sort_keys=True)
+    return m
+"#;
+
+/// Points 1 and 2: numpy, pandas and scikit-learn import in the germline (native thread
+/// pools kept single-threaded until fork; the twin clock no longer replaces
+/// `datetime.datetime`) and answer as unprotected.
+#[test]
+fn numpy_pandas_and_scikit_learn_import_and_run_under_germline() {
+    let w = World::new();
+    let rel = release_with_vendor(&w, "datasci", "datasci", "[tools.analyse]\n", DATASCI);
+    let (pin, gl) = both(&w, &rel, "analyse", json!({"n": 40}));
+    eprintln!("unprotected: {pin}\ngermline:    {gl}");
+    assert!(pin.contains("\"coef\""), "the unprotected server: {pin}");
+    assert_eq!(gl, pin, "germline differs from the unprotected server");
+}
+
+/// Point 4: a release that fails to import is refused with its traceback's last lines
+/// (before, only "the germline exited").
+#[test]
+fn a_release_that_fails_to_import_names_its_traceback() {
+    let w = World::new();
+    let body = "def helper():\n    raise RuntimeError('no configuration at /etc/app.conf')\nhelper()\n";
+    let rel = w.release("broken", "[tools.nothing]\n", body);
+    let err = match w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &[])], "")) {
+        Ok(_) => panic!("a release that raises at import started"),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("{err}");
+    assert!(err.contains("did not finish importing"), "phase named: {err}");
+    assert!(err.contains("RuntimeError: no configuration at /etc/app.conf"), "cause named: {err}");
+    assert!(err.contains("in helper"), "traceback lines: {err}");
+}
