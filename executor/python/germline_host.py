@@ -126,30 +126,44 @@ def _patch_time():
     time.perf_counter, time.perf_counter_ns = perf, perf_ns
     time.localtime, time.gmtime, time.ctime, time.strftime = localtime, gmtime, ctime, strftime
 
+
+# datetime.datetime.now and utcnow read the system clock in C (time.time is not asked).
+# Replacing the datetime.datetime type with a Python subclass breaks every C extension that
+# checks the type's size or identity at import (pandas, numpy's datetime support, ...), so
+# instead the copy keeps the C type and puts two classmethods into its own attribute
+# dictionary (read through the gc, as the type refuses setattr), then tells the interpreter
+# the type changed so no cached lookup keeps the C entries. Installed before the release is
+# imported (so `now = datetime.now` at import is twin-aware too); without active twin
+# inputs, and for anything but `now()` / `now(tz)` with `tz` None or a tzinfo, the real
+# methods answer (and raise as unprotected).
+def _install_datetime_clock():
     import datetime as _dt
+    import gc
 
-    real_datetime = _dt.datetime
+    cls = _dt.datetime
+    real = cls.__dict__
+    real_now, real_utcnow = real.get("now"), real.get("utcnow")
+    if type(real_now).__name__ != "classmethod_descriptor" or type(real_utcnow).__name__ != "classmethod_descriptor":
+        return
+    attrs = [r for r in gc.get_referents(real) if isinstance(r, dict)]
+    if len(attrs) != 1:
+        return
 
-    class datetime(real_datetime):
-        @classmethod
-        def now(cls, tz=None):
-            if _twin.active:
-                return cls.fromtimestamp(_twin.clock, tz)
-            return super().now(tz)
+    def now(klass, *args, **kwargs):
+        tz = args[0] if args else kwargs.get("tz")
+        valid = len(args) + len(kwargs) <= 1 and set(kwargs) <= {"tz"}
+        if _twin.active and valid and (tz is None or isinstance(tz, _dt.tzinfo)):
+            return klass.fromtimestamp(_twin.clock, tz)
+        return real_now.__get__(None, klass)(*args, **kwargs)
 
-        @classmethod
-        def utcnow(cls):
-            if _twin.active:
-                return cls.fromtimestamp(_twin.clock, _dt.timezone.utc).replace(tzinfo=None)
-            return super().utcnow()
+    def utcnow(klass, *args, **kwargs):
+        if args or kwargs or not _twin.active:
+            return real_utcnow.__get__(None, klass)(*args, **kwargs)
+        return klass.utcfromtimestamp(_twin.clock)
 
-        @classmethod
-        def today(cls):
-            return cls.now()
-
-    datetime.__name__ = "datetime"
-    datetime.__qualname__ = "datetime"
-    _dt.datetime = datetime
+    now.__doc__, utcnow.__doc__ = real_now.__doc__, real_utcnow.__doc__
+    attrs[0]["now"], attrs[0]["utcnow"] = classmethod(now), classmethod(utcnow)
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(cls))
 
 
 def _twin_urandom(n):
@@ -595,6 +609,7 @@ def main():
         _mono = time.monotonic
         asyncio.base_events.BaseEventLoop.time = lambda self: _mono()
         _patch_time()
+        _install_datetime_clock()
         _patch_random()
         germline_main(release_dir)
     elif mode == "serve":

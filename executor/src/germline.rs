@@ -244,6 +244,28 @@ impl Drop for PidCounter {
     }
 }
 
+/// The environment that keeps known native thread pools from starting threads at import
+/// (G1 refuses a germline with more than one thread): BLAS (OpenBLAS, MKL, BLIS,
+/// Accelerate), OpenMP, numexpr, numba, Rayon (polars, tokenizers), TensorFlow. Public
+/// constants, the same for every germline; copies inherit them (a copy's pools stay
+/// single-threaded).
+pub const SINGLE_THREADED_POOLS: &[(&str, &str)] = &[
+    ("OPENBLAS_NUM_THREADS", "1"),
+    ("GOTO_NUM_THREADS", "1"),
+    ("OMP_NUM_THREADS", "1"),
+    ("MKL_NUM_THREADS", "1"),
+    ("BLIS_NUM_THREADS", "1"),
+    ("VECLIB_MAXIMUM_THREADS", "1"),
+    ("NUMEXPR_NUM_THREADS", "1"),
+    ("NUMEXPR_MAX_THREADS", "1"),
+    ("NUMBA_NUM_THREADS", "1"),
+    ("RAYON_NUM_THREADS", "1"),
+    ("POLARS_MAX_THREADS", "1"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+    ("TF_NUM_INTEROP_THREADS", "1"),
+    ("TF_NUM_INTRAOP_THREADS", "1"),
+];
+
 /// At most this many bytes of the germline's stderr are kept while it starts.
 const STDERR_TAIL_BYTES: usize = 8192;
 /// At most this many of its last lines are quoted in a start error.
@@ -496,6 +518,7 @@ impl Germline {
             .env("LANG", "C.UTF-8")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
+            .envs(SINGLE_THREADED_POOLS.iter().copied())
             .current_dir(&release_dir)
             .stdin(Stdio::null())
             // With its own PID namespace, the first process (never the germline, never
@@ -598,7 +621,8 @@ impl Germline {
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
-            let (keeper, pid) = Keeper::find(first, spec.start_timeout).map_err(|e| with_stderr(e, &mut start_stderr))?;
+            let (keeper, pid) =
+                Keeper::find(first, spec.start_timeout).map_err(|e| with_stderr(e, &mut start_stderr))?;
             g.keeper = Some(keeper);
             g.pidfd = pidfd_open(pid)?;
             g.pid = pid;

@@ -102,6 +102,12 @@ def create_server():
             "clusters": sorted(int(c) for c in np.bincount(km.labels_)), "inv": inv, "stamp": stamp.isoformat(),
             "numpy": np.__version__, "pandas": pd.__version__,
         }, sort_keys=True)
+    @m.tool()
+    def clock() -> str:
+        from datetime import datetime, timezone
+        return json.dumps([time.time(), datetime.now(timezone.utc).timestamp(),
+                           datetime.utcnow().replace(tzinfo=timezone.utc).timestamp(),
+                           datetime.now().timestamp(), pd.Timestamp.now(tz="UTC").timestamp()])
     return m
 "#;
 
@@ -111,7 +117,7 @@ def create_server():
 #[test]
 fn numpy_pandas_and_scikit_learn_import_and_run_under_germline() {
     let w = World::new();
-    let rel = release_with_vendor(&w, "datasci", "datasci", "[tools.analyse]\n", DATASCI);
+    let rel = release_with_vendor(&w, "datasci", "datasci", "[tools.analyse]\n[tools.clock]\n", DATASCI);
     let (pin, gl) = both(&w, &rel, "analyse", json!({"n": 40}));
     eprintln!("unprotected: {pin}\ngermline:    {gl}");
     assert!(pin.contains("\"coef\""), "the unprotected server: {pin}");
@@ -133,4 +139,45 @@ fn a_release_that_fails_to_import_names_its_traceback() {
     assert!(err.contains("did not finish importing"), "phase named: {err}");
     assert!(err.contains("RuntimeError: no configuration at /etc/app.conf"), "cause named: {err}");
     assert!(err.contains("in helper"), "traceback lines: {err}");
+}
+
+/// Point 2: the twin clock reaches `datetime.now`, `utcnow` and pandas' `Timestamp.now`
+/// without replacing the `datetime.datetime` type: in a copy every reading is the frozen
+/// twin value, `time.time()`'s.
+#[test]
+fn the_twin_clock_reaches_datetime_and_pandas_without_replacing_the_type() {
+    let w = World::new();
+    let rel = release_with_vendor(&w, "datasci", "datasci", "[tools.analyse]\n[tools.clock]\n", DATASCI);
+    let (pin, gl) = both(&w, &rel, "clock", json!({}));
+    eprintln!("unprotected: {pin}\ngermline:    {gl}");
+    let read = |s: &str| -> Vec<f64> { serde_json::from_str(s).unwrap_or_else(|e| panic!("{s}: {e}")) };
+    let (pin, gl) = (read(&pin), read(&gl));
+    assert!(pin.windows(2).any(|p| p[0] != p[1]), "unprotected readings advance: {pin:?}");
+    assert!(gl.iter().all(|&t| t == gl[0]), "every germline reading is the twin clock: {gl:?}");
+}
+
+const THREAD_AT_IMPORT: &str = r#"
+import ctypes, threading
+def _worker():
+    ctypes.CDLL(None).prctl(15, b"pool-worker", 0, 0, 0)
+    time.sleep(30)
+threading.Thread(target=_worker, daemon=True).start()
+time.sleep(0.2)
+def create_server():
+    return FastMCP("threads")
+"#;
+
+/// Point 1: a release that still starts a thread at import is refused with the thread's
+/// name and the advice.
+#[test]
+fn a_thread_started_at_import_is_refused_by_name() {
+    let w = World::new();
+    let rel = w.release("threads", "[tools.nothing]\n", THREAD_AT_IMPORT);
+    let err = match w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &[])], "")) {
+        Ok(_) => panic!("a germline with two threads started"),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("{err}");
+    assert!(err.contains("(G1)") && err.contains("\"pool-worker\""), "thread named: {err}");
+    assert!(err.contains("SINGLE_THREADED_POOLS"), "advice given: {err}");
 }
