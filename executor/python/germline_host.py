@@ -409,7 +409,14 @@ def _landlock_copy_layer():
     if rs < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        for path, rights in (("/", read), ("/dev/null", 0x2 | 0x4)):
+        rules = [("/", read), ("/dev/null", 0x2 | 0x4)]
+        scratch = os.environ.get("GERMLINE_SCRATCH")
+        if scratch:
+            # The copy's own scratch tmpfs (mounted there by the broker; the rule sits on
+            # its parent, as Landlock skips mount points): write, truncate, make and remove
+            # regular files, directories and links, rename (refer).
+            rules.append((os.path.dirname(scratch), 0x2 | 0x10 | 0x20 | 0x80 | 0x100 | 0x1000 | 0x2000 | 0x4000))
+        for path, rights in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
                 rule = PathBeneath(rights, fd)

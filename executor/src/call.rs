@@ -654,7 +654,7 @@ impl GermlineRuntime {
         let budget = self.policy.limits.deadline;
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &[])?;
+        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &[], copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -715,7 +715,7 @@ impl GermlineRuntime {
         let roots = self.policy.data_roots();
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, &roots, &files)?;
+        let listeners = prepare_copy(copy.pid, &roots, &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -780,7 +780,7 @@ impl GermlineRuntime {
                 contents: if group.view.contains(name) { bytes.clone() } else { Vec::new() },
             })
             .collect();
-        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files)?;
+        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let outside = t_setup.elapsed();
         let arguments = prepared.arguments_for(&group.view);

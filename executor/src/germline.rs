@@ -378,6 +378,8 @@ pub struct Germline {
     /// Readable whenever the germline has stopped (one byte per stop, from the first
     /// process, its parent): a wake-up only; the stop itself is read from `/proc`.
     stops: Option<OwnedFd>,
+    /// Where each copy gets its private scratch tmpfs ([`crate::confine::scratch_dir`]).
+    scratch: Option<PathBuf>,
 }
 
 /// The keeper: the first child of the germline, forked before the release is imported,
@@ -489,6 +491,7 @@ impl Germline {
         let mut read_only = spec.runtime.read_paths.clone();
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
+        let scratch = crate::confine::scratch_dir(&read_only, &spec.data_roots);
         let confinement = Confinement {
             read_only,
             data_roots: spec.data_roots.clone(),
@@ -519,6 +522,7 @@ impl Germline {
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
             .envs(SINGLE_THREADED_POOLS.iter().copied())
+            .envs(scratch.iter().flat_map(|d| [("TMPDIR", d.as_os_str()), ("GERMLINE_SCRATCH", d.as_os_str())]))
             .current_dir(&release_dir)
             .stdin(Stdio::null())
             // With its own PID namespace, the first process (never the germline, never
@@ -618,6 +622,7 @@ impl Germline {
             start_time: Duration::ZERO,
             retired: Vec::new(),
             stops,
+            scratch,
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -889,6 +894,7 @@ impl Germline {
             _namespace_handles: ns_files,
             cgroup,
             timings: CopyTimings::default(),
+            scratch: self.scratch.clone(),
         };
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
@@ -995,6 +1001,8 @@ pub struct CopyProcess {
     cgroup: Option<CopyCgroup>,
     /// Reap, checks and fork phases of this copy (the broker adds the rest).
     pub timings: CopyTimings,
+    /// Where the broker mounts this copy's private scratch tmpfs.
+    pub scratch: Option<PathBuf>,
 }
 
 impl CopyProcess {

@@ -6,7 +6,8 @@
 //! listeners there (proxy, MCP channel, slot), so a connection accepted on one of them
 //! provably came from that copy's network namespace; mounts a fresh tmpfs over each data
 //! root holding exactly the copy's view (empty files for out-of-view items, owned by the
-//! copy's root), read-only;
+//! copy's root), read-only; mounts the copy's private scratch tmpfs (`TMPDIR`), writable,
+//! size-limited, gone with the copy's mount namespace;
 //! and passes the listeners back over a socketpair. The helper is forked because
 //! `setns(2)` into a user namespace needs a single-threaded caller; everything it uses is
 //! prepared before the fork, so the child only makes syscalls.
@@ -52,11 +53,24 @@ struct Prepared {
     dirs: Vec<CString>,
     files: Vec<(CString, Vec<u8>)>,
     tmpfs_opts: CString,
+    scratch: Option<CString>,
 }
 
 /// Sets up the copy `pid` from outside and returns the listeners in its network namespace.
-pub fn prepare_copy(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<CopyListeners, ExecutorError> {
-    let p = prepare(pid, data_roots, files)?;
+///
+/// `scratch` (the germline's [`crate::confine::scratch_dir`]) gets a fresh writable tmpfs of
+/// this copy's own: mounted in the copy's mount namespace, where no other copy or the
+/// germline can reach it (the germline's directory there lies on its read-only root).
+pub fn prepare_copy(
+    pid: i32,
+    data_roots: &[PathBuf],
+    files: &[CopyFile],
+    scratch: Option<&Path>,
+) -> Result<CopyListeners, ExecutorError> {
+    let mut p = prepare(pid, data_roots, files)?;
+    p.scratch = scratch
+        .map(|d| CString::new(d.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in scratch path")))
+        .transpose()?;
     let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
     // SAFETY: the child only performs syscalls on buffers prepared above and exits with
     // _exit; it never returns into Rust code of the parent.
@@ -127,8 +141,13 @@ fn prepare(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepa
         dirs,
         files: out_files,
         tmpfs_opts: c(format!("size={},mode=0755,nr_inodes={}", total + (1 << 20), files.len() * 2 + 64))?,
+        scratch: None,
     })
 }
+
+/// Mount options of a copy's scratch tmpfs: 64 MiB (its pages are charged to the copy's
+/// memory cgroup), 4096 files and directories, `/tmp`'s mode.
+const SCRATCH_OPTS: &std::ffi::CStr = c"size=67108864,nr_inodes=4096,mode=1777";
 
 type StepErr = (u8, i32);
 
@@ -172,6 +191,18 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
             fds[i] = listen_on(port)?;
         }
         ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
+        if let Some(dir) = &p.scratch {
+            ck(
+                b's',
+                mount(
+                    c"germline-scratch".as_ptr(),
+                    dir.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    MS_NOSUID | MS_NODEV,
+                    SCRATCH_OPTS.as_ptr().cast(),
+                ) as c_long,
+            )?;
+        }
         for root in &p.roots {
             ck(
                 b'l',

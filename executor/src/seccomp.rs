@@ -62,7 +62,7 @@ const ALLOWED: &[Group] = &[
     Group {
         why: "descriptors and read-only files: every file system a copy can name is mounted \
               read-only and under a read-only Landlock rule (only /dev/null takes writes, and \
-              keeps nothing); what a copy writes goes to its own pipes, sockets and memfds, \
+              keeps nothing), except the copy's own scratch tmpfs; what a copy writes goes to its own pipes, sockets and memfds, \
               which no other copy holds; reading a shared file moves at most its page-cache \
               residency (a timing channel, see SECURITY.md) and never its atime (noatime)",
         calls: sys![
@@ -114,6 +114,30 @@ const ALLOWED: &[Group] = &[
             SYS_listxattr,
             SYS_llistxattr,
             SYS_flistxattr,
+        ],
+    },
+    Group {
+        why: "changing names and metadata in the copy's own scratch tmpfs (TMPDIR), mounted \
+              per copy in the copy's own mount namespace: every other file system a copy can \
+              name is mounted read-only (EROFS) and Landlock grants making and removing names \
+              only beneath the scratch's parent, so none of these reaches an inode another \
+              copy or the germline can see",
+        calls: sys![
+            SYS_mkdir,
+            SYS_mkdirat,
+            SYS_rmdir,
+            SYS_unlink,
+            SYS_unlinkat,
+            SYS_rename,
+            SYS_renameat,
+            SYS_renameat2,
+            SYS_symlink,
+            SYS_symlinkat,
+            SYS_truncate,
+            SYS_chmod,
+            SYS_fchmod,
+            SYS_fchmodat,
+            SYS_utimensat,
         ],
     },
     Group {

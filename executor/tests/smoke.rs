@@ -42,6 +42,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         copy.pid,
         std::slice::from_ref(&data),
         &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec() }],
+        copy.scratch.as_deref(),
     )
     .unwrap();
     let (chan, _) = l.channel.accept().unwrap();

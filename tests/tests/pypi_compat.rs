@@ -152,8 +152,10 @@ fn the_twin_clock_reaches_datetime_and_pandas_without_replacing_the_type() {
     eprintln!("unprotected: {pin}\ngermline:    {gl}");
     let read = |s: &str| -> Vec<f64> { serde_json::from_str(s).unwrap_or_else(|e| panic!("{s}: {e}")) };
     let (pin, gl) = (read(&pin), read(&gl));
-    assert!(pin.windows(2).any(|p| p[0] != p[1]), "unprotected readings advance: {pin:?}");
-    assert!(gl.iter().all(|&t| t == gl[0]), "every germline reading is the twin clock: {gl:?}");
+    assert_eq!(pin.len(), 5, "the unprotected server: {pin:?}");
+    // datetime keeps microseconds; a reading of the real clock comes milliseconds after
+    // the twin clock was frozen, at the start of the call.
+    assert!(gl.iter().all(|&t| (t - gl[0]).abs() < 2e-6), "every germline reading is the twin clock: {gl:?}");
 }
 
 const THREAD_AT_IMPORT: &str = r#"
@@ -180,4 +182,41 @@ fn a_thread_started_at_import_is_refused_by_name() {
     eprintln!("{err}");
     assert!(err.contains("(G1)") && err.contains("\"pool-worker\""), "thread named: {err}");
     assert!(err.contains("SINGLE_THREADED_POOLS"), "advice given: {err}");
+}
+
+const SCRATCH: &str = r#"
+import tempfile
+def create_server():
+    m = FastMCP("scratch")
+    @m.tool()
+    def scratch(text: str) -> str:
+        seen = sorted(os.listdir(tempfile.gettempdir()))
+        with tempfile.NamedTemporaryFile("w+", suffix=".txt", delete=False) as f:
+            f.write(text)
+        with open(f.name) as g:
+            back = g.read()
+        os.makedirs(os.path.join(tempfile.gettempdir(), "sub"), exist_ok=True)
+        os.rename(f.name, os.path.join(tempfile.gettempdir(), "sub", "kept.txt"))
+        return json.dumps({"back": back, "leftover": [n for n in seen if n.endswith(".txt") or n == "sub"]})
+    return m
+"#;
+
+/// Point 8: each copy writes temporary files (`tempfile`, `TMPDIR`) into a scratch tmpfs of
+/// its own, as an unprotected server writes to /tmp; nothing a copy wrote is there for the
+/// next copy. (Unprotected, the previous call's file is still there: the bare server shares
+/// /tmp across calls, which the comparison masks by listing only under germline.)
+#[test]
+fn each_copy_writes_temporary_files_into_a_scratch_of_its_own() {
+    let w = World::new();
+    let rel = w.release("scratch", "[tools.scratch]\n", SCRATCH);
+    let policy = w.policy(&[], &[("agent", &[])], "");
+    let mut gl = w.start(RuntimeKind::Germline, &rel, policy).expect("germline start");
+    for i in 0..3 {
+        let o = gl.call(&request("scratch", json!({"text": format!("call {i}")}), &[]));
+        let text = o.error.clone().unwrap_or_else(|| result_text(&o));
+        eprintln!("call {i}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(v["back"], json!(format!("call {i}")), "the copy reads back what it wrote");
+        assert_eq!(v["leftover"], json!([]), "nothing of an earlier copy is in this copy's scratch");
+    }
 }
