@@ -19,7 +19,7 @@ use crate::confine::{ResourceLimits, SandboxSwitches};
 use crate::evidence::{encode_replies, fresh_secret, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
-use crate::outside::{prepare_copy, CopyFile};
+use crate::outside::{prepare_copy, CopyFile, FileMeta};
 use crate::policy::Policy;
 use crate::seccomp::SeccompPolicy;
 use crate::ExecutorError;
@@ -697,7 +697,7 @@ impl GermlineRuntime {
                 }
             } else {
                 let contents = if visible { contents.get(&item.name).cloned().unwrap_or_default() } else { Vec::new() };
-                files.push(CopyFile { path: PathBuf::from(item.name.as_str()), contents });
+                files.push(CopyFile { path: PathBuf::from(item.name.as_str()), contents, meta: None });
             }
         }
         let input = PlanInput {
@@ -775,9 +775,13 @@ impl GermlineRuntime {
         let files: Vec<CopyFile> = prepared
             .files
             .iter()
-            .map(|(name, path, bytes)| CopyFile {
-                path: path.clone(),
-                contents: if group.view.contains(name) { bytes.clone() } else { Vec::new() },
+            .map(|(name, path, bytes, meta)| {
+                let visible = group.view.contains(name);
+                CopyFile {
+                    path: path.clone(),
+                    contents: if visible { bytes.clone() } else { Vec::new() },
+                    meta: visible.then_some(*meta),
+                }
             })
             .collect();
         let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
@@ -947,8 +951,8 @@ fn single_group_plan(input: &PlanInput) -> Plan {
 struct PreparedCall {
     tool: String,
     arguments: Map<String, Value>,
-    /// (item name, path, contents) of file items.
-    files: Vec<(ItemName, PathBuf, Vec<u8>)>,
+    /// (item name, path, contents, the host file's mode and times) of file items.
+    files: Vec<(ItemName, PathBuf, Vec<u8>, FileMeta)>,
     /// Argument items: argument name → item name.
     arg_items: BTreeMap<String, ItemName>,
     consumers: Vec<ConsumerName>,
@@ -969,10 +973,10 @@ impl PreparedCall {
                 continue;
             }
             let label = policy.label_path(&p)?;
-            let bytes = read_item(&p, policy.resolves_paths())?;
+            let (bytes, meta) = read_item(&p, policy.resolves_paths())?;
             let name = ItemName::new(&p.to_string_lossy())?;
             items.push(Item { name: name.clone(), label });
-            files.push((name, p, bytes));
+            files.push((name, p, bytes, meta));
         }
         // Paths named by arguments (per the policy) and fixed paths the tool declares it
         // reads: every labelled regular file there is an item, whether or not the agent
@@ -1000,10 +1004,10 @@ impl PreparedCall {
                 continue;
             }
             let label = policy.label_path(&p)?;
-            let bytes = read_item(&p, policy.resolves_paths())?;
+            let (bytes, meta) = read_item(&p, policy.resolves_paths())?;
             let name = ItemName::new(&p.to_string_lossy())?;
             items.push(Item { name: name.clone(), label });
-            files.push((name, p, bytes));
+            files.push((name, p, bytes, meta));
         }
         let mut arg_items = BTreeMap::new();
         for arg in req.arguments.keys() {
@@ -1060,7 +1064,7 @@ impl PreparedCall {
         let mut out: Vec<ItemRecord> = self
             .files
             .iter()
-            .map(|(name, _, bytes)| ItemRecord {
+            .map(|(name, _, bytes, _)| ItemRecord {
                 name: name.clone(),
                 label: label_of(name),
                 sha256: hex::encode(Sha256::digest(bytes)),
@@ -1152,7 +1156,9 @@ fn named_files(paths: &[PathBuf], policy: &Policy) -> Result<Vec<PathBuf>, Execu
 
 /// Reads item `path` (canonical) through a descriptor that is checked to name that very
 /// file, so a symlink swapped in after the path was resolved cannot substitute another.
-fn read_item(path: &Path, check_name: bool) -> Result<Vec<u8>, ExecutorError> {
+/// Returns the contents and the file's mode and times (what a copy with the item in view
+/// sees of them).
+fn read_item(path: &Path, check_name: bool) -> Result<(Vec<u8>, FileMeta), ExecutorError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let err = |e: std::io::Error| ExecutorError::Call(format!("item {}: {e}", path.display()));
@@ -1184,7 +1190,7 @@ fn read_item(path: &Path, check_name: bool) -> Result<Vec<u8>, ExecutorError> {
     if bytes.len() as u64 > MAX_ITEM_BYTES {
         return Err(ExecutorError::Call(format!("item {} is over {MAX_ITEM_BYTES} bytes", path.display())));
     }
-    Ok(bytes)
+    Ok((bytes, FileMeta::of(&meta)))
 }
 
 /// The host named by a URL or bare host argument.

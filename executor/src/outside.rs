@@ -30,6 +30,33 @@ pub struct CopyFile {
     pub path: PathBuf,
     /// Contents the copy may see.
     pub contents: Vec<u8>,
+    /// The host file's mode and times, for an item in the copy's view; `None` (an item
+    /// outside the view, or a replay without them) gives mode 0444 and both times at the
+    /// epoch, which say nothing about the item.
+    pub meta: Option<FileMeta>,
+}
+
+/// What a copy sees of an item file's metadata besides its size (the contents' length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileMeta {
+    /// Permission bits (`& 0o777`; the view is read-only whatever they say).
+    pub mode: u32,
+    /// Access time: seconds and nanoseconds since the epoch.
+    pub atime: (i64, i64),
+    /// Modification time: seconds and nanoseconds since the epoch.
+    pub mtime: (i64, i64),
+}
+
+impl FileMeta {
+    /// The metadata of an open host file.
+    pub fn of(meta: &std::fs::Metadata) -> FileMeta {
+        use std::os::unix::fs::MetadataExt;
+        FileMeta {
+            mode: meta.mode() & 0o777,
+            atime: (meta.atime(), meta.atime_nsec()),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
 }
 
 /// The broker's three listeners inside a copy's network namespace.
@@ -51,7 +78,7 @@ struct Prepared {
     gid_map_path: CString,
     roots: Vec<CString>,
     dirs: Vec<CString>,
-    files: Vec<(CString, Vec<u8>)>,
+    files: Vec<(CString, Vec<u8>, Option<FileMeta>)>,
     tmpfs_opts: CString,
     scratch: Option<CString>,
 }
@@ -128,7 +155,7 @@ fn prepare(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepa
             }
         }
         total += f.contents.len();
-        out_files.push((cp(&f.path)?, f.contents.clone()));
+        out_files.push((cp(&f.path)?, f.contents.clone(), f.meta));
     }
     Ok(Prepared {
         ns_user: c(format!("/proc/{pid}/ns/user"))?,
@@ -220,13 +247,20 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
                 return Err((b'm', errno()));
             }
         }
-        for (path, contents) in &p.files {
+        for (path, contents, meta) in &p.files {
             let fd = ck(b'n', open(path.as_ptr(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o444) as c_long)? as c_int;
             let mut off = 0;
             while off < contents.len() {
                 let n = ck(b'o', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
                 off += n as usize;
             }
+            // The host file's mode and times for an item in view; fixed ones otherwise.
+            let (mode, times) = match meta {
+                Some(m) => (m.mode, [timespec_of(m.atime), timespec_of(m.mtime)]),
+                None => (0o444, [timespec_of((0, 0)), timespec_of((0, 0))]),
+            };
+            ck(b't', fchmod(fd, mode) as c_long)?;
+            ck(b'u', futimens(fd, times.as_ptr()) as c_long)?;
             close(fd);
         }
         for root in &p.roots {
@@ -244,6 +278,10 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         send_fds(sock, &fds)?;
     }
     Ok(())
+}
+
+fn timespec_of((sec, nsec): (i64, i64)) -> libc::timespec {
+    libc::timespec { tv_sec: sec, tv_nsec: nsec }
 }
 
 unsafe fn write_file(step: u8, path: &CString, data: &[u8], optional: bool) -> Result<(), StepErr> {

@@ -41,7 +41,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
     let l = prepare_copy(
         copy.pid,
         std::slice::from_ref(&data),
-        &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec() }],
+        &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }],
         copy.scratch.as_deref(),
     )
     .unwrap();

@@ -220,3 +220,47 @@ fn each_copy_writes_temporary_files_into_a_scratch_of_its_own() {
         assert_eq!(v["leftover"], json!([]), "nothing of an earlier copy is in this copy's scratch");
     }
 }
+
+const STAT: &str = r#"
+def create_server():
+    m = FastMCP("stat")
+    @m.tool()
+    def describe(path: str) -> str:
+        st = os.stat(path)
+        return json.dumps({"size": st.st_size, "mode": oct(st.st_mode & 0o777), "mtime_ns": st.st_mtime_ns,
+                           "atime_ns": st.st_atime_ns, "text": open(path).read()})
+    return m
+"#;
+
+/// Point 5: a file item in a copy's view has the host file's size, mode and times, as
+/// the unprotected server sees them (before, its times were when the view was written).
+#[test]
+fn a_file_item_keeps_its_size_mode_and_times() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new();
+    let item = w.item("projx", "notes.txt", "four score and seven years\n");
+    std::fs::set_permissions(&item, std::fs::Permissions::from_mode(0o640)).expect("mode");
+    let now = std::time::SystemTime::now();
+    // Set again before each call: reading the file (the server does, and so does the
+    // broker) moves its access time under `relatime`, as its ctime is recent.
+    let set_times = || {
+        let times = std::fs::FileTimes::new()
+            .set_modified(now - std::time::Duration::from_secs(3 * 3600 + 7))
+            .set_accessed(now - std::time::Duration::from_secs(3600 + 11));
+        std::fs::File::options().write(true).open(&item).expect("item").set_times(times).expect("times");
+    };
+    let rel = w.release("stat", "[tools.describe]\n", STAT);
+    let policy = || w.policy(&[], &[("agent", &["projx"])], "");
+    let mut pin = w.start(RuntimeKind::SigPin, &rel, policy()).expect("sig-pin start");
+    let mut gl = w.start(RuntimeKind::Germline, &rel, policy()).expect("germline start");
+    let req = request("describe", json!({"path": item.to_string_lossy()}), &[&item]);
+    set_times();
+    let a = pin.call(&req);
+    set_times();
+    let b = gl.call(&req);
+    let (a, b) =
+        (a.error.clone().unwrap_or_else(|| result_text(&a)), b.error.clone().unwrap_or_else(|| result_text(&b)));
+    eprintln!("unprotected: {a}\ngermline:    {b}");
+    assert!(a.contains("\"mode\": \"0o640\""), "the unprotected server: {a}");
+    assert_eq!(b, a, "germline differs from the unprotected server");
+}
