@@ -639,6 +639,44 @@ impl GermlineRuntime {
 
     /// `tools/list` from a data-free copy: no items, no slot, every egress denied.
     pub fn list_tools(&mut self) -> Result<Value, ExecutorError> {
+        self.list_tools_with(Vec::new(), Label::empty())
+    }
+
+    /// `tools/list` and its label. From a data-free copy first; a server that opens its
+    /// start-up data while it starts (a database named on its command line) cannot answer
+    /// there, so on failure the list comes from a copy that holds the fixed paths every
+    /// tool declares it reads (`read_paths`), labelled by the policy, and carries their
+    /// joined label: the caller passes it on only to consumers cleared for it. Both copies
+    /// have no slot and no declared host (every request is denied), and what they write to
+    /// a slot is dropped.
+    pub fn list_tools_labelled(&mut self) -> Result<(Value, Label), ExecutorError> {
+        let data_free = match self.list_tools() {
+            Ok(v) => return Ok((v, Label::empty())),
+            Err(e) => e,
+        };
+        let declared: Vec<PathBuf> = self
+            .manifest
+            .tools
+            .values()
+            .flat_map(|t| t.read_paths.iter())
+            .filter(|p| p.starts_with('/') && !p.contains(['*', '?', '[', '{']))
+            .map(PathBuf::from)
+            .collect();
+        let mut files = Vec::new();
+        let mut label = Label::empty();
+        for p in named_files(&declared, &self.policy)? {
+            let (bytes, meta) = read_item(&p, self.policy.resolves_paths())?;
+            label = label.join(&self.policy.label_path(&p)?);
+            files.push(CopyFile { path: p, contents: bytes, meta: Some(meta) });
+        }
+        if files.is_empty() {
+            return Err(data_free);
+        }
+        let tools = self.list_tools_with(files, label.clone())?;
+        Ok((tools, label))
+    }
+
+    fn list_tools_with(&mut self, files: Vec<CopyFile>, view_label: Label) -> Result<Value, ExecutorError> {
         if let Some(why) = &self.refused {
             return Err(ExecutorError::Call(format!("release refused: {why}")));
         }
@@ -654,7 +692,7 @@ impl GermlineRuntime {
         let budget = self.policy.limits.deadline;
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &[], copy.scratch.as_deref())?;
+        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -665,7 +703,7 @@ impl GermlineRuntime {
             deadline: Instant::now() + budget,
             budget,
             policy: &self.policy,
-            label: OutputLabel::new(Label::empty(), Label::empty()),
+            label: OutputLabel::new(view_label, Label::empty()),
             killer: copy.killer()?,
         };
         let r = serve_copy(job, &shared);
