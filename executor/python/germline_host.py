@@ -223,6 +223,11 @@ def _build_server(release_dir):
         # (the expensive part), run main in each copy on the copy's stdio.
         mod, _, attr = rel["main"].partition(":")
         return _Main(getattr(importlib.import_module(mod), attr), json.loads(rel.get("main_args", "[]")))
+    if "cli" in rel:
+        # A server's command-line entry point: import its module in the germline, run it
+        # in each copy with the manifest's argv (it serves stdio itself).
+        mod, _, attr = rel["cli"].partition(":")
+        return _Cli(getattr(importlib.import_module(mod), attr), [rel["name"]] + list(rel.get("args", [])))
     mod = importlib.import_module(rel["module"])
     return getattr(mod, rel.get("attribute", "server"))
 
@@ -231,6 +236,12 @@ class _Main:
     def __init__(self, fn, args):
         self.fn = fn
         self.args = args
+
+
+class _Cli:
+    def __init__(self, fn, argv):
+        self.fn = fn
+        self.argv = argv
 
 
 async def _serve_stdio(server):
@@ -248,6 +259,11 @@ async def _serve_stdio(server):
 
 
 def _run_server(server):
+    if isinstance(server, _Cli):
+        # Its own event loop (often asyncio.run) and exit, as from its console script.
+        sys.argv = list(server.argv)
+        server.fn()
+        return
     import anyio
 
     anyio.run(_serve_stdio, server)

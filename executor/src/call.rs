@@ -1023,11 +1023,11 @@ impl PreparedCall {
         for (arg, v) in &req.arguments {
             if policy.is_path_argument(&req.tool, arg) {
                 if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
-                    let given = Path::new(s);
+                    let given = path_of_argument(s)?;
                     if !given.is_absolute() {
                         return Err(ExecutorError::Call(format!("argument {arg} names a relative path {s:?}")));
                     }
-                    named.push(given.to_path_buf());
+                    named.push(given);
                 }
             }
         }
@@ -1231,6 +1231,42 @@ fn read_item(path: &Path, check_name: bool) -> Result<(Vec<u8>, FileMeta), Execu
     Ok((bytes, FileMeta::of(&meta)))
 }
 
+/// The path a path-valued argument names: the argument itself, or the path of a local
+/// `file:` URI (`file:///srv/a%20b.txt`, `file://localhost/srv/x`), percent-decoded. A
+/// `file:` URI naming another host is refused.
+fn path_of_argument(s: &str) -> Result<PathBuf, ExecutorError> {
+    use std::os::unix::ffi::OsStringExt;
+    let Some(rest) = s.strip_prefix("file://") else {
+        return Ok(PathBuf::from(s));
+    };
+    let path = match rest.strip_prefix("localhost") {
+        Some(p) if p.starts_with('/') => p,
+        _ if rest.starts_with('/') => rest,
+        _ => return Err(ExecutorError::Call(format!("{s:?} names a file on another host"))),
+    };
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    if out.contains(&0) {
+        return Err(ExecutorError::Call(format!("{s:?} names a path with a NUL byte")));
+    }
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(out)))
+}
+
 /// The host named by a URL or bare host argument.
 fn host_of(v: &str) -> Option<HostName> {
     let rest = v.split_once("://").map(|(_, r)| r).unwrap_or(v);
@@ -1243,6 +1279,17 @@ fn host_of(v: &str) -> Option<HostName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_uris_name_their_local_paths() {
+        assert_eq!(path_of_argument("/srv/a.txt").unwrap(), PathBuf::from("/srv/a.txt"));
+        assert_eq!(path_of_argument("file:///srv/a%20b.txt").unwrap(), PathBuf::from("/srv/a b.txt"));
+        assert_eq!(path_of_argument("file://localhost/srv/x#frag").unwrap(), PathBuf::from("/srv/x"));
+        assert!(path_of_argument("file://elsewhere/srv/x").is_err());
+        assert!(path_of_argument("file:///srv/%00x").is_err());
+        // Decoded `..` is resolved like any other alias when the path is canonicalised.
+        assert_eq!(path_of_argument("file:///srv/%2e%2e/etc").unwrap(), PathBuf::from("/srv/../etc"));
+    }
 
     #[test]
     fn every_result_shape_is_labelled() {

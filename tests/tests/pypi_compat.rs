@@ -264,3 +264,74 @@ fn a_file_item_keeps_its_size_mode_and_times() {
     assert!(a.contains("\"mode\": \"0o640\""), "the unprotected server: {a}");
     assert_eq!(b, a, "germline differs from the unprotected server");
 }
+
+const URI_STAT: &str = r#"
+from urllib.parse import unquote, urlparse
+def create_server():
+    m = FastMCP("uri")
+    @m.tool()
+    def read(uri: str) -> str:
+        path = unquote(urlparse(uri).path) if uri.startswith("file:") else uri
+        return open(path).read()
+    return m
+"#;
+
+/// Point 7: a `file:` URI in a path argument names its file as the plain path does: the
+/// item is labelled, planned and in the copy's view (before, it named no item and the
+/// copy found an empty data root).
+#[test]
+fn a_file_uri_in_a_path_argument_names_its_item() {
+    let w = World::new();
+    let item = w.item("projx", "a b.txt", "spaced name\n");
+    let rel = w.release("uri", "[tools.read]\n", URI_STAT);
+    let policy = || w.policy(&[], &[("agent", &["projx"])], "[[items]]\nargument = \"uri\"\nnames_path = true\n");
+    let mut pin = w.start(RuntimeKind::SigPin, &rel, policy()).expect("sig-pin start");
+    let mut gl = w.start(RuntimeKind::Germline, &rel, policy()).expect("germline start");
+    let uri = format!("file://{}", item.to_string_lossy().replace(' ', "%20"));
+    let req = request("read", json!({"uri": uri}), &[]);
+    let (a, b) = (pin.call(&req), gl.call(&req));
+    eprintln!("unprotected: {:?} {:?}\ngermline: {:?} {:?}", a.error, result_text(&a), b.error, result_text(&b));
+    assert_eq!(result_text(&a), "spaced name\n");
+    assert_eq!(result_text(&b), result_text(&a), "germline differs from the unprotected server");
+    let tags = germline_tests::world::label_tags(&b).unwrap_or_default();
+    assert_eq!(tags, vec!["projx".to_owned()], "the answer carries the item's label");
+}
+
+/// Point 7: a server configured by its command line (`cli` and `args` in the manifest):
+/// mcp-server-sqlite's own `main`, which parses `--db-path` and runs its event loop.
+#[test]
+fn a_server_configured_by_its_command_line_runs_unmodified() {
+    let w = World::new();
+    let db = w.data.join("projx").join("shop.db");
+    let made = std::process::Command::new(germline_tests::world::python(&w.dir.path().join("home")).python)
+        .arg("-c")
+        .arg("import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nc.execute('create table t(id integer, name text)')\nc.executemany('insert into t values (?,?)', [(i, 'n%d' % i) for i in range(9)])\nc.commit()")
+        .arg(&db)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(made, "creating the database");
+    let rel = release_with_vendor(&w, "sqlite-cli", "sqlite", "", "");
+    let manifest = format!(
+        "[release]\nname = \"sqlite-cli\"\nversion = \"1\"\nruntime = \"python\"\ncli = \"mcp_server_sqlite:main\"\n\
+         args = [\"--db-path\", \"{db}\"]\npython_path = [\"vendor\"]\n\n\
+         [tools.read_query]\nread_paths = [\"{db}\"]\n[tools.list_tables]\nread_paths = [\"{db}\"]\n",
+        db = db.display()
+    );
+    std::fs::write(rel.join("germline.toml"), manifest).expect("manifest");
+    let policy = || w.policy(&[], &[("agent", &["projx"])], "");
+    let mut pin = w.start(RuntimeKind::SigPin, &rel, policy()).expect("sig-pin start");
+    let mut gl = w.start(RuntimeKind::Germline, &rel, policy()).expect("germline start");
+    for (tool, args) in [
+        ("list_tables", json!({})),
+        ("read_query", json!({"query": "SELECT name FROM t WHERE id > 5"})),
+        ("read_query", json!({"query": "SELECT * FROM nowhere"})),
+    ] {
+        let req = request(tool, args, &[]);
+        let (a, b) = (pin.call(&req), gl.call(&req));
+        let (a, b) =
+            (a.error.clone().unwrap_or_else(|| result_text(&a)), b.error.clone().unwrap_or_else(|| result_text(&b)));
+        eprintln!("{tool}: unprotected {a:?}, germline {b:?}");
+        assert!(!a.is_empty(), "the unprotected server answers {tool}");
+        assert_eq!(b, a, "{tool}: germline differs from the unprotected server");
+    }
+}
