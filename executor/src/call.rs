@@ -454,6 +454,7 @@ impl GermlineRuntime {
             switches,
             require_limits: policy.limits.require_limits,
             seccomp: SeccompPolicy::germline(),
+            env: crate::germline::germline_environment(&manifest.env, &policy.environment)?,
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(

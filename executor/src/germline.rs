@@ -152,6 +152,39 @@ pub struct GermlineSpec {
     pub require_limits: bool,
     /// The syscall filter: [`SeccompPolicy::germline`] except in "mechanism off" tests.
     pub seccomp: SeccompPolicy,
+    /// Further environment for the germline (and so every copy), set before the release
+    /// is imported: the manifest's `[release] env`, then the policy's `[environment]`, which
+    /// wins ([`germline_environment`]).
+    pub env: Vec<(String, String)>,
+}
+
+/// Variables a manifest or policy may not set: the interpreter's and the loader's, and
+/// those germline itself sets for the sandbox (proxy, CA trust, scratch, control).
+const RESERVED_ENV: &[&str] =
+    &["PATH", "TMPDIR", "HOME", "LANG", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"];
+
+/// The environment a germline gets beyond germline's own: `manifest` first, `policy`
+/// over it. Names must be `[A-Za-z_][A-Za-z0-9_]*`; the interpreter's (`PYTHON*`), the
+/// loader's (`LD_*`), germline's (`GERMLINE_*`), the proxy variables and [`RESERVED_ENV`]
+/// are refused, so neither can undo the sandbox's settings.
+pub fn germline_environment(
+    manifest: &std::collections::BTreeMap<String, String>,
+    policy: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, ExecutorError> {
+    let mut out = manifest.clone();
+    out.extend(policy.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (k, v) in &out {
+        let upper = k.to_ascii_uppercase();
+        let well_formed = k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let reserved = ["PYTHON", "LD_", "GERMLINE_"].iter().any(|p| upper.starts_with(p))
+            || upper.ends_with("_PROXY")
+            || RESERVED_ENV.contains(&upper.as_str());
+        if !well_formed || reserved || v.contains('\0') {
+            return Err(ExecutorError::Manifest(format!("environment variable {k:?} may not be set for a germline")));
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
@@ -522,6 +555,7 @@ impl Germline {
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
             .envs(SINGLE_THREADED_POOLS.iter().copied())
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .envs(scratch.iter().flat_map(|d| [("TMPDIR", d.as_os_str()), ("GERMLINE_SCRATCH", d.as_os_str())]))
             .current_dir(&release_dir)
             .stdin(Stdio::null())
@@ -1076,7 +1110,7 @@ pub const fn channel_port() -> u16 {
 /// checks G1–G3, forks one copy (G1–G3 again before and after the fork, namespaces
 /// verified) and kills it. Returns how long the germline took to start.
 pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Duration, ExecutorError> {
-    crate::manifest::Manifest::load(release_dir)?;
+    let manifest = crate::manifest::Manifest::load(release_dir)?;
     let spec = GermlineSpec {
         runtime,
         release_dir: release_dir.to_path_buf(),
@@ -1088,6 +1122,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         switches: SandboxSwitches::default(),
         require_limits: false,
         seccomp: SeccompPolicy::germline(),
+        env: germline_environment(&manifest.env, &Default::default())?,
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

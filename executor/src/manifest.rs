@@ -28,6 +28,8 @@ pub struct Manifest {
     pub deterministic: bool,
     /// Per-tool declarations.
     pub tools: BTreeMap<String, ToolDecl>,
+    /// Environment the germline starts with (`[release] env`; the deployer's policy wins).
+    pub env: BTreeMap<String, String>,
 }
 
 /// How the server object is made.
@@ -106,6 +108,8 @@ struct RawRelease {
     cli: Option<String>,
     #[serde(default)]
     args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
     #[serde(default)]
     python_path: Vec<String>,
     #[serde(default)]
@@ -194,7 +198,15 @@ impl Manifest {
                 },
             );
         }
-        Ok(Manifest { name: r.name, version: r.version, entry, python_path, deterministic: r.deterministic, tools })
+        Ok(Manifest {
+            name: r.name,
+            version: r.version,
+            entry,
+            python_path,
+            deterministic: r.deterministic,
+            tools,
+            env: r.env,
+        })
     }
 
     /// The declaration for `tool`; a tool the manifest does not declare has no

@@ -34,6 +34,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         switches: Default::default(),
         require_limits: false,
         seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
+        env: Vec::new(),
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);

@@ -335,3 +335,35 @@ fn a_server_configured_by_its_command_line_runs_unmodified() {
         assert_eq!(b, a, "{tool}: germline differs from the unprotected server");
     }
 }
+
+const ENV_AT_IMPORT: &str = r#"
+AT_IMPORT = (os.environ.get("REPORT_STYLE"), os.environ.get("CACHE_SIZE"), os.environ.get("OPENBLAS_NUM_THREADS"))
+def create_server():
+    m = FastMCP("env")
+    @m.tool()
+    def settings() -> str:
+        return json.dumps(AT_IMPORT)
+    return m
+"#;
+
+/// Point 1: the manifest's `[release] env` and the policy's `[environment]` reach the
+/// germline before the release is imported (the policy wins); variables that would undo
+/// the sandbox's own settings are refused.
+#[test]
+fn the_manifest_and_policy_pass_environment_to_the_germline() {
+    let w = World::new();
+    let rel = w.release("env", "[tools.settings]\n", ENV_AT_IMPORT);
+    let manifest = std::fs::read_to_string(rel.join("germline.toml")).expect("manifest");
+    let manifest =
+        manifest.replace("[release]\n", "[release]\nenv = { REPORT_STYLE = \"compact\", CACHE_SIZE = \"10\" }\n");
+    std::fs::write(rel.join("germline.toml"), manifest).expect("manifest");
+    let policy = w.policy(&[], &[("agent", &[])], "[environment]\nCACHE_SIZE = \"64\"\n");
+    let mut gl = w.start(RuntimeKind::Germline, &rel, policy).expect("germline start");
+    let o = gl.call(&request("settings", json!({}), &[]));
+    assert_eq!(result_text(&o), r#"["compact", "64", "1"]"#, "{:?}", o.error);
+    for bad in ["LD_PRELOAD", "PYTHONPATH", "HTTPS_PROXY", "GERMLINE_SCRATCH", "TMPDIR"] {
+        let policy = w.policy(&[], &[("agent", &[])], &format!("[environment]\n{bad} = \"/x\"\n"));
+        let err = w.start(RuntimeKind::Germline, &rel, policy).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains(bad) && err.contains("may not be set"), "{bad}: {err}");
+    }
+}
