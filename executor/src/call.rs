@@ -673,7 +673,13 @@ impl GermlineRuntime {
         if files.is_empty() {
             return Err(data_free);
         }
-        let tools = self.list_tools_with(files, label.clone())?;
+        // Its error may carry the data it held: it is named, never quoted.
+        let tools = self.list_tools_with(files, label.clone()).map_err(|_| {
+            ExecutorError::Call(format!(
+                "the data-free copy could not list the tools ({data_free}), nor could the copy holding their \
+                 start-up data (its error is withheld: it may carry that data)"
+            ))
+        })?;
         Ok((tools, label))
     }
 
