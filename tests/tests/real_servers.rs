@@ -87,10 +87,15 @@ fn compare(
     let mut gl = Runtime::start(RuntimeKind::Germline, rel, policy, py).expect("germline start");
     let t0 = std::time::Instant::now();
     let mut results = Vec::new();
+    let (mut t_pin, mut t_gl) = (Vec::new(), Vec::new());
     for (i, (tool, args)) in calls.iter().enumerate() {
         let req = request(tool, args.clone(), &[]);
+        let t = std::time::Instant::now();
         let a = pin.call(&req);
+        t_pin.push(t.elapsed());
+        let t = std::time::Instant::now();
         let b = gl.call(&req);
+        t_gl.push(t.elapsed());
         assert!(b.error.is_none() || a.error.is_some(), "call {i} {tool} {args}: germline failed: {:?}", b.error);
         assert_eq!(
             normalise(tool, bare(&a)),
@@ -102,7 +107,17 @@ fn compare(
         }
         results.push(bare(&b));
     }
-    eprintln!("{} calls compared in {:?}", calls.len(), t0.elapsed());
+    let p50 = |v: &mut Vec<std::time::Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (a, b) = (p50(&mut t_pin), p50(&mut t_gl));
+    eprintln!(
+        "{} calls compared in {:?}; P50 unprotected {a:?}, germline {b:?}, ratio {:.2}",
+        calls.len(),
+        t0.elapsed(),
+        b.as_secs_f64() / a.as_secs_f64()
+    );
     results
 }
 
@@ -333,4 +348,83 @@ fn mcp_server_fetch_matches_unprotected_over_https() {
         );
     }
     assert!(front.handshakes() >= 400, "{} TLS handshakes: every fetch went to the site over TLS", front.handshakes());
+}
+
+/// Runs `code` with the vendored packages of `name` on the path (to build test data with
+/// the server's own libraries).
+fn with_vendor(name: &str, home: &Path, code: &str, arg: &Path) {
+    let py = python(home).python;
+    let vendor = real_servers().join(name).join("vendor");
+    let ok = Command::new(&py)
+        .arg("-c")
+        .arg(format!("import sys; sys.path.insert(0, {vendor:?})\n{code}"))
+        .arg(arg)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "preparing test data for {name}");
+}
+
+/// Issue 16: mcp-server-duckdb, configured by `--db-path` on its command line and run
+/// through its own `main` (`cli` in the manifest), with the database as an item.
+#[test]
+fn mcp_server_duckdb_matches_unprotected_with_the_database_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let db = data.join("sales.duckdb");
+    let home = dir.path().join("home");
+    with_vendor(
+        "duckdb",
+        &home,
+        "import duckdb\nc = duckdb.connect(sys.argv[1])\n\
+         c.execute(\"create table sales(region varchar, amount decimal(10,2), day date)\")\n\
+         c.execute(\"insert into sales select 'r' || CAST(i % 4 AS VARCHAR), i * 1.25, DATE '2026-01-01' + CAST(i AS INTEGER) from range(100) t(i)\")\n\
+         c.close()",
+        &db,
+    );
+    let rel = lay_out(dir.path(), "duckdb", &db.to_string_lossy());
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let q = match i % 5 {
+            0 => "SELECT region, SUM(amount) AS total FROM sales GROUP BY region ORDER BY region".to_owned(),
+            1 => format!("SELECT * FROM sales WHERE amount > {} ORDER BY day LIMIT 3", i * 5),
+            2 => "SELECT COUNT(*), MIN(day), MAX(day) FROM sales".to_owned(),
+            3 => "SELECT * FROM nowhere".to_owned(),
+            _ => "INSERT INTO sales VALUES ('x', 1, DATE '2026-01-01')".to_owned(),
+        };
+        calls.push(("query".to_owned(), json!({"query": q})));
+    }
+    compare(&rel, policy(&data, ""), &home, &calls, Some("projx"), |_, v| v);
+}
+
+/// Issue 16: excel-mcp-server (an office-document server) through its own command line,
+/// reading a workbook named by the `path` argument.
+#[test]
+fn excel_mcp_server_matches_unprotected_with_the_workbook_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let book = data.join("budget.xlsx");
+    let home = dir.path().join("home");
+    with_vendor(
+        "excel",
+        &home,
+        "import openpyxl\nwb = openpyxl.Workbook()\nws = wb.active\nws.title = 'Budget'\n\
+         ws.append(['item', 'q1', 'q2', 'total'])\n\
+         [ws.append(['line %d' % i, i * 10, i * 7, '=B%d+C%d' % (i + 2, i + 2)]) for i in range(12)]\n\
+         wb.create_sheet('Notes').append(['reviewed', True])\nwb.save(sys.argv[1])",
+        &book,
+    );
+    let rel = lay_out(dir.path(), "excel", "");
+    let extra = "[[items]]\nargument = \"path\"\nnames_path = true\n";
+    let b = book.to_string_lossy().into_owned();
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        calls.push(("describe_workbook".to_owned(), json!({"path": b})));
+        let range = ["A1:D5", "B2:C13", "D1:D13", "ZZ1:ZZ2"][i % 4];
+        calls.push(("read_range".to_owned(), json!({"path": b, "sheet": "Budget", "range": range})));
+        calls.push(("find_cells".to_owned(), json!({"path": b, "sheet": "Budget", "query": format!("line {i}")})));
+    }
+    calls.push(("read_range".to_owned(), json!({"path": b, "sheet": "Missing"})));
+    compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
 }
