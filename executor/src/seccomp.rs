@@ -249,6 +249,13 @@ const ALLOWED: &[Group] = &[
         ],
     },
     Group {
+        why: "re-setting the caller's own ids (what posix_spawn's POSIX_SPAWN_RESETIDS does, \
+              as GNU make asks): credentials belong to the process, and a copy's user \
+              namespace maps one uid and one gid, so these can only set the ids it already \
+              has",
+        calls: sys![SYS_setuid, SYS_setgid, SYS_setreuid, SYS_setregid, SYS_setresuid, SYS_setresgid],
+    },
+    Group {
         why: "confining the caller further (a copy's own Landlock layer): a ruleset only \
               narrows what its creator may do",
         calls: sys![SYS_landlock_create_ruleset, SYS_landlock_add_rule, SYS_landlock_restrict_self],

@@ -428,3 +428,42 @@ fn excel_mcp_server_matches_unprotected_with_the_workbook_as_an_item() {
     calls.push(("read_range".to_owned(), json!({"path": b, "sheet": "Missing"})));
     compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
 }
+
+/// Issue 16: mcp-server-make runs `make` on a Makefile that is an item; failing targets
+/// must fail as unprotected (their exit statuses reach the server, point 9).
+#[test]
+fn mcp_server_make_matches_unprotected_with_the_makefile_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let project = data.join("project");
+    std::fs::create_dir_all(&project).expect("project");
+    std::fs::write(project.join("notes.txt"), "alpha\nbeta\ngamma\n").expect("notes");
+    std::fs::write(
+        project.join("Makefile"),
+        ".PHONY: hello count fail words\nhello:\n\t@echo hello from make\ncount:\n\t@wc -l < notes.txt\n\
+         fail:\n\t@echo about to fail; exit 3\nwords:\n\t@grep -c a notes.txt\n",
+    )
+    .expect("Makefile");
+    let rel = lay_out(dir.path(), "make", &project.to_string_lossy());
+    let mut calls = Vec::new();
+    for i in 0..12 {
+        let target = ["hello", "count", "fail", "words", "missing"][i % 5];
+        calls.push(("make".to_owned(), json!({"target": target})));
+    }
+    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    let failing = results[2].to_string();
+    assert!(failing.contains("Error 3") || failing.contains("exit"), "the failing target failed: {failing}");
+}
+
+/// Issue 16: mcp-server-calculator, through its command-line entry point.
+#[test]
+fn mcp_server_calculator_matches_unprotected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let rel = lay_out(dir.path(), "calculator", "");
+    let exprs = ["2 + 3 * 4", "sqrt(2) ^ 2", "10 / 0", "factorial(20)", "log(e)", "nope(1)", "2 ** 0.5", "-7 // 2"];
+    let calls: Vec<(String, serde_json::Value)> =
+        (0..40).map(|i| ("calculate".to_owned(), json!({"expression": exprs[i % exprs.len()]}))).collect();
+    compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, None, |_, v| v);
+}
