@@ -475,7 +475,9 @@ def _run_copy(server):
         os.environ[k] = v
     wfile = chan.makefile("wb")
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8", write_through=True)
+    # Buffered like stdout on a pipe: a server's stray print stays in the buffer as it
+    # does unprotected, instead of landing in the middle of the MCP stream.
+    sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
     if preamble.get("trace"):
         print("copy: server loop starts after %.2f ms" % ((_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
     _run_server(server)

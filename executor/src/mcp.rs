@@ -11,6 +11,9 @@ use crate::ExecutorError;
 /// The protocol version the broker offers.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
+/// Lines that are not JSON objects skipped before one message, at most.
+const MAX_SKIPPED_LINES: usize = 1000;
+
 /// An MCP client over a line-oriented byte stream.
 pub struct McpClient<R, W> {
     reader: R,
@@ -99,10 +102,17 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     }
 
     fn read_message(&mut self) -> Result<Value, ExecutorError> {
+        let mut skipped = 0;
         loop {
             let line = read_line_bounded(&mut self.reader, self.max_message)?;
             let trimmed = line.trim_ascii();
             if trimmed.is_empty() {
+                continue;
+            }
+            // A line that is not JSON (a server's stray print on stdout) is dropped, as
+            // the MCP SDK's clients do; a bounded number of them per message.
+            if !trimmed.starts_with(b"{") && skipped < MAX_SKIPPED_LINES {
+                skipped += 1;
                 continue;
             }
             return serde_json::from_slice(trimmed)
@@ -149,5 +159,16 @@ mod tests {
         assert!(sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"), "{sent}");
         let long = [b'x'; 100];
         assert!(read_line_bounded(&mut &long[..], 10).is_err());
+    }
+
+    #[test]
+    fn stray_lines_that_are_not_json_are_dropped_as_the_sdk_clients_do() {
+        let server = b"Starting the server...\nServer running on stdio\n{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"ok\":true}}\n";
+        let mut sent = Vec::new();
+        let mut c = McpClient::new(&server[..], &mut sent, 1 << 20);
+        assert_eq!(c.request("tools/list", json!({})).unwrap().unwrap()["ok"], true);
+        let many = "x\n".repeat(MAX_SKIPPED_LINES + 1);
+        let mut c = McpClient::new(many.as_bytes(), Vec::new(), 1 << 20);
+        assert!(c.request("tools/list", json!({})).is_err(), "bounded");
     }
 }

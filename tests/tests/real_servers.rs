@@ -467,3 +467,34 @@ fn mcp_server_calculator_matches_unprotected() {
         (0..40).map(|i| ("calculate".to_owned(), json!({"expression": exprs[i % exprs.len()]}))).collect();
     compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, None, |_, v| v);
 }
+
+/// Issue 16: office-word-mcp-server, which registers its tools inside its command-line
+/// entry point, reading a .docx named by the `filename` argument.
+#[test]
+fn office_word_mcp_server_matches_unprotected_with_the_document_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let doc = data.join("minutes.docx");
+    let home = dir.path().join("home");
+    with_vendor(
+        "word",
+        &home,
+        "import docx\nd = docx.Document()\nd.add_heading('Minutes', 0)\nd.add_heading('Budget', 1)\n\
+         [d.add_paragraph('Item %d: the budget line %d was approved.' % (i, i * 3)) for i in range(8)]\n\
+         d.add_heading('Next steps', 1)\nd.add_paragraph('Review in March.')\nd.save(sys.argv[1])",
+        &doc,
+    );
+    let rel = lay_out(dir.path(), "word", "");
+    let extra = "[[items]]\nargument = \"filename\"\nnames_path = true\n";
+    let f = doc.to_string_lossy().into_owned();
+    let mut calls = Vec::new();
+    for i in 0..6 {
+        calls.push(("get_document_text".to_owned(), json!({"filename": f})));
+        calls.push(("get_document_outline".to_owned(), json!({"filename": f})));
+        calls.push(("get_paragraph_text_from_document".to_owned(), json!({"filename": f, "paragraph_index": i * 2})));
+        let needle = ["budget", "March", "absent", "Item 3"][i % 4];
+        calls.push(("find_text_in_document".to_owned(), json!({"filename": f, "text_to_find": needle})));
+    }
+    compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
+}
