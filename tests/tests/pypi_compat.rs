@@ -367,3 +367,16 @@ fn the_manifest_and_policy_pass_environment_to_the_germline() {
         assert!(err.contains(bad) && err.contains("may not be set"), "{bad}: {err}");
     }
 }
+
+/// Point 4: a copy that dies names the phase it died in.
+#[test]
+fn a_copy_that_dies_names_the_phase() {
+    let w = World::new();
+    let body = "def create_server():\n    m = FastMCP('dies')\n    @m.tool()\n    def crash() -> str:\n        os._exit(3)\n    return m\n";
+    let rel = w.release("dies", "[tools.crash]\n", body);
+    let mut gl = w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &[])], "")).expect("start");
+    let o = gl.call(&request("crash", json!({}), &[]));
+    let err = o.error.unwrap_or_default();
+    eprintln!("{err}");
+    assert!(err.contains("closed its channel") && err.contains("while the server answered"), "{err}");
+}
