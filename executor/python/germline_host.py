@@ -474,6 +474,7 @@ def _run_copy(server):
     for k, v in preamble.get("env", {}).items():
         os.environ[k] = v
     wfile = chan.makefile("wb")
+    _copy_io["channel"] = chan
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
     # Buffered like stdout on a pipe: a server's stray print stays in the buffer as it
     # does unprotected, instead of landing in the middle of the MCP stream.
@@ -491,6 +492,42 @@ def _close_stdio():
                 os.close(fd)
             except OSError:
                 pass
+
+
+# A copy's stderr: a memfd of its own (unless GERMLINE_KEEP_STDERR), whose last lines go to
+# the broker as one notification when the copy's server fails, so the failure can name its
+# cause. The copy's error carries the copy's label, and so does this text.
+_copy_io = {}
+_STDERR_TAIL = 4096
+
+
+def _capture_stderr():
+    if os.environ.get("GERMLINE_KEEP_STDERR") == "1":
+        return
+    try:
+        fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
+    except OSError:
+        return
+    os.dup2(fd, 2, inheritable=True)
+    os.close(fd)
+    _copy_io["stderr"] = 2
+
+
+def _report_stderr():
+    chan = _copy_io.get("channel")
+    if chan is None or "stderr" not in _copy_io:
+        return
+    try:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        size = os.fstat(2).st_size
+        tail = os.pread(2, _STDERR_TAIL, max(0, size - _STDERR_TAIL)).decode("utf-8", "replace")
+        note = {"jsonrpc": "2.0", "method": "notifications/germline/stderr", "params": {"text": tail}}
+        os.write(chan.fileno(), json.dumps(note).encode() + b"\n")
+    except BaseException:
+        pass
 
 
 def _own_stdio():
@@ -607,9 +644,11 @@ def germline_main(release_dir):
                 if os.environ.get("GERMLINE_SHARED_CONTROL") == "1":
                     os.close(CONTROL_FD)  # only a "mechanism off" test hands one over
                 _own_stdio()
+                _capture_stderr()
                 _run_copy(server)
             except BaseException:
                 code = 1
+                _report_stderr()
             finally:
                 os._exit(code)
         os.kill(me, signal.SIGSTOP)

@@ -221,7 +221,10 @@ fn talk(
     // Failures name the phase (the error carries the copy's label like any other).
     let phase = |what: &'static str| {
         move |e: ExecutorError| match e {
-            ExecutorError::Copy(why) => ExecutorError::Copy(format!("{why} ({what})")),
+            ExecutorError::Copy(why) => match why.split_once("; its stderr ended with:") {
+                Some((head, tail)) => ExecutorError::Copy(format!("{head} ({what}); its stderr ended with:{tail}")),
+                None => ExecutorError::Copy(format!("{why} ({what})")),
+            },
             other => ExecutorError::Copy(format!("{other} ({what})")),
         }
     };

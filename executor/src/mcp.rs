@@ -20,12 +20,18 @@ pub struct McpClient<R, W> {
     writer: W,
     next_id: u64,
     max_message: usize,
+    /// The last lines of the server's stderr, if the tool host sent them
+    /// (`notifications/germline/stderr`, when the server failed).
+    stderr_tail: Option<String>,
 }
+
+/// Characters of a server's stderr kept for an error, at most.
+const STDERR_TAIL_CHARS: usize = 4096;
 
 impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Wraps a reader and writer.
     pub fn new(reader: R, writer: W, max_message: usize) -> Self {
-        McpClient { reader, writer, next_id: 1, max_message }
+        McpClient { reader, writer, next_id: 1, max_message, stderr_tail: None }
     }
 
     /// `initialize` then `notifications/initialized`; returns the server's result.
@@ -66,7 +72,22 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Waits for the response to request `id`, answering the server's own requests.
     pub fn response(&mut self, id: u64) -> Result<Result<Value, Value>, ExecutorError> {
         loop {
-            let msg = self.read_message()?;
+            let msg = match self.read_message() {
+                Ok(m) => m,
+                Err(ExecutorError::Copy(why)) if self.stderr_tail.is_some() => {
+                    let tail = self.stderr_tail.take().unwrap_or_default();
+                    return Err(ExecutorError::Copy(format!("{why}; its stderr ended with:\n{tail}")));
+                }
+                Err(e) => return Err(e),
+            };
+            if msg.get("method").and_then(Value::as_str) == Some("notifications/germline/stderr")
+                && msg.get("id").is_none()
+            {
+                let text = msg["params"]["text"].as_str().unwrap_or_default();
+                let skip = text.chars().count().saturating_sub(STDERR_TAIL_CHARS);
+                self.stderr_tail = Some(text.chars().skip(skip).collect());
+                continue;
+            }
             if msg.get("method").is_some() {
                 if let Some(req_id) = msg.get("id") {
                     // A request from the server (ping, sampling, roots...): the broker

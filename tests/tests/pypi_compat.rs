@@ -380,3 +380,28 @@ fn a_copy_that_dies_names_the_phase() {
     eprintln!("{err}");
     assert!(err.contains("closed its channel") && err.contains("while the server answered"), "{err}");
 }
+
+/// Point 4: a copy whose server fails to start (a database that is not there, as a
+/// server's own start-up code reports it) returns the end of its stderr, labelled like
+/// the copy.
+#[test]
+fn a_copy_whose_server_fails_returns_its_stderr_tail() {
+    let w = World::new();
+    let body = "import sys\nasync def main():\n    print('opening the catalogue', file=sys.stderr)\n    raise RuntimeError('catalogue.db is not a database')\n";
+    let rel = w.release("fails", "[tools.nothing]\n", body);
+    let manifest = std::fs::read_to_string(rel.join("germline.toml")).expect("manifest");
+    std::fs::write(
+        rel.join("germline.toml"),
+        manifest.replace("factory = \"server:create_server\"", "main = \"server:main\""),
+    )
+    .expect("manifest");
+    let mut gl = w.start(RuntimeKind::Germline, &rel, w.policy(&[], &[("agent", &[])], "")).expect("start");
+    let o = gl.call(&request("nothing", json!({}), &[]));
+    let err = o.error.unwrap_or_default();
+    eprintln!("{err}");
+    assert!(err.contains("while the server initialized"), "phase: {err}");
+    assert!(
+        err.contains("opening the catalogue") && err.contains("RuntimeError: catalogue.db is not a database"),
+        "{err}"
+    );
+}
