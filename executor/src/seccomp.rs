@@ -249,13 +249,6 @@ const ALLOWED: &[Group] = &[
         ],
     },
     Group {
-        why: "re-setting the caller's own ids (what posix_spawn's POSIX_SPAWN_RESETIDS does, \
-              as GNU make asks): credentials belong to the process, and a copy's user \
-              namespace maps one uid and one gid, so these can only set the ids it already \
-              has",
-        calls: sys![SYS_setuid, SYS_setgid, SYS_setreuid, SYS_setregid, SYS_setresuid, SYS_setresgid],
-    },
-    Group {
         why: "confining the caller further (a copy's own Landlock layer): a ruleset only \
               narrows what its creator may do",
         calls: sys![SYS_landlock_create_ruleset, SYS_landlock_add_rule, SYS_landlock_restrict_self],
@@ -488,6 +481,22 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     );
     // clone's low byte is the child's exit signal (CSIGNAL).
     rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
+    // setresuid/setresgid only to root of the caller's own namespace or "unchanged" (-1)
+    // in each position: what posix_spawn's POSIX_SPAWN_RESETIDS does (GNU make spawns every
+    // recipe so). The caller's namespace maps one uid and one gid, its root, so this can
+    // only re-set ids it already has.
+    for call in [libc::SYS_setresuid, libc::SYS_setresgid] {
+        let mut any = Vec::new();
+        for combo in 0..8u8 {
+            let id = |bit: u8| if combo & (1 << bit) != 0 { u64::from(u32::MAX) } else { 0 };
+            any.push(rule(vec![
+                cond(0, SeccompCmpOp::Eq, id(0))?,
+                cond(1, SeccompCmpOp::Eq, id(1))?,
+                cond(2, SeccompCmpOp::Eq, id(2))?,
+            ])?);
+        }
+        rules.insert(call, any);
+    }
     rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
     // Private futexes (keyed by the caller's own mm) freely; shared ones only to wait.
     let private = word(libc::FUTEX_PRIVATE_FLAG);
