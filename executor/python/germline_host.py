@@ -525,7 +525,18 @@ def _report_stderr():
         size = os.fstat(2).st_size
         tail = os.pread(2, _STDERR_TAIL, max(0, size - _STDERR_TAIL)).decode("utf-8", "replace")
         note = {"jsonrpc": "2.0", "method": "notifications/germline/stderr", "params": {"text": tail}}
-        os.write(chan.fileno(), json.dumps(note).encode() + b"\n")
+        chan.setblocking(True)
+        chan.sendall(json.dumps(note).encode() + b"\n")
+        # Read what the broker sent and the server never did, then end the stream: a socket
+        # closed with unread data resets the connection, and the reset can overtake the
+        # notification.
+        chan.setblocking(False)
+        try:
+            while chan.recv(65536):
+                pass
+        except OSError:
+            pass
+        chan.shutdown(socket.SHUT_WR)
     except BaseException:
         pass
 

@@ -74,11 +74,18 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
         loop {
             let msg = match self.read_message() {
                 Ok(m) => m,
-                Err(ExecutorError::Copy(why)) if self.stderr_tail.is_some() => {
-                    let tail = self.stderr_tail.take().unwrap_or_default();
-                    return Err(ExecutorError::Copy(format!("{why}; its stderr ended with:\n{tail}")));
+                Err(e) => {
+                    return Err(match self.stderr_tail.take() {
+                        Some(tail) => {
+                            let why = match e {
+                                ExecutorError::Copy(why) => why,
+                                other => other.to_string(),
+                            };
+                            ExecutorError::Copy(format!("{why}; its stderr ended with:\n{tail}"))
+                        }
+                        None => e,
+                    })
                 }
-                Err(e) => return Err(e),
             };
             if msg.get("method").and_then(Value::as_str) == Some("notifications/germline/stderr")
                 && msg.get("id").is_none()
