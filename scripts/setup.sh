@@ -45,9 +45,13 @@ if [ ! -x "$st_venv/bin/schemathesis" ] || [ "$(cat "$st_venv/.version" 2>/dev/n
   echo "$st_version" >"$st_venv/.version"
 fi
 
-# Unmodified MCP servers and libraries from PyPI, vendored into release directories for
-# the compatibility tests and `germline bench --server` (pinned; downloads cached).
-# `datasci` is numpy, pandas and scikit-learn for the native-library tests (issue 16).
+# Unmodified official MCP servers from PyPI, vendored into release directories for the
+# compatibility tests and `germline bench --server` (pinned; downloads cached). The two
+# older mcp-server-git releases sit on either side of the upstream dash-target fix
+# (2025.12.18 added the `target.startswith("-")` rejection to git_diff) for the
+# formation-consistent dispatch tests and `germline eval fcd`.
+# `datasci` is numpy, pandas and scikit-learn for the native-library tests; the other
+# additions are the issue-16 compatibility corpus (docs/compatibility.md).
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"
 mkdir -p "$real" /var/cache/germline/pip-cache
 for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" \
@@ -55,7 +59,8 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
   "datasci numpy==2.4.6 pandas==3.1.1 scikit-learn==1.9.1 scipy==1.17.1" \
   "duckdb mcp-server-duckdb==1.1.0 mcp==1.30.0" "excel excel-mcp-server==2.2.2" \
   "make mcp-server-make==0.4.0 mcp==1.30.0" "calculator mcp-server-calculator==0.2.1" \
-  "word office-word-mcp-server==1.1.11"; do
+  "word office-word-mcp-server==1.1.11" \
+  "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then
     rm -rf "$real/$name"
@@ -63,6 +68,16 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
       --target "$real/$name/vendor" $reqs
     echo "$reqs" >"$real/$name/.complete"
+  fi
+done
+# Official mcp-server-git wheels (no dependencies) on both sides of the dash-target fix,
+# for the reference profile's stock check: only their server.py is parsed, never run.
+wheels="$real/git-wheels"
+mkdir -p "$wheels"
+for v in 2025.1.14 2025.7.1 2025.9.25 2025.11.25 2025.12.18 2026.1.14 2026.6.4 2026.10.19; do
+  if ! ls "$wheels/mcp_server_git-$v-"*.whl >/dev/null 2>&1; then
+    "$venv/bin/python" -m pip download -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
+      --no-deps --only-binary=:all: -d "$wheels" "mcp-server-git==$v"
   fi
 done
 chmod -R a+rX "$real"

@@ -1,11 +1,12 @@
-//! `germline eval`: the attack matrix and the existence-bit test.
+//! `germline eval`: the attack matrix, the existence-bit test and formation-consistent
+//! dispatch against stock releases.
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::runtime::RuntimeKind;
-use germline_tests::eval::{run_existence_bit, run_matrix, MatrixOptions};
+use germline_tests::eval::{run_existence_bit, run_fcd, run_matrix, FcdOptions, MatrixOptions};
 
 /// `germline eval ...`
 #[derive(Subcommand)]
@@ -14,6 +15,28 @@ pub enum EvalCommand {
     Matrix(MatrixArgs),
     /// The 64-bit existence-bit test under lazy (simulated) and declared splitting.
     ExistenceBit(ExistenceArgs),
+    /// Formation-consistent dispatch: pending calls across a rollback or rollout under
+    /// every dispatch policy (stock mcp-server-git releases around the dash-target fix,
+    /// and an egress case).
+    Fcd(FcdArgs),
+}
+
+/// Options of `eval fcd`.
+#[derive(Args)]
+pub struct FcdArgs {
+    /// Pending A and B calls per policy.
+    #[arg(long, default_value_t = 3)]
+    trials: usize,
+    /// Runtime of the file-write (git) case: its effect is on the host's file system, which
+    /// a germline copy cannot write, so it shows under the unprotected runtime.
+    #[arg(long, default_value = "sig-pin")]
+    git_runtime: RuntimeKind,
+    /// Runtime of the egress (repository host) case.
+    #[arg(long, default_value = "germline")]
+    repohost_runtime: RuntimeKind,
+    /// Where to write the JSON result.
+    #[arg(long, default_value = "eval-fcd.json")]
+    out: PathBuf,
 }
 
 /// Options of `eval matrix`.
@@ -66,6 +89,14 @@ pub fn run(cmd: EvalCommand) -> anyhow::Result<i32> {
                 eprintln!("the matrix is not conclusive: {errors} error trial(s), no control for {:?}", m.no_control);
                 return Ok(1);
             }
+        }
+        EvalCommand::Fcd(a) => {
+            let opts =
+                FcdOptions { trials: a.trials, git_runtime: a.git_runtime, repohost_runtime: a.repohost_runtime };
+            let r = run_fcd(&opts, &python()?)?;
+            print!("{}", r.render_text());
+            std::fs::write(&a.out, serde_json::to_vec_pretty(&r)?)?;
+            println!("wrote {}", a.out.display());
         }
         EvalCommand::ExistenceBit(a) => {
             let r = run_existence_bit(&python()?)?;

@@ -10,6 +10,7 @@
 mod auth;
 pub mod config;
 pub(crate) mod error;
+mod formations;
 mod metrics;
 mod releases;
 mod routes;
@@ -45,13 +46,16 @@ pub struct Shared {
     /// The one ledger handle of this process.
     pub ledger: Arc<Ledger>,
     /// Admitted releases and their germlines.
-    pub releases: Releases,
+    pub releases: Arc<Releases>,
+    /// Formation-consistent dispatch over those releases (DESIGN §8).
+    pub formations: germline_executor::dispatch::FormationHost,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     tokens: auth::Tokens,
     in_flight: InFlight,
     ready: AtomicBool,
     admission: tokio::sync::Mutex<()>,
+    mcp_sessions: formations::McpSessions,
 }
 
 /// The handlers' state: cheap to clone.
@@ -130,6 +134,7 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     };
     let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
     let metrics = Arc::new(Metrics::new());
+    let python_for_profiles = python.clone();
     let params = StartParams {
         runtime: config.runtime,
         policy,
@@ -138,7 +143,15 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
         data_dir: config.data_dir.clone(),
         metrics: metrics.clone(),
     };
-    let releases = Releases::open(&config.store_dir, params)?;
+    let releases = Arc::new(Releases::open(&config.store_dir, params)?);
+    let formations = formations::host(
+        ledger.clone(),
+        releases.clone(),
+        python_for_profiles,
+        config.dispatch_policy,
+        &config.data_dir,
+    )
+    .context("replaying formations and release lifecycles from the ledger")?;
     let (tokens, source) = auth::Tokens::load(config.tokens_file.as_deref(), &config.data_dir)?;
     match &source {
         auth::TokenSource::Generated(p) => {
@@ -152,11 +165,13 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
         config,
         ledger,
         releases,
+        formations,
         metrics,
         tokens,
         in_flight: InFlight::default(),
         ready: AtomicBool::new(false),
         admission: tokio::sync::Mutex::new(()),
+        mcp_sessions: formations::McpSessions::default(),
     })))
 }
 
@@ -174,6 +189,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/releases/{hash}/calls", post(routes::call))
         .route("/v1/releases/{hash}/sessions", post(routes::session))
         .route("/v1/ledger/checkpoints", post(routes::sign_checkpoint))
+        .route("/v1/formations", post(formations::form))
+        .route("/v1/formations/{id}/dispatch", post(formations::dispatch))
+        .route("/v1/releases/{hash}/lifecycle", post(formations::lifecycle))
+        .route("/v1/mcp/{name}", post(formations::mcp))
         .layer(DefaultBodyLimit::max(c.body_limit_bytes))
         .route_layer(auth.clone());
     let mut reads = Router::new()

@@ -389,6 +389,39 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
     mark("post", "/add-checkpoint");
     assert!(matches!(refused.status, 400 | 403 | 404), "a stranger's checkpoint is not cosigned: {refused:?}");
 
+    // Formation-consistent dispatch: the first release of a name is promoted at admission;
+    // a formed call is pending until dispatched; the current release cannot be retired.
+    let formed = svc.post(
+        "/v1/formations",
+        Some(&token),
+        &json!({"release": "mixer", "tool": "scan", "arguments": {"document": items[0], "extra": items[0]}, "items": [items[0]]}),
+    );
+    assert_eq!(formed.status, 201, "{formed:?}\n{}", svc.log());
+    mark("post", "/v1/formations");
+    let formation = formed.json();
+    assert_eq!(formation["record"]["snapshot"]["release"], hash.as_str(), "{formation}");
+    let id = formation["id"].as_str().unwrap().to_owned();
+    let ran = svc.post(&format!("/v1/formations/{id}/dispatch"), Some(&token), &json!({}));
+    assert_eq!(ran.status, 200, "{ran:?}");
+    mark("post", "/v1/formations/{id}/dispatch");
+    assert_eq!(ran.json()["label"], json!(["finance"]), "{ran:?}");
+    assert!(svc
+        .post(&format!("/v1/formations/{}/dispatch", "ab".repeat(32)), Some(&token), &json!({}))
+        .client_error(404));
+    let retire = svc.post(&format!("/v1/releases/{hash}/lifecycle"), Some(&token), &json!({"action": "retire"}));
+    assert!(retire.client_error(409), "the current release cannot be retired: {retire:?}");
+    mark("post", "/v1/releases/{hash}/lifecycle");
+    let (status, sid, init) =
+        mcp(svc.port, "mixer", &token, None, &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}));
+    assert_eq!(status, 200, "{init}");
+    mark("post", "/v1/mcp/{name}");
+    let (_, _, pong) =
+        mcp(svc.port, "mixer", &token, sid.as_deref(), &json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
+    assert_eq!(pong["result"], json!({}), "{pong}");
+    let (status, _, _) =
+        mcp(svc.port, "mixer", &token, Some("nope"), &json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
+    assert_eq!(status, 404, "an unknown session");
+
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
         .unwrap()
@@ -797,4 +830,120 @@ fn a_witness_on_one_service_makes_its_peers_refuse_the_release() {
         let status = svc.get("/fleet/status").json();
         assert!(status.to_string().contains("\"ok\""), "peer A is healthy: {status}");
     }
+}
+
+/// Formation-consistent dispatch over the API: a call formed on repohost 1.0 (an omitted
+/// `private` is private) is fenced after a rollout to 1.1 (public by default) with a 409
+/// naming the formation, the release and the reason, and nothing reaches the repository
+/// host; a call formed after the rollout runs on 1.1. The ledger holds the formations
+/// and lifecycle events, and `germline ledger verify` covers them.
+#[test]
+fn formed_calls_are_fenced_after_a_rollout_over_the_api() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let sink = germline_tests::Sink::start(germline_tests::SinkBehaviour::default());
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "tags = []\n[consumers.agent]\nclearance = []\n[destinations.\"repos.example\"]\nclearance = []\n[hosts]\n\"repos.example\" = \"{}\"\n",
+            sink.addr()
+        ),
+    )
+    .unwrap();
+    let releases = dir.join("releases");
+    let v10 = germline_tests::fcd::repohost_release(&releases, "1.0.0", true);
+    let v11 = germline_tests::fcd::repohost_release(&releases, "1.1.0", false);
+    let (mut a10, mut a11) = (publish(dir, &v10), publish(dir, &v11));
+    a10["target"] = json!("repohost-1.0.0.tar.gz");
+    a11["target"] = json!("repohost-1.1.0.tar.gz");
+    let svc = Service::start(dir, &format!("policy = \"{}\"\n", policy.display()));
+    let token = svc.token();
+    let admit = |a: &Value| {
+        let r = svc.post("/v1/releases/tuf", Some(&token), a);
+        assert_eq!(r.status, 201, "{r:?}\n{}", svc.log());
+        r.json()["hash"].as_str().unwrap().to_owned()
+    };
+    let (h10, h11) = (admit(&a10), admit(&a11));
+    let call = json!({"release": "repohost", "tool": "create_repository", "arguments": {"name": "notes"}});
+    let formed = svc.post("/v1/formations", Some(&token), &call);
+    assert_eq!(formed.status, 201, "{formed:?}\n{}", svc.log());
+    let f = formed.json();
+    assert_eq!(f["record"]["snapshot"]["release"], h10.as_str(), "1.0 is current: {f}");
+    assert_eq!(f["record"]["contract"], "egress:private", "{f}");
+    assert_eq!(f["record"]["successors"], json!([]), "1.1 makes it public: not captured: {f}");
+    let id = f["id"].as_str().unwrap().to_owned();
+    // An MCP session lists the tools on 1.0 before the rollout.
+    let rpc = |sid: Option<&str>, id: u32, method: &str, params: Value| {
+        mcp(svc.port, "repohost", &token, sid, &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    };
+    let (_, sid, _) = rpc(None, 1, "initialize", json!({"protocolVersion": "2025-06-18"}));
+    let sid = sid.expect("session id");
+    let (_, _, listed) = rpc(Some(&sid), 2, "tools/list", json!({}));
+    assert_eq!(listed["result"]["tools"][0]["name"], "create_repository", "{listed}");
+    let promoted = svc.post(&format!("/v1/releases/{h11}/lifecycle"), Some(&token), &json!({"action": "promote"}));
+    assert_eq!(promoted.json()["current"], h11.as_str(), "{promoted:?}");
+    let fenced = svc.post(&format!("/v1/formations/{id}/dispatch"), Some(&token), &json!({}));
+    assert!(fenced.client_error(409), "{fenced:?}");
+    let why = fenced.json()["error"].as_str().unwrap().to_owned();
+    assert!(why.contains(&id[..12]) && why.contains("repohost 1.1.0") && why.contains("not captured"), "{why}");
+    assert_eq!(sink.request_count(), 0, "nothing ran");
+    // The session reconnects after the rollout: its call binds to what it saw (1.0).
+    let create = json!({"name": "create_repository", "arguments": {"name": "mcp-notes"}});
+    let (_, _, stale) = rpc(Some(&sid), 3, "tools/call", create.clone());
+    let msg = stale["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains("formed on repohost 1.0.0") && msg.contains("not captured"), "{stale}");
+    assert_eq!(sink.request_count(), 0, "nothing ran");
+    // A stale snapshot is refused at formation; a fresh formation runs on 1.1.
+    let stale = json!({"release": "repohost", "tool": "create_repository", "arguments": {"name": "notes"},
+        "snapshot": f["snapshot"]});
+    assert!(svc.post("/v1/formations", Some(&token), &stale).client_error(409));
+    let fresh = svc.post("/v1/formations", Some(&token), &call).json();
+    let ran = svc.post(&format!("/v1/formations/{}/dispatch", fresh["id"].as_str().unwrap()), Some(&token), &json!({}));
+    assert_eq!(ran.status, 200, "{ran:?}");
+    assert!(sink.wait_for_requests(1, Duration::from_secs(30)));
+    let body: Value = serde_json::from_slice(&sink.requests()[0].body).unwrap();
+    assert_eq!(body["private"], false, "formed on 1.1, run on 1.1: {body}");
+    // Listing again rebinds the session to 1.1.
+    rpc(Some(&sid), 4, "tools/list", json!({}));
+    let (_, _, ran) = rpc(Some(&sid), 5, "tools/call", create);
+    assert!(ran["result"]["content"].is_array(), "{ran}");
+    assert!(sink.wait_for_requests(2, Duration::from_secs(30)));
+    // A retired release runs nothing, by formation or by hash.
+    let retired = svc.post(&format!("/v1/releases/{h10}/lifecycle"), Some(&token), &json!({"action": "retire"}));
+    assert_eq!(retired.status, 200, "{retired:?}");
+    let direct = json!({"tool": "create_repository", "arguments": {"name": "direct"}});
+    let r = svc.post(&format!("/v1/releases/{h10}/calls"), Some(&token), &direct);
+    assert!(r.client_error(409) && r.json()["error"].as_str().unwrap().contains("retired"), "{r:?}");
+    assert_eq!(sink.request_count(), 2);
+    drop(svc);
+    let verify = germline(&["ledger", "--data-dir", &dir.join("data").to_string_lossy(), "verify"], dir);
+    assert!(verify.contains("formations 4 lifecycle events 5") && verify.contains("OK"), "{verify}");
+}
+
+/// One MCP message to the service's `/v1/mcp/NAME`: status, the `Mcp-Session-Id` it set,
+/// and the JSON body (Null when there is none).
+fn mcp(port: u16, name: &str, token: &str, session: Option<&str>, msg: &Value) -> (u16, Option<String>, Value) {
+    let body = msg.to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(180))).unwrap();
+    let mut head = format!(
+        "POST /v1/mcp/{name} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(sid) = session {
+        head.push_str(&format!("Mcp-Session-Id: {sid}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.take(8 << 20).read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let sid =
+        head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id:").map(|v| v.trim().to_owned()));
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
+    (status, sid, serde_json::from_str(&body).unwrap_or(Value::Null))
 }

@@ -450,10 +450,28 @@ def _landlock_copy_layer():
         os.close(rs)
 
 
+def _take_copy_ids():
+    """Becomes this copy's own ids and gives up every capability, before any data.
+
+    The broker has mapped root of the copy's user namespace to host ids of this copy's own
+    (by the time it signals the channel ready); switching to them keeps kernel counters
+    kept per host user apart from every other copy's and the germline's. The broker checks
+    the result from /proc and gives the copy its view only then.
+    """
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (ctypes.c_uint32 * 6)()
+    if libc.syscall(126, header, data) < 0:  # capset
+        raise OSError(ctypes.get_errno(), "capset")
+
+
 def _run_copy(server):
     t0 = _real["perf_counter"]()
     _landlock_copy_layer()
     _wait_channel_ready()
+    _take_copy_ids()
     chan = _connect_channel(CHANNEL_PORT)
     t1 = _real["perf_counter"]()
     rfile = chan.makefile("rb")
@@ -475,6 +493,7 @@ def _run_copy(server):
         os.environ[k] = v
     wfile = chan.makefile("wb")
     _copy_io["channel"] = chan
+    _capture_stderr()  # after the copy took its own ids: made by them
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
     # Buffered like stdout on a pipe: a server's stray print stays in the buffer as it
     # does unprotected, instead of landing in the middle of the MCP stream.
@@ -564,10 +583,17 @@ def _enter_pid_namespace():
     copies it forks get PID namespaces nested inside it. The first process waits for the
     germline and exits with it. All of this happens before the release is imported: no
     release code ever runs in the keeper or the first process.
+
+    Nothing outlives the broker: the keeper dies with the first process (parent-death
+    signal), and the first process polls a pidfd of the broker and kills the keeper (and
+    with it the whole namespace) when the broker is gone, even by SIGKILL.
     """
+    alive_r, alive_w = os.pipe()
     keeper = os.fork()
     if keeper == 0:
         try:
+            os.close(alive_w)
+            _die_with_parent(alive_r)
             chld = {signal.SIGCHLD}
             signal.pthread_sigmask(signal.SIG_BLOCK, chld)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -581,13 +607,16 @@ def _enter_pid_namespace():
                 signal.sigwait(chld)
         finally:
             os._exit(0)
+    os.close(alive_r)
     germline = os.fork()
     if germline == 0:
+        os.close(alive_w)
         # Stdout is the first process's report pipe to the broker: not the germline's.
         null = os.open("/dev/null", os.O_WRONLY)
         os.dup2(null, 1)
         os.close(null)
         return
+    broker = _broker_pidfd(keeper, germline) if os.environ.get("GERMLINE_BROKER_WATCH") != "0" else None
     code = 1
     try:
         # Keeps stdout: each stop of the germline is reported there as one byte, so the
@@ -600,13 +629,40 @@ def _enter_pid_namespace():
                 except OSError:
                     pass
         os.set_blocking(1, False)
+        # One thread (this process may not start another: its children's PID namespace
+        # is not its own): SIGCHLD wakes a poll that also watches the broker.
+        import select
+
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w)
+        p = select.poll()
+        p.register(wake_r, select.POLLIN)
+        if broker is not None:
+            p.register(broker, select.POLLIN)
         while True:
             try:
-                _, status = os.waitpid(germline, os.WUNTRACED)
+                pid, status = os.waitpid(germline, os.WUNTRACED | os.WNOHANG)
             except InterruptedError:
                 continue
             except ChildProcessError:
                 break
+            if pid == 0:
+                for fd, _ in p.poll():
+                    if fd == broker:
+                        # The broker is gone: so is everything it started.
+                        for child in (keeper, germline):
+                            try:
+                                os.kill(child, signal.SIGKILL)
+                            except OSError:
+                                pass
+                        os._exit(1)
+                    try:
+                        while os.read(wake_r, 64):
+                            pass
+                    except BlockingIOError:
+                        pass
+                continue
             if os.WIFSTOPPED(status):
                 try:
                     os.write(1, b"s")
@@ -617,6 +673,39 @@ def _enter_pid_namespace():
             break
     finally:
         os._exit(code if code >= 0 else 1)
+
+
+def _die_with_parent(alive):
+    """SIGKILL when the parent ends; leaves now if it already has. The parent (outside
+    this PID namespace, so getppid() says 0) holds the write end of the pipe `alive`: a
+    hang-up there means it ended before the parent-death signal was set."""
+    import select
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        os._exit(1)
+    p = select.poll()
+    p.register(alive, select.POLLIN)
+    if p.poll(0):
+        os._exit(1)
+    os.close(alive)
+
+
+def _broker_pidfd(keeper, germline):
+    """A pidfd of the broker (this process's parent), which the first process polls: once
+    it is readable the broker is gone, even by SIGKILL, and the first process kills the
+    keeper (the namespace's init: everything in the germline's PID namespace dies with it)
+    and the germline. If the broker is already gone, that happens now."""
+    broker = os.getppid()
+    try:
+        fd = os.pidfd_open(broker)
+    except OSError:
+        fd = None
+    if fd is None or os.getppid() != broker:
+        for pid in (keeper, germline):
+            os.kill(pid, signal.SIGKILL)
+        os._exit(1)
+    return fd
 
 
 def germline_main(release_dir):
@@ -655,7 +744,6 @@ def germline_main(release_dir):
                 if os.environ.get("GERMLINE_SHARED_CONTROL") == "1":
                     os.close(CONTROL_FD)  # only a "mechanism off" test hands one over
                 _own_stdio()
-                _capture_stderr()
                 _run_copy(server)
             except BaseException:
                 code = 1

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
@@ -17,7 +18,7 @@ use serde_json::Value;
 use crate::germline::CopyKiller;
 use crate::http::{self, HttpRequest};
 use crate::mcp::McpClient;
-use crate::outside::CopyListeners;
+use crate::outside::{CopyListeners, ViewGate};
 use crate::policy::Policy;
 use crate::timings::CopyTimings;
 use crate::wake::{Ready, Wake};
@@ -141,6 +142,20 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     // The deadline watchdog sleeps until the deadline or the answer, whichever is first.
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let timed_out = Arc::new(AtomicBool::new(false));
+    // A copy that dies before it connects ends the wait for its channel at once (not at
+    // the deadline): this thread sleeps on its pidfd until it exits or the call is over.
+    let died = Arc::new(AtomicBool::new(false));
+    let death = {
+        let (wake, died) = (wake.clone(), died.clone());
+        let pidfd = killer.pidfd();
+        thread::spawn(move || {
+            let Ok(pidfd) = pidfd else { return };
+            if wake.wait(pidfd.as_raw_fd(), Some(deadline)) == Ready::Fd {
+                died.store(true, Ordering::SeqCst);
+                wake.wake();
+            }
+        })
+    };
     let watchdog = {
         let timed_out = timed_out.clone();
         thread::spawn(move || {
@@ -162,16 +177,19 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         thread::spawn(move || slot_loop(listener, &wake, &writes, max))
     };
 
-    let result = talk(listeners.channel, &wake, &preamble, method, params, deadline, max, &mut timings);
+    let result = talk(listeners.channel, listeners.gate, &wake, &preamble, method, params, deadline, max, &mut timings);
     let t_down = Instant::now();
     wake.wake();
     let _ = done_tx.send(());
     let _ = watchdog.join();
+    let _ = death.join();
     let _ = proxy.join();
     let _ = slots.join();
 
     let result = if timed_out.load(Ordering::SeqCst) {
         Err(format!("copy exceeded its deadline of {} ms and was killed", budget.as_millis()))
+    } else if result.is_err() && died.load(Ordering::SeqCst) && timings.connect.is_zero() {
+        Err("the copy exited before it connected to its channel".to_owned())
     } else {
         result.map_err(|e| e.to_string())
     };
@@ -191,6 +209,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
 #[allow(clippy::too_many_arguments)]
 fn talk(
     channel: TcpListener,
+    gate: ViewGate,
     wake: &Wake,
     preamble: &Value,
     method: &str,
@@ -203,6 +222,9 @@ fn talk(
     let conn = wake
         .accept(&channel, Some(deadline))
         .ok_or_else(|| ExecutorError::Copy("the copy never connected to its channel".into()))?;
+    // Nothing the copy may see reaches it before it runs as its own ids: its view is
+    // mounted, and the preamble sent, only after the check.
+    gate.open()?;
     let t1 = Instant::now();
     timings.connect = t1 - t0;
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
@@ -378,7 +400,6 @@ const MAX_SLOT_WRITES: usize = 1024;
 
 fn slot_loop(listener: TcpListener, wake: &Wake, writes: &Mutex<Vec<(String, Option<Value>)>>, max: usize) {
     use std::io::Read;
-    use std::os::fd::AsRawFd;
     let Some(mut conn) = wake.accept(&listener, None) else {
         return;
     };

@@ -699,7 +699,7 @@ impl GermlineRuntime {
         let budget = self.policy.limits.deadline;
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
+        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -760,7 +760,7 @@ impl GermlineRuntime {
         let roots = self.policy.data_roots();
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, &roots, &files, copy.scratch.as_deref())?;
+        let listeners = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -829,7 +829,7 @@ impl GermlineRuntime {
                 }
             })
             .collect();
-        let listeners = prepare_copy(copy.pid, &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
+        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let outside = t_setup.elapsed();
         let arguments = prepared.arguments_for(&group.view);

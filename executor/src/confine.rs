@@ -102,11 +102,16 @@ pub struct SandboxSwitches {
     /// sees it, and dies with the namespace. Off: the germline's children live in the
     /// broker's PID namespace (an orphan is reparented out of sight).
     pub pid_namespace: bool,
+    /// When the germline runs as the sandbox ids, each copy switches to host ids of its
+    /// own before it is given data ([`crate::ids`]), so kernel counters kept per host uid
+    /// (pipe buffers among them) are never shared between copies or with a germline.
+    /// Off: copies run as the germline's sandbox ids.
+    pub copy_ids: bool,
 }
 
 impl Default for SandboxSwitches {
     fn default() -> Self {
-        SandboxSwitches { minimal_root: true, sandbox_ids: true, pid_namespace: true }
+        SandboxSwitches { minimal_root: true, sandbox_ids: true, pid_namespace: true, copy_ids: true }
     }
 }
 
@@ -173,6 +178,14 @@ impl SandboxIds {
 pub struct PreparedSandbox {
     uid_map: CString,
     gid_map: CString,
+    /// The maps hold the broker's block of copy ids: host root writes them from a helper
+    /// forked before the germline gives up root (a process may map only itself).
+    mapped_by_root: bool,
+    /// The block of copy ids mapped into the germline's user namespace, if any.
+    pub copy_ids: Option<std::sync::Arc<crate::ids::IdBlock>>,
+    /// The host uid and gid in-namespace root maps to (what copies run as without ids of
+    /// their own).
+    pub host_ids: (u32, u32),
     drop_to: Option<SandboxIds>,
     /// Where the root's tmpfs is mounted (in the germline's mount namespace only).
     stage: CString,
@@ -542,10 +555,21 @@ impl Confinement {
             }
         }
         let (map_uid, map_gid) = drop_to.map_or((uid, gid), |ids| (ids.uid, ids.gid));
+        let copy_ids = match drop_to {
+            Some(_) if self.switches.copy_ids => Some(crate::ids::block()?),
+            _ => None,
+        };
+        let (uid_map, gid_map) = match &copy_ids {
+            Some(block) => block.maps(map_uid, map_gid),
+            None => (format!("0 {map_uid} 1"), format!("0 {map_gid} 1")),
+        };
         let (report_rx, report) = report_pipe()?;
         Ok(PreparedSandbox {
-            uid_map: CString::new(format!("0 {map_uid} 1")).map_err(|_| ExecutorError::internal("uid map"))?,
-            gid_map: CString::new(format!("0 {map_gid} 1")).map_err(|_| ExecutorError::internal("gid map"))?,
+            uid_map: CString::new(uid_map).map_err(|_| ExecutorError::internal("uid map"))?,
+            gid_map: CString::new(gid_map).map_err(|_| ExecutorError::internal("gid map"))?,
+            mapped_by_root: copy_ids.is_some(),
+            copy_ids,
+            host_ids: (map_uid, map_gid),
             drop_to,
             stage: cstring(stage)?,
             tree: cstring(&tree)?,
@@ -819,10 +843,17 @@ impl PreparedSandbox {
                 if self.signal_queue_limits {
                     self.step(Step::Limits as u32, unshared_signal_queue(true))?;
                 }
+                // Still host root: the helper that will write maps holding more than
+                // this process's own id is forked now.
+                let mapper =
+                    if self.mapped_by_root { Some(self.step(Step::IdMaps as u32, self.fork_mapper())?) } else { None };
                 self.step(Step::SandboxIds as u32, become_sandbox_ids(ids))?;
                 // SAFETY: plain syscall.
                 self.step(Step::Namespaces as u32, check(unsafe { unshare(namespaces) }))?;
-                self.step(Step::IdMaps as u32, self.write_id_maps())?;
+                match mapper {
+                    Some(m) => self.step(Step::IdMaps as u32, m.map_now())?,
+                    None => self.step(Step::IdMaps as u32, self.write_id_maps())?,
+                }
             }
             None => {
                 // Not host root: the soft limit can only go up to the hard one.
@@ -905,6 +936,92 @@ impl PreparedSandbox {
         write_proc(c"/proc/self/uid_map", &self.uid_map)?;
         write_proc(c"/proc/self/gid_map", &self.gid_map)
     }
+
+    /// Forks a helper, still host root, that waits until this process has created its user
+    /// namespace and then writes that namespace's maps from the parent namespace (only a
+    /// writer with CAP_SETUID there may map more than its own id).
+    fn fork_mapper(&self) -> io::Result<Mapper> {
+        // SAFETY: getpid cannot fail.
+        let me = unsafe { libc::getpid() };
+        let paths = ["setgroups", "uid_map", "gid_map"].map(|f| proc_path(me, f));
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 fills two fresh descriptors.
+        check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+        // SAFETY: the child makes only syscalls on buffers prepared before the fork and
+        // leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::close(fds[1]);
+                let mut b = 0u8;
+                if libc::read(fds[0], (&mut b as *mut u8).cast(), 1) != 1 {
+                    libc::_exit(2);
+                }
+                let contents: [&[u8]; 3] = [b"deny", self.uid_map.as_bytes(), self.gid_map.as_bytes()];
+                for (i, (path, data)) in paths.iter().zip(contents).enumerate() {
+                    let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 || libc::write(fd, data.as_ptr().cast(), data.len()) != data.len() as isize {
+                        libc::_exit(10 + i as i32);
+                    }
+                    libc::close(fd);
+                }
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: closing our copy of the read end.
+        unsafe { libc::close(fds[0]) };
+        Ok(Mapper { pid, go: fds[1] })
+    }
+}
+
+/// The helper of [`PreparedSandbox::fork_mapper`].
+struct Mapper {
+    pid: libc::pid_t,
+    go: libc::c_int,
+}
+
+impl Mapper {
+    /// Lets the helper write the maps and waits for it.
+    fn map_now(self) -> io::Result<()> {
+        // SAFETY: write/close/waitpid on our own pipe and child.
+        unsafe {
+            let wrote = libc::write(self.go, b"g".as_ptr().cast(), 1);
+            libc::close(self.go);
+            let mut status = 0;
+            check(libc::waitpid(self.pid, &mut status, 0))?;
+            if wrote != 1 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+                return Err(io::Error::from_raw_os_error(libc::EPERM));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `/proc/<pid>/<file>` NUL-terminated in a fixed buffer (no allocation between fork and
+/// exec).
+fn proc_path(pid: libc::pid_t, file: &str) -> [u8; 48] {
+    let mut out = [0u8; 48];
+    let mut digits = [0u8; 12];
+    let mut n = pid.unsigned_abs();
+    let mut d = 0;
+    loop {
+        digits[d] = b'0' + (n % 10) as u8;
+        d += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let mut i = 0;
+    for &b in b"/proc/".iter().chain(digits[..d].iter().rev()).chain(b"/".iter()).chain(file.as_bytes()) {
+        out[i] = b;
+        i += 1;
+    }
+    out
 }
 
 /// Test-only switch ("mechanism off"): leave RLIMIT_SIGPENDING as the broker's, as before

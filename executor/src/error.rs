@@ -29,6 +29,18 @@ pub enum ExecutorError {
     /// A copy failed, broke protocol or ran over its budget.
     #[error("copy: {0}")]
     Copy(String),
+    /// A formed call failed the final-hop fence (DESIGN §8): nothing ran.
+    #[error("final-hop fence: {0}")]
+    Fence(String),
+    /// A formation could not be made, found or checked.
+    #[error("formation: {0}")]
+    Formation(String),
+    /// A release lifecycle change is not allowed.
+    #[error("lifecycle: {0}")]
+    Lifecycle(String),
+    /// An effect profile is malformed or its analysis failed to run.
+    #[error("profile: {0}")]
+    Profile(String),
     /// The model rejected the call's metadata.
     #[error(transparent)]
     Model(#[from] germline_model::ModelError),

@@ -17,12 +17,14 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
+use crate::ids::{IdBlock, IdLease};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
+use crate::outside::CopyIds;
 use crate::seccomp::SeccompPolicy;
 use crate::timings::CopyTimings;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
@@ -195,6 +197,11 @@ pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold
 /// only the germline and its live copies. Never set outside tests.
 pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Test-only switch ("mechanism off"): the first process does not watch the broker, so a
+/// broker killed without dropping its germlines leaves them (and the keeper) running, as
+/// before. Never set outside tests.
+pub static BROKER_WATCH_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
 /// Test-only switch ("mechanism off"): the germline's PID namespace keeps its pid counter
 /// between forks, so the pids a copy burned show in the next fork window. Never set
@@ -413,6 +420,24 @@ pub struct Germline {
     stops: Option<OwnedFd>,
     /// Where each copy gets its private scratch tmpfs ([`crate::confine::scratch_dir`]).
     scratch: Option<PathBuf>,
+    /// The broker's block of copy ids, mapped into the germline's user namespace: each
+    /// copy runs as ids of its own (see [`crate::ids`]).
+    copy_ids: Option<Arc<IdBlock>>,
+    /// The host ids the germline runs as (and copies, without ids of their own).
+    host_ids: (u32, u32),
+}
+
+/// Warns (once per broker) that copies share the germline's host ids.
+fn warn_shared_copy_ids(ids: (u32, u32)) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            uid = ids.0,
+            gid = ids.1,
+            "the broker is not host root (or runs without sandbox ids): copies share the germline's host ids, so \
+             kernel counters kept per user (pipe buffers) are shared between copies (SECURITY.md)"
+        );
+    });
 }
 
 /// The keeper: the first child of the germline, forked before the release is imported,
@@ -576,6 +601,9 @@ impl Germline {
         }
         if spec.switches.pid_namespace {
             cmd.env("GERMLINE_PID_NAMESPACE", "1");
+            if BROKER_WATCH_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+                cmd.env("GERMLINE_BROKER_WATCH", "0");
+            }
         }
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
         for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
@@ -630,6 +658,11 @@ impl Germline {
                 });
             }
         }
+        let copy_ids = sandbox.copy_ids.clone();
+        let host_ids = sandbox.host_ids;
+        if copy_ids.is_none() && spec.switches.copy_ids {
+            warn_shared_copy_ids(host_ids);
+        }
         let report = sandbox.install(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
         // The broker's copy of the stderr pipe's write end goes with the command, so the
@@ -657,6 +690,8 @@ impl Germline {
             retired: Vec::new(),
             stops,
             scratch,
+            copy_ids,
+            host_ids,
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -921,6 +956,14 @@ impl Germline {
             }
             live.extend(ns.iter().copied());
         }
+        let lease = match &self.copy_ids {
+            Some(block) => Some(block.lend().map_err(fail)?),
+            None => None,
+        };
+        let ids = match &lease {
+            Some(l) => CopyIds { offset: l.offset, uid: l.uid, gid: l.gid },
+            None => CopyIds { offset: 0, uid: self.host_ids.0, gid: self.host_ids.1 },
+        };
         let mut copy = CopyProcess {
             pid: copy_pid,
             pidfd,
@@ -929,6 +972,8 @@ impl Germline {
             cgroup,
             timings: CopyTimings::default(),
             scratch: self.scratch.clone(),
+            ids,
+            lease,
         };
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
@@ -1037,6 +1082,9 @@ pub struct CopyProcess {
     pub timings: CopyTimings,
     /// Where the broker mounts this copy's private scratch tmpfs.
     pub scratch: Option<PathBuf>,
+    ids: CopyIds,
+    /// The copy's ids, given back once it is dead.
+    lease: Option<IdLease>,
 }
 
 impl CopyProcess {
@@ -1070,6 +1118,11 @@ impl CopyProcess {
         Ok(CopyKiller(fd))
     }
 
+    /// The ids the copy must run as before it is given data.
+    pub fn ids(&self) -> CopyIds {
+        self.ids
+    }
+
     /// The copy's network namespace identity.
     pub fn net_namespace(&self) -> NsId {
         self.namespaces[2]
@@ -1083,7 +1136,12 @@ impl CopyProcess {
 
 impl Drop for CopyProcess {
     fn drop(&mut self) {
-        let _ = self.kill();
+        // Its ids are reused only once it is dead (a copy that does not die keeps them).
+        if self.kill().is_ok() {
+            if let Some(lease) = self.lease.take() {
+                lease.give_back();
+            }
+        }
         let mut live = LIVE_COPY_NAMESPACES.lock().unwrap_or_else(|p| p.into_inner());
         for id in &self.namespaces {
             live.remove(id);
@@ -1098,6 +1156,11 @@ impl CopyKiller {
     /// Sends SIGKILL to the copy.
     pub fn kill(&self) {
         let _ = pidfd_kill(&self.0);
+    }
+
+    /// A duplicate of the copy's pidfd: readable once the copy has exited.
+    pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
+        self.0.try_clone()
     }
 }
 

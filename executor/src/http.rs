@@ -421,6 +421,39 @@ fn trim(v: &[u8]) -> &[u8] {
     &v[start..end]
 }
 
+/// Connects to an egress destination from a source port the broker draws at random.
+///
+/// A port the kernel picks for `connect` comes from the host-wide `table_perturb`, which
+/// every `connect` on the host moves, in any network namespace, by how many ports it
+/// tried: a copy that connects to addresses of its choosing (any 127/8 address in its own
+/// namespace) shifts the entries, and the source ports of the broker's next connections,
+/// which the destination sees, would spell what the copy saw. A bound port skips that
+/// table, so a destination learns nothing from it.
+pub fn egress_connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let mut last = None;
+    for _ in 0..64 {
+        let mut b = [0u8; 2];
+        getrandom::fill(&mut b).map_err(|e| std::io::Error::other(format!("drawing a source port: {e}")))?;
+        // The usual ephemeral range, 32768..=60999.
+        let port = 32768 + u16::from_le_bytes(b) % (60999 - 32768 + 1);
+        let sock = Socket::new(Domain::for_address(*addr), Type::STREAM, Some(Protocol::TCP))?;
+        let local: SocketAddr = match addr {
+            SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, port).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, port).into(),
+        };
+        match sock.bind(&SockAddr::from(local)) {
+            Ok(()) => {
+                sock.connect_timeout(&SockAddr::from(*addr), timeout)?;
+                return Ok(sock.into());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free source port")))
+}
+
 /// Sends `req` to `addr` and returns the raw response, bounded in size and time. A 3xx is
 /// returned like any other response: the broker never follows redirects.
 pub fn forward(req: &HttpRequest, addr: SocketAddr, deadline: Instant, max: usize) -> Result<Vec<u8>, HttpError> {
@@ -430,7 +463,7 @@ pub fn forward(req: &HttpRequest, addr: SocketAddr, deadline: Instant, max: usiz
             .filter(|d| !d.is_zero())
             .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("deadline passed while {what}")))
     };
-    let mut s = TcpStream::connect_timeout(&addr, remaining("connecting")?)?;
+    let mut s = egress_connect(&addr, remaining("connecting")?)?;
     s.set_write_timeout(Some(remaining("sending")?))?;
     s.write_all(&req.to_wire())?;
     let mut out = Vec::new();

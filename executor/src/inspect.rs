@@ -272,6 +272,77 @@ pub fn check_exit_signal(copy: i32) -> Result<(), ExecutorError> {
     Ok(())
 }
 
+/// The rule a copy must meet before it is given its view, quoted in every refusal.
+pub const COPY_IDS_RULE: &str = "before a copy is given data, every thread of it runs as the copy's own host ids \
+     with no capability and no-new-privileges set, it has no child, and it holds only files and sockets: \
+     a process, capability or object left from before the switch would count against the ids the germline and \
+     other copies share";
+
+/// Checks, from `/proc`, that copy `pid` switched to `ids` and can never act as any other
+/// ids again ([`COPY_IDS_RULE`]):
+/// - every thread's real, effective, saved and file-system uid and gid are the copy's,
+///   with no supplementary group;
+/// - no capability in any set (the copy's namespace maps only its root, and with
+///   no-new-privileges an `execve` gains nothing back);
+/// - no thread has a child: the copy is PID 1 of its namespace, so every process in it is
+///   a descendant, and one made before the switch would still run as the shared ids;
+/// - open descriptors are only files (of the read-only root: a file carries no counter
+///   of its opener) and sockets: a pipe, an epoll or event instance or a memfd made before
+///   the switch stays charged to the ids it was made under.
+pub fn check_copy_ids(pid: i32, ids: crate::outside::CopyIds) -> Result<(), ExecutorError> {
+    let refuse = |what: String| ExecutorError::refused("copy ids", format!("{what}: {COPY_IDS_RULE}"));
+    let tasks =
+        fs::read_dir(format!("/proc/{pid}/task")).map_err(ExecutorError::io(format!("listing threads of {pid}")))?;
+    let mut seen = 0;
+    for t in tasks.flatten() {
+        seen += 1;
+        let tid = t.file_name().to_string_lossy().into_owned();
+        let status = fs::read_to_string(t.path().join("status"))
+            .map_err(ExecutorError::io(format!("reading the status of copy thread {tid}")))?;
+        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or("?");
+        for (name, want) in [("Uid:", ids.uid), ("Gid:", ids.gid)] {
+            let got: Vec<&str> = field(name).split_whitespace().collect();
+            if got.len() != 4 || got.iter().any(|v| v.parse::<u32>().ok() != Some(want)) {
+                return Err(refuse(format!(
+                    "copy thread {tid} has {name} {}, expected {want} four times",
+                    got.join(" ")
+                )));
+            }
+        }
+        if !field("Groups:").is_empty() {
+            return Err(refuse(format!("copy thread {tid} has supplementary groups {}", field("Groups:"))));
+        }
+        for name in ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"] {
+            if u64::from_str_radix(field(name), 16).ok() != Some(0) {
+                return Err(refuse(format!("copy thread {tid} holds capabilities ({name} {})", field(name))));
+            }
+        }
+        if field("NoNewPrivs:") != "1" {
+            return Err(refuse(format!("copy thread {tid} lacks no-new-privileges")));
+        }
+        let children = fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        if let Some(c) = children.split_whitespace().next() {
+            return Err(refuse(format!("copy thread {tid} has a child ({c}, {})", comm(c.parse().unwrap_or(0)))));
+        }
+        let fds = fs::read_dir(t.path().join("fd"))
+            .map_err(ExecutorError::io(format!("listing the descriptors of copy thread {tid}")))?;
+        for fd in fds.flatten() {
+            let target = fs::read_link(fd.path()).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            let file = target.starts_with('/') && !target.starts_with("/memfd:") && !target.ends_with(" (deleted)");
+            if !file && !target.starts_with("socket:[") {
+                return Err(refuse(format!(
+                    "copy descriptor {} ({target}) was open before the copy took its own ids",
+                    fd.file_name().to_string_lossy()
+                )));
+            }
+        }
+    }
+    if seen == 0 {
+        return Err(ExecutorError::Copy(format!("copy {pid} is gone")));
+    }
+    Ok(())
+}
+
 /// G1–G3 together, and that the germline cannot learn how its copies end.
 pub fn check_germline(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
     check_g1(pid)?;

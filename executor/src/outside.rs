@@ -5,12 +5,17 @@
 //! and mount namespaces; maps the copy's ids; brings its loopback up; opens the broker's
 //! listeners there (proxy, MCP channel, slot), so a connection accepted on one of them
 //! provably came from that copy's network namespace; mounts a fresh tmpfs over each data
-//! root holding exactly the copy's view (empty files for out-of-view items, owned by the
-//! copy's root), read-only; mounts the copy's private scratch tmpfs (`TMPDIR`), writable,
-//! size-limited, gone with the copy's mount namespace;
-//! and passes the listeners back over a socketpair. The helper is forked because
-//! `setns(2)` into a user namespace needs a single-threaded caller; everything it uses is
-//! prepared before the fork, so the child only makes syscalls.
+//! and passes the listeners back over a socketpair. Then it waits: only once the broker has
+//! seen (from `/proc`) that the copy switched to its own host ids and gave up its
+//! capabilities ([`ViewGate::open`]) does the helper close the copy's way to new
+//! namespaces and kernel notification groups (the copy namespace's `user.max_*` limits,
+//! set to 0), mount a fresh tmpfs over each data root holding exactly the copy's view
+//! (empty files for out-of-view items, owned by the copy's root), read-only, mount the
+//! copy's private scratch tmpfs (`TMPDIR`: writable, size-limited, gone with the copy's
+//! mount namespace), and report.
+//! The helper is forked because `setns(2)` into a user namespace needs a single-threaded
+//! caller; everything it uses is prepared before the fork, so the child only makes
+//! syscalls.
 
 use std::ffi::CString;
 use std::io;
@@ -67,6 +72,88 @@ pub struct CopyListeners {
     pub channel: TcpListener,
     /// Slot writes.
     pub slot: TcpListener,
+    /// Opens the copy's view once it runs as its own ids.
+    pub gate: ViewGate,
+}
+
+/// What the copy must run as before it is given its view: the host uid and gid of its
+/// lease (or, with per-copy ids off, the germline's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyIds {
+    /// The copy's uid and gid in the germline's user namespace (0: the germline's own).
+    pub offset: u32,
+    /// Host uid.
+    pub uid: u32,
+    /// Host gid.
+    pub gid: u32,
+}
+
+/// The set-up helper, waiting to mount the copy's view until the broker has checked the
+/// copy's ids.
+pub struct ViewGate {
+    helper: libc::pid_t,
+    sock: Option<UnixStream>,
+    copy: i32,
+    ids: CopyIds,
+}
+
+impl ViewGate {
+    /// Checks that every thread of the copy runs as its own ids with no capability and
+    /// holds nothing from before the switch ([`crate::inspect::check_copy_ids`]); then lets
+    /// the helper mount the view and waits for it.
+    pub fn open(mut self) -> Result<(), ExecutorError> {
+        // Without ids of its own (a broker that is not host root, or the switch off) the
+        // copy shares the germline's ids anyway, and nothing here would keep them apart.
+        if self.ids.offset != 0 {
+            crate::inspect::check_copy_ids(self.copy, self.ids)?;
+        }
+        let mut sock = self.sock.take().ok_or_else(|| ExecutorError::internal("view gate"))?;
+        use std::io::{Read, Write};
+        sock.write_all(b"g").map_err(ExecutorError::io("asking for the copy's view"))?;
+        let mut buf = [0u8; 4];
+        let mut n = 0;
+        while n < buf.len() {
+            match sock.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ExecutorError::io("waiting for the copy's view")(e)),
+            }
+        }
+        self.reap();
+        match (n, buf[0]) {
+            (1.., b'D') => Ok(()),
+            (4, b'E') => {
+                let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
+                Err(ExecutorError::Sandbox(format!(
+                    "mounting the copy's view failed at step '{}': {}",
+                    buf[1] as char,
+                    io::Error::from_raw_os_error(errno)
+                )))
+            }
+            _ => Err(ExecutorError::Sandbox("the copy's set-up helper died before mounting its view".into())),
+        }
+    }
+
+    fn reap(&mut self) {
+        if self.helper > 0 {
+            if self.sock.take().is_some() {
+                // Dropped unopened: the helper has nothing more to do.
+                // SAFETY: signalling our own, not yet reaped, child.
+                unsafe { libc::kill(self.helper, libc::SIGKILL) };
+            }
+            let mut status = 0;
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(self.helper, &mut status, 0) };
+            self.helper = 0;
+        }
+    }
+}
+
+impl Drop for ViewGate {
+    fn drop(&mut self) {
+        self.reap();
+    }
 }
 
 struct Prepared {
@@ -76,6 +163,7 @@ struct Prepared {
     setgroups: CString,
     uid_map_path: CString,
     gid_map_path: CString,
+    id_map: CString,
     roots: Vec<CString>,
     dirs: Vec<CString>,
     files: Vec<(CString, Vec<u8>, Option<FileMeta>)>,
@@ -90,11 +178,12 @@ struct Prepared {
 /// germline can reach it (the germline's directory there lies on its read-only root).
 pub fn prepare_copy(
     pid: i32,
+    ids: CopyIds,
     data_roots: &[PathBuf],
     files: &[CopyFile],
     scratch: Option<&Path>,
 ) -> Result<CopyListeners, ExecutorError> {
-    let mut p = prepare(pid, data_roots, files)?;
+    let mut p = prepare(pid, ids, data_roots, files)?;
     p.scratch = scratch
         .map(|d| CString::new(d.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in scratch path")))
         .transpose()?;
@@ -106,6 +195,17 @@ pub fn prepare_copy(
         return Err(ExecutorError::io("forking the set-up helper")(io::Error::last_os_error()));
     }
     if child == 0 {
+        // Nothing of the broker's stays open here but our end of the socketpair: in
+        // particular not the broker's end (nor another set-up's), whose closing is how the
+        // broker tells this helper to leave.
+        let keep = theirs.as_raw_fd() as libc::c_uint;
+        // SAFETY: close_range over descriptor numbers in the child.
+        unsafe {
+            if keep > 3 {
+                libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, keep - 1, 0);
+            }
+            libc::syscall(libc::SYS_close_range, keep + 1, libc::c_uint::MAX, 0);
+        }
         let code = match child_main(&p, theirs.as_raw_fd()) {
             Ok(()) => 0,
             Err((step, errno)) => {
@@ -119,14 +219,14 @@ pub fn prepare_copy(
         unsafe { libc::_exit(code) };
     }
     drop(theirs);
-    let result = receive_listeners(&ours);
-    let mut status = 0;
-    // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(child, &mut status, 0) };
-    result
+    // From here the gate owns the helper: dropping it closes the socket (the helper
+    // leaves) and reaps it.
+    let gate = ViewGate { helper: child, sock: Some(ours), copy: pid, ids };
+    let (proxy, channel, slot) = receive_listeners(gate.sock.as_ref().ok_or_else(|| ExecutorError::internal("gate"))?)?;
+    Ok(CopyListeners { proxy, channel, slot, gate })
 }
 
-fn prepare(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepared, ExecutorError> {
+fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepared, ExecutorError> {
     let c = |s: String| CString::new(s).map_err(|_| ExecutorError::internal("NUL in path"));
     let cp = |p: &Path| {
         CString::new(p.as_os_str().as_bytes()).map_err(|_| ExecutorError::Call(format!("NUL in {}", p.display())))
@@ -164,6 +264,7 @@ fn prepare(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepa
         setgroups: c(format!("/proc/{pid}/setgroups"))?,
         uid_map_path: c(format!("/proc/{pid}/uid_map"))?,
         gid_map_path: c(format!("/proc/{pid}/gid_map"))?,
+        id_map: c(format!("0 {} 1", ids.offset))?,
         roots: data_roots.iter().map(|r| cp(r)).collect::<Result<_, _>>()?,
         dirs,
         files: out_files,
@@ -201,10 +302,10 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         let parent_user = ck(b'd', ioctl(user, NS_GET_PARENT) as c_long)? as c_int;
         ck(b'e', setns(parent_user, CLONE_NEWUSER) as c_long)?;
         write_file(b'f', &p.setgroups, b"deny", true)?;
-        write_file(b'g', &p.uid_map_path, b"0 0 1", false)?;
-        write_file(b'h', &p.gid_map_path, b"0 0 1", false)?;
+        write_file(b'g', &p.uid_map_path, p.id_map.as_bytes(), false)?;
+        write_file(b'h', &p.gid_map_path, p.id_map.as_bytes(), false)?;
         ck(b'i', setns(user, CLONE_NEWUSER) as c_long)?;
-        // Act as the copy's own root (the germline's sandbox ids on the host), so the view's
+        // Act as the copy's own root (its own host ids, or the germline's), so the view's
         // files belong to the copy and can be created at all: a file system mounted in the
         // copy's namespace takes no owner its map lacks (host root is unmapped when the
         // germline runs as the sandbox ids). Gid first: it needs a capability that a uid
@@ -216,6 +317,23 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         let mut fds = [0 as c_int; 3];
         for (i, port) in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT].into_iter().enumerate() {
             fds[i] = listen_on(port)?;
+        }
+        send_fds(sock, &fds)?;
+        for fd in fds {
+            close(fd);
+        }
+        // The broker answers once the copy runs as its own ids without capabilities (or
+        // closes the socket: then nothing more is done).
+        let mut go = 0u8;
+        if read(sock, (&mut go as *mut u8).cast(), 1) != 1 || go != b'g' {
+            return Ok(());
+        }
+        // The copy may create no namespace and no inotify/fanotify group: each would count
+        // against limits the copy's user namespace shares with the germline's and the
+        // host's (per owner), which other copies could then read. Set only now: until the
+        // copy gave up its capabilities it could have raised them again.
+        for name in NAMESPACE_LIMITS {
+            write_file(b'y', std::ffi::CStr::from_bytes_with_nul_unchecked(name), b"0", true)?;
         }
         ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
         if let Some(dir) = &p.scratch {
@@ -275,7 +393,7 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
                 ) as c_long,
             )?;
         }
-        send_fds(sock, &fds)?;
+        ck(b'z', write(sock, b"D".as_ptr().cast(), 1) as c_long)?;
     }
     Ok(())
 }
@@ -284,7 +402,24 @@ fn timespec_of((sec, nsec): (i64, i64)) -> libc::timespec {
     libc::timespec { tv_sec: sec, tv_nsec: nsec }
 }
 
-unsafe fn write_file(step: u8, path: &CString, data: &[u8], optional: bool) -> Result<(), StepErr> {
+/// The copy namespace's limits on namespaces and kernel notification groups (each path
+/// NUL-terminated); a missing one (older kernel) is skipped.
+const NAMESPACE_LIMITS: [&[u8]; 12] = [
+    b"/proc/sys/user/max_user_namespaces\0",
+    b"/proc/sys/user/max_pid_namespaces\0",
+    b"/proc/sys/user/max_net_namespaces\0",
+    b"/proc/sys/user/max_mnt_namespaces\0",
+    b"/proc/sys/user/max_ipc_namespaces\0",
+    b"/proc/sys/user/max_uts_namespaces\0",
+    b"/proc/sys/user/max_cgroup_namespaces\0",
+    b"/proc/sys/user/max_time_namespaces\0",
+    b"/proc/sys/user/max_inotify_instances\0",
+    b"/proc/sys/user/max_inotify_watches\0",
+    b"/proc/sys/user/max_fanotify_groups\0",
+    b"/proc/sys/user/max_fanotify_marks\0",
+];
+
+unsafe fn write_file(step: u8, path: &std::ffi::CStr, data: &[u8], optional: bool) -> Result<(), StepErr> {
     let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
     if fd < 0 {
         return if optional { Ok(()) } else { Err((step, errno())) };
@@ -348,7 +483,7 @@ unsafe fn send_fds(sock: RawFd, fds: &[libc::c_int; 3]) -> Result<(), StepErr> {
     Ok(())
 }
 
-fn receive_listeners(sock: &UnixStream) -> Result<CopyListeners, ExecutorError> {
+fn receive_listeners(sock: &UnixStream) -> Result<(TcpListener, TcpListener, TcpListener), ExecutorError> {
     let mut buf = [0u8; 4];
     let mut cbuf = [0u8; 64];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
@@ -390,5 +525,5 @@ fn receive_listeners(sock: &UnixStream) -> Result<CopyListeners, ExecutorError> 
         (Some(a), Some(b), Some(c)) => (a, b, c),
         _ => return Err(ExecutorError::internal("listener count")),
     };
-    Ok(CopyListeners { proxy, channel, slot })
+    Ok((proxy, channel, slot))
 }

@@ -152,6 +152,15 @@ impl Runtime {
         }
     }
 
+    /// The release hash the germline computed for itself when it started (germline
+    /// runtimes; the baselines do not compute one).
+    pub fn release(&self) -> Option<germline_model::ReleaseHash> {
+        match self {
+            Runtime::Germline(g) => Some(g.release),
+            _ => None,
+        }
+    }
+
     /// Why a germline check refused the release while it ran (germline runtimes only).
     pub fn refusal(&self) -> Option<&str> {
         match self {

@@ -181,7 +181,9 @@ const ALLOWED: &[Group] = &[
               kill, wait, pidfds and prlimit name only its own descendants; Landlock scopes \
               signals to the copy's domain; namespaces made by clone belong to the caller. \
               Signal-sending calls and clone are checked by argument below (standard signals \
-              only: real-time ones queue against a limit shared per host user)",
+              only: real-time ones queue against a limit shared per host user). capset can \
+              only lower what the caller holds in its own user namespace (a copy gives up \
+              everything before it is given data)",
         calls: sys![
             SYS_clone3,
             SYS_fork,
@@ -210,6 +212,8 @@ const ALLOWED: &[Group] = &[
             SYS_getresuid,
             SYS_getresgid,
             SYS_getgroups,
+            SYS_capget,
+            SYS_capset,
             SYS_prlimit64,
             SYS_getrlimit,
             SYS_setrlimit,
@@ -234,25 +238,40 @@ const ALLOWED: &[Group] = &[
               socketpairs are unnamed (binding, listening and accepting are not allowed). Not \
               sendmsg/sendmmsg: their control messages (SCM_RIGHTS) put descriptors in flight, \
               which the kernel counts per host user (every copy's), and seccomp cannot read a \
-              msghdr; Python sends with sendto",
-        calls: sys![
-            SYS_connect,
-            SYS_getsockname,
-            SYS_getpeername,
-            SYS_setsockopt,
-            SYS_getsockopt,
-            SYS_sendto,
-            SYS_recvfrom,
-            SYS_recvmsg,
-            SYS_recvmmsg,
-            SYS_shutdown,
-        ],
+              msghdr; Python sends with sendto. Not getsockname: a connected socket's own port \
+              is drawn through the host-wide `table_perturb`, which any connect on the host \
+              moves (asyncio does without it). Socket options are checked by argument below",
+        calls: sys![SYS_connect, SYS_getpeername, SYS_sendto, SYS_recvfrom, SYS_recvmsg, SYS_recvmmsg, SYS_shutdown,],
     },
     Group {
         why: "confining the caller further (a copy's own Landlock layer): a ruleset only \
               narrows what its creator may do",
         calls: sys![SYS_landlock_create_ruleset, SYS_landlock_add_rule, SYS_landlock_restrict_self],
     },
+];
+
+/// Socket options (level, name) a Python client sets or reads on its own TCP sockets: each
+/// is a setting or state of that socket alone. Not among them: `SO_COOKIE` and
+/// `SO_NETNS_COOKIE` (drawn from host-wide counters that every copy moves),
+/// `SO_INCOMING_CPU`, `SO_MEMINFO`, `TCP_INFO` and every other option.
+const SOCKET_OPTIONS: [(i32, i32); 17] = [
+    (libc::SOL_SOCKET, libc::SO_ERROR),
+    (libc::SOL_SOCKET, libc::SO_TYPE),
+    (libc::SOL_SOCKET, libc::SO_DOMAIN),
+    (libc::SOL_SOCKET, libc::SO_PROTOCOL),
+    (libc::SOL_SOCKET, libc::SO_ACCEPTCONN),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::SOL_SOCKET, libc::SO_LINGER),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY),
 ];
 
 /// `fcntl` commands a Python server uses on its own descriptors. Not among them: F_NOTIFY
@@ -481,10 +500,12 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     );
     // clone's low byte is the child's exit signal (CSIGNAL).
     rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
-    // setresuid/setresgid only to root of the caller's own namespace or "unchanged" (-1)
-    // in each position: what posix_spawn's POSIX_SPAWN_RESETIDS does (GNU make spawns every
-    // recipe so). The caller's namespace maps one uid and one gid, its root, so this can
-    // only re-set ids it already has.
+    // A copy switches to its own ids (its namespace's root, mapped to host ids of its
+    // own) before it is given data; only to root of the caller's namespace, which in the
+    // germline is who it is already (and it holds no capability to become anyone else).
+    // Each position may also be -1 ("unchanged"): posix_spawn's POSIX_SPAWN_RESETIDS calls
+    // setresuid(-1, 0, -1), and GNU make spawns every recipe so. The caller's namespace
+    // maps one uid and one gid, its root, so this can only re-set ids it already has.
     for call in [libc::SYS_setresuid, libc::SYS_setresgid] {
         let mut any = Vec::new();
         for combo in 0..8u8 {
@@ -520,6 +541,15 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     }
     rules.insert(libc::SYS_socket, socket);
     rules.insert(libc::SYS_socketpair, one_of(0, &[word(libc::AF_UNIX)], &[])?);
+    for call in [libc::SYS_getsockopt, libc::SYS_setsockopt] {
+        let options = SOCKET_OPTIONS
+            .iter()
+            .map(|&(level, name)| {
+                rule(vec![cond(1, SeccompCmpOp::Eq, word(level))?, cond(2, SeccompCmpOp::Eq, word(name))?])
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(call, options);
+    }
     let prog = build(rules, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow)?;
     Ok(refuse_x32(prog))
 }
@@ -790,9 +820,18 @@ mod tests {
         assert_eq!(sock(libc::AF_NETLINK, libc::SOCK_RAW, 0), EPERM);
         assert_eq!(call(&on, libc::SYS_socketpair, &[word(libc::AF_UNIX), word(libc::SOCK_STREAM)]), ALLOW);
         assert_eq!(call(&on, libc::SYS_socketpair, &[word(libc::AF_INET), word(libc::SOCK_STREAM)]), EPERM);
-        for nr in [libc::SYS_bind, libc::SYS_listen, libc::SYS_accept4] {
+        for nr in [libc::SYS_bind, libc::SYS_listen, libc::SYS_accept4, libc::SYS_getsockname] {
             assert_eq!(call(&on, nr, &[]), EPERM);
         }
+        let opt = |level: i32, name: i32| call(&on, libc::SYS_getsockopt, &[0, word(level), word(name)]);
+        assert_eq!(opt(libc::SOL_SOCKET, libc::SO_ERROR), ALLOW);
+        assert_eq!(opt(libc::IPPROTO_TCP, libc::TCP_NODELAY), ALLOW);
+        assert_eq!(opt(libc::SOL_SOCKET, libc::SO_COOKIE), EPERM, "a host-wide counter");
+        assert_eq!(opt(libc::SOL_SOCKET, libc::SO_NETNS_COOKIE), EPERM, "a host-wide counter");
+        assert_eq!(opt(libc::IPPROTO_TCP, libc::TCP_INFO), EPERM);
+        let set = |level: i32, name: i32| call(&on, libc::SYS_setsockopt, &[0, word(level), word(name)]);
+        assert_eq!(set(libc::IPPROTO_TCP, libc::TCP_NODELAY), ALLOW);
+        assert_eq!(set(libc::SOL_SOCKET, libc::SO_PEEK_OFF), EPERM);
         let prctl = |o: i32| call(&on, libc::SYS_prctl, &[word(o)]);
         assert_eq!(prctl(libc::PR_SET_NAME), ALLOW);
         assert_eq!(prctl(libc::PR_SET_NO_NEW_PRIVS), ALLOW);

@@ -149,7 +149,7 @@ impl DeploymentTls {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline passed while talking to the host")
             })
         };
-        let tcp = TcpStream::connect_timeout(&addr, remaining()?)?;
+        let tcp = crate::http::egress_connect(&addr, remaining()?)?;
         let timer = tcp.try_clone()?;
         timer.set_write_timeout(Some(remaining()?))?;
         timer.set_read_timeout(Some(remaining()?))?;

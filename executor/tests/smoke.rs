@@ -41,12 +41,15 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
     let copy = g.fork_copy().unwrap();
     let l = prepare_copy(
         copy.pid,
+        copy.ids(),
         std::slice::from_ref(&data),
         &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }],
         copy.scratch.as_deref(),
     )
     .unwrap();
+    copy.channel_ready().unwrap();
     let (chan, _) = l.channel.accept().unwrap();
+    l.gate.open().unwrap();
     chan.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut w = chan.try_clone().unwrap();
     w.write_all(b"{\"twin\":{\"clock\":1000.0,\"seed\":\"00\"},\"slot\":{}}\n").unwrap();

@@ -294,6 +294,7 @@ pub fn run_ledger_command(args: &LedgerArgs) -> Result<i32, LedgerError> {
                 report.releases,
                 report.root.map(hex::encode).unwrap_or_default()
             );
+            println!("formations {} lifecycle events {}", report.formations, report.lifecycle_events);
             for p in &report.problems {
                 println!("PROBLEM: {p}");
             }

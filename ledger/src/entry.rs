@@ -31,6 +31,11 @@ pub enum EntryKind {
     Admission,
     /// A release became suppressed or usable again.
     Suppression,
+    /// A formed call (DESIGN §8): body is a `germline_model::FormationEntry`.
+    Formation,
+    /// A release lifecycle change (admit, promote, roll back, retire): body is a
+    /// `germline_model::LifecycleEvent`.
+    Lifecycle,
 }
 
 impl EntryKind {
@@ -40,6 +45,8 @@ impl EntryKind {
             EntryKind::DampeningEvent => 2,
             EntryKind::Admission => 3,
             EntryKind::Suppression => 4,
+            EntryKind::Formation => 5,
+            EntryKind::Lifecycle => 6,
         }
     }
 
@@ -49,6 +56,8 @@ impl EntryKind {
             2 => EntryKind::DampeningEvent,
             3 => EntryKind::Admission,
             4 => EntryKind::Suppression,
+            5 => EntryKind::Formation,
+            6 => EntryKind::Lifecycle,
             _ => return None,
         })
     }
@@ -60,6 +69,8 @@ impl EntryKind {
             EntryKind::DampeningEvent => "dampening_event",
             EntryKind::Admission => "admission",
             EntryKind::Suppression => "suppression",
+            EntryKind::Formation => "formation",
+            EntryKind::Lifecycle => "lifecycle",
         }
     }
 }
@@ -72,8 +83,11 @@ impl std::str::FromStr for EntryKind {
             "dampening_event" => Ok(EntryKind::DampeningEvent),
             "admission" => Ok(EntryKind::Admission),
             "suppression" => Ok(EntryKind::Suppression),
+            "formation" => Ok(EntryKind::Formation),
+            "lifecycle" => Ok(EntryKind::Lifecycle),
             other => Err(format!(
-                "unknown entry kind {other:?}: expected witness, dampening_event, admission or suppression"
+                "unknown entry kind {other:?}: expected witness, dampening_event, admission, suppression, \
+                 formation or lifecycle"
             )),
         }
     }
@@ -255,7 +269,14 @@ mod tests {
 
     #[test]
     fn kinds_parse_from_their_names() {
-        for k in [EntryKind::Witness, EntryKind::DampeningEvent, EntryKind::Admission, EntryKind::Suppression] {
+        for k in [
+            EntryKind::Witness,
+            EntryKind::DampeningEvent,
+            EntryKind::Admission,
+            EntryKind::Suppression,
+            EntryKind::Formation,
+            EntryKind::Lifecycle,
+        ] {
             assert_eq!(k.as_str().parse::<EntryKind>(), Ok(k));
             assert_eq!(EntryKind::from_byte(k.to_byte()), Some(k));
         }

@@ -11,6 +11,7 @@
 //! - [`entry`]: the canonical entry encoding that the tree commits to;
 //! - [`tiles`]: C2SP tlog-tiles paths;
 //! - [`fleet`]: what a fleet mirror persists about its peers;
+//! - [`formation`]: formation records and lifecycle events (DESIGN §8);
 //! - [`Ledger`]: the RocksDB store tying them together (the only RocksDB user);
 //! - [`cli`]: `germline ledger …` and `germline bench ledger`.
 
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod dampening;
 pub mod entry;
 pub mod fleet;
+pub mod formation;
 pub mod merkle;
 pub mod note;
 mod store;

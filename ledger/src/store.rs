@@ -119,6 +119,10 @@ pub struct VerifyReport {
     pub checkpoints: u64,
     /// Releases with dampening state.
     pub releases: u64,
+    /// Formation records checked against their ids and the lifecycle replay.
+    pub formations: u64,
+    /// Lifecycle events replayed.
+    pub lifecycle_events: u64,
     /// Tree head recomputed from the entries alone.
     pub root: Option<Hash>,
     /// Problems, first ones first (capped so a ruined log still reports quickly).
@@ -1224,6 +1228,7 @@ impl Ledger {
             cp_iter.next();
         }
         let mut expected = 0u64;
+        let mut fcd = germline_model::FcdAudit::default();
         for item in inner.db.iterator_cf(&entries, IteratorMode::Start) {
             let (k, v) = item.map_err(db_err("reading entries"))?;
             let i = match read_u64(&k, "entry key") {
@@ -1248,6 +1253,15 @@ impl Ledger {
                     index_keys.insert(release_key(&entry.release, i));
                     if let Some(key) = fleet_key_of(&entry) {
                         fleet_keys.entry(key).or_insert(i);
+                    }
+                    match crate::formation::fcd_record_of(&entry) {
+                        Some(Ok(r)) => {
+                            if let Err(p) = fcd.check(i, &entry.release, &r) {
+                                report.problem(p);
+                            }
+                        }
+                        Some(Err(e)) => report.problem(format!("entry {i}: {e}")),
+                        None => {}
                     }
                     if entry.kind == EntryKind::DampeningEvent {
                         match serde_json::from_slice::<DampeningEventBody>(&entry.body) {
@@ -1305,6 +1319,8 @@ impl Ledger {
             report.problem(format!("checkpoint at size {cs} was not reached"));
         }
         report.root = Some(tree.root());
+        report.formations = fcd.formations.len() as u64;
+        report.lifecycle_events = fcd.events;
 
         let by_release = inner.cf(CF_RELEASE_INDEX)?;
         let mut stored_keys = BTreeSet::new();

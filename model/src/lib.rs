@@ -45,12 +45,18 @@
 //! # Ok::<(), ModelError>(())
 //! ```
 
+mod formation;
 mod label;
 mod plan;
 mod replay;
 mod slot;
 mod vocab;
 
+pub use formation::{
+    canonical_json, descriptor_digest, effect_fits, final_hop_fence, AdmittedRelease, CapturedSuccessor,
+    DispatchPolicy, FcdAudit, FcdRecord, FenceGrant, FenceRefusal, FormationEntry, FormationLog, FormationRecord,
+    FormationSnapshot, Lifecycle, LifecycleAction, LifecycleEvent, MemoryFormationLog, ReleaseName, Sha256Digest,
+};
 pub use label::OutputLabel;
 pub use plan::{plan_groups, Group, Horizon, Item, Member, Plan, PlanInput, View};
 pub use replay::{CallRecords, EgressDecision, Exchange, RequestDigest, Trigger, TriggerKind};
@@ -140,4 +146,22 @@ pub enum ModelError {
     /// A user name for a slot key is empty, too long or has control characters.
     #[error("bad user name {0:?} for a state slot")]
     BadUser(String),
+    /// Not 64 lower-case hex digits.
+    #[error("bad digest {0:?}: expected 64 lower-case hex digits")]
+    BadDigest(String),
+    /// A release name outside `[a-z0-9._-]`, empty or too long.
+    #[error("bad release name {0:?}: names are 1-128 characters of [a-z0-9._-]")]
+    BadReleaseName(String),
+    /// A `tools/list` result without a `tools` array of named tools, or naming one twice.
+    #[error("malformed tools/list result")]
+    BadToolsList,
+    /// An unknown dispatch policy name.
+    #[error("unknown dispatch policy {0:?} (exact_pin, release_wide_allow, release_wide_deny, call_specific)")]
+    BadPolicy(String),
+    /// A formation record whose stored id is not its digest (substituted or altered).
+    #[error("formation record stored as {0} does not hash to its id")]
+    FormationId(String),
+    /// A lifecycle change that is out of order or not allowed in the current state.
+    #[error("lifecycle: {0}")]
+    Lifecycle(String),
 }

@@ -25,6 +25,7 @@
 //! ```
 
 pub mod eval;
+pub mod fcd;
 pub mod oracle;
 pub mod sink;
 pub mod world;

@@ -463,3 +463,31 @@ fn copies_are_held_to_memory_and_process_limits() {
         );
     }
 }
+
+/// Bad input: a copy that dies before it connects to its channel (here every copy exits at
+/// once) fails the call with that named, as soon as it dies, not at the deadline.
+#[test]
+fn a_copy_that_dies_before_connecting_fails_the_call_at_once() {
+    let w = World::new();
+    let body = r#"
+import sys
+def create_server():
+    # Past the broker's checks after the fork, before the channel.
+    sys.modules["__main__"]._run_copy = lambda server: (time.sleep(0.3), os._exit(3))
+    m = FastMCP("x")
+    @m.tool()
+    def ok() -> str:
+        return "ok"
+    return m
+"#;
+    let rel = w.release("dies", "", body);
+    let policy = w.policy(&[], &[("agent", &[])], "[limits]\ndeadline_ms = 20000\n");
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+    let t0 = Instant::now();
+    let o = rt.call(&request("ok", json!({}), &[]));
+    let took = t0.elapsed();
+    let err = o.error.map(|e| e.to_string()).unwrap_or_default();
+    eprintln!("a copy that died before connecting: {err} after {took:?} (deadline 20 s)");
+    assert!(err.contains("the copy exited before it connected to its channel"), "{err}");
+    assert!(took < Duration::from_secs(10), "the call ends when the copy dies, not at the deadline: {took:?}");
+}

@@ -128,7 +128,9 @@ fn a_relay_outside_every_copy_is_refused_by_name() {
         PREFER_V2_FOR_TESTS.store(v2, Ordering::SeqCst);
         NO_CGROUPS_FOR_TESTS.store(!cgroups, Ordering::SeqCst);
         let reset = Reset;
-        let switches = SandboxSwitches { pid_namespace: pid_ns, ..Default::default() };
+        // Off also runs copies as the germline's ids: the check of a copy's own ids would
+        // otherwise refuse the relay's pipe, which the copy holds from the fork window.
+        let switches = SandboxSwitches { pid_namespace: pid_ns, copy_ids: on, ..Default::default() };
         let mut rt = w.start_with(RuntimeKind::Germline, &rel, policy, switches).expect("the germline starts");
         if !on {
             // The relay's transport is real-time signals, which the seccomp allowlist refuses

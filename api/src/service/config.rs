@@ -45,6 +45,7 @@ struct FileConfig {
     max_session_calls: Option<usize>,
     read_requires_token: Option<bool>,
     tuf_repo_urls: Option<Vec<String>>,
+    dispatch_policy: Option<String>,
     fleet: Option<crate::fleet::FleetConfig>,
 }
 
@@ -78,6 +79,9 @@ pub struct ServiceConfig {
     /// URL prefixes TUF admission may fetch from; local repository directories are always
     /// allowed. Empty by default: the service fetches nothing it was not told to.
     pub tuf_repo_urls: Vec<String>,
+    /// Which releases a formed call may run on (DESIGN §8): `exact_pin`,
+    /// `release_wide_allow`, `release_wide_deny` or `call_specific` (default).
+    pub dispatch_policy: germline_model::DispatchPolicy,
     /// The fleet (`[fleet]`, or the file `GERMLINE_FLEET_CONFIG` names): this host's log is
     /// always published as tiles; peers and witnesses only when configured.
     pub fleet: crate::fleet::FleetConfig,
@@ -138,6 +142,10 @@ impl ServiceConfig {
                 bail!("tuf_repo_urls entry {u:?} is not an http(s) URL prefix");
             }
         }
+        let dispatch_policy = match env("GERMLINE_DISPATCH_POLICY").or(file.dispatch_policy) {
+            Some(p) => p.parse::<germline_model::DispatchPolicy>()?,
+            None => germline_model::DispatchPolicy::default(),
+        };
         let fleet = match env("GERMLINE_FLEET_CONFIG") {
             Some(p) => crate::fleet::FleetConfig::load(Path::new(&p))?,
             None => file.fleet.unwrap_or_default(),
@@ -158,6 +166,7 @@ impl ServiceConfig {
             max_session_calls: usize::try_from(max_session_calls).context("session size")?,
             read_requires_token,
             tuf_repo_urls,
+            dispatch_policy,
         })
     }
 }

@@ -48,6 +48,11 @@ impl ReleaseSlot {
         self.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The release's directory in the store.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn set_status(&self, s: GermlineStatus) {
         *self.status.lock().unwrap_or_else(|p| p.into_inner()) = s;
     }

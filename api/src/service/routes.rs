@@ -41,13 +41,15 @@ const MAX_ENTRIES_PAGE: u64 = 1000;
         healthz, readyz, metrics, openapi, list_releases, get_release, admit_tuf, admit_sigstore, call, session,
         witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency,
         crate::fleet::routes::checkpoint, crate::fleet::routes::tile, crate::fleet::routes::lookup_release,
-        crate::fleet::routes::status, crate::fleet::witness::add_checkpoint
+        crate::fleet::routes::status, crate::fleet::witness::add_checkpoint,
+        super::formations::form, super::formations::dispatch, super::formations::lifecycle, super::formations::mcp
     ),
     modifiers(&BearerAuth),
     tags(
         (name = "operations", description = "Health, readiness, metrics"),
         (name = "releases", description = "Admission, calls, witnesses, dampening"),
         (name = "ledger", description = "The append-only evidence log"),
+        (name = "formations", description = "Formation-consistent dispatch: formed calls, the final-hop fence, release lifecycles"),
         (name = "fleet", description = "C2SP tlog-tiles publishing of the ledger, lookups, the tlog-witness endpoint, peer status")
     )
 )]
@@ -154,16 +156,21 @@ fn string_array(max_items: usize, max_length: usize, pattern: &str) -> utoipa::o
         .build()
 }
 
-fn item_paths_schema() -> utoipa::openapi::Array {
+pub(super) fn item_paths_schema() -> utoipa::openapi::Array {
     string_array(MAX_ITEMS, MAX_PATH, "^/[^\\x00]*$")
 }
 
-fn consumers_schema() -> utoipa::openapi::Array {
+pub(super) fn consumers_schema() -> utoipa::openapi::Array {
     string_array(MAX_CONSUMERS, MAX_NAME, NO_CONTROL)
 }
 
 impl CallBody {
-    fn into_request(self) -> Result<CallRequest, ApiError> {
+    /// A call body from its parts (checked by [`CallBody::into_request`]).
+    pub(super) fn new(tool: String, arguments: Map<String, Value>, items: Vec<String>, consumers: Vec<String>) -> Self {
+        CallBody { tool, arguments, items, consumers }
+    }
+
+    pub(super) fn into_request(self) -> Result<CallRequest, ApiError> {
         let bad = |m: String| Err(ApiError::BadRequest(m));
         if !plain_text(&self.tool, MAX_TOOL_NAME) {
             return bad(format!("tool must be 1 to {MAX_TOOL_NAME} characters without control characters"));
@@ -214,7 +221,7 @@ pub struct CallResponse {
 }
 
 impl CallResponse {
-    fn new(o: &CallOutcome, latency: Duration) -> CallResponse {
+    pub(super) fn new(o: &CallOutcome, latency: Duration) -> CallResponse {
         let v = |x: &dyn erased::Ser| x.value();
         CallResponse {
             status: v(&o.status).as_str().unwrap_or("failed").to_owned(),
@@ -452,6 +459,14 @@ fn hexs(h: &[Hash]) -> Vec<String> {
 }
 
 impl AppState {
+    /// A retired release runs nothing any more (DESIGN §8).
+    fn not_retired(&self, hash: &ReleaseHash) -> Result<(), ApiError> {
+        if self.formations.is_retired(hash) {
+            return Err(ApiError::Refused(format!("release {hash} was retired")));
+        }
+        Ok(())
+    }
+
     fn slot(&self, hash: &ReleaseHash) -> Result<Arc<ReleaseSlot>, ApiError> {
         self.releases.get(hash).ok_or_else(|| ApiError::NotFound(format!("release {hash} is not admitted here")))
     }
@@ -667,6 +682,9 @@ async fn admit(
             Ok(a) => {
                 tracing::info!(release = %a.hash, name = %a.info.name, version = %a.info.version, "admitted");
                 let slot = st2.releases.admitted(&a);
+                if let Err(e) = super::formations::register_one(&st2.formations, slot.dir(), slot.hash) {
+                    tracing::error!(release = %slot.hash, "recording the admission's lifecycle: {e:#}");
+                }
                 let started = st2.releases.ensure_started(&slot);
                 Ok((slot, started))
             }
@@ -847,6 +865,7 @@ pub async fn call(
     // The body's own failures (size, syntax) come first: they are the request's, whatever it names.
     let body = body?.0;
     let slot = st.slot(&parse_hash(&hash?.0)?)?;
+    st.not_retired(&slot.hash)?;
     let req = body.into_request()?;
     let mut out = run_calls(st, slot, vec![req]).await?;
     out.pop().map(Json).ok_or_else(|| ApiError::Internal("no outcome".into()))
@@ -872,6 +891,7 @@ pub async fn session(
 ) -> Result<Json<SessionResponse>, ApiError> {
     let calls = body?.0.calls;
     let slot = st.slot(&parse_hash(&hash?.0)?)?;
+    st.not_retired(&slot.hash)?;
     if calls.is_empty() || calls.len() > st.config.max_session_calls {
         return Err(ApiError::BadRequest(format!("a session has 1 to {} calls", st.config.max_session_calls)));
     }

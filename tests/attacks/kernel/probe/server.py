@@ -78,6 +78,23 @@ def _setrlimit_up():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard + 1, hard + 1))
 
 
+def _clone_namespace(flags):
+    """clone with namespace flags (the call germline itself forks copies with): the child
+    leaves at once; "ok" if the kernel made the namespace."""
+    pid = _libc.syscall(ctypes.c_long(56), ctypes.c_long(flags | 17), None, None, None, None)  # | SIGCHLD
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        e = ctypes.get_errno()
+        return errno.errorcode.get(e, str(e))
+    os.waitpid(pid, 0)
+    return "ok"
+
+
+def _ids():
+    return "%s %s" % (os.getresuid(), os.getresgid())
+
+
 def create_server():
     m = FastMCP("probe")
 
@@ -95,6 +112,10 @@ def create_server():
             "scm_rights": _try(lambda: socket.send_fds(socket.socketpair()[0], [b"x"], [0])),
             "connect other port": _try(lambda: _connect(22)),
             "unshare user": _sys(272, 0x10000000),
+            "clone user namespace": _try(lambda: _clone_namespace(0x10000000)),
+            "clone user+net namespaces": _try(lambda: _clone_namespace(0x10000000 | 0x40000000)),
+            "setresuid other": _sys(117, 1, 1, 1),
+            "ids": _try(_ids),
             "setns": _sys(308, 0, 0),
             "keyctl": _sys(250, 0, 0),
             "add_key": _sys(248, 0, 0, 0, 0, 0),
@@ -134,7 +155,7 @@ def create_server():
             "write /dev/urandom": _try(lambda: _write("/dev/urandom")),
             "write /dev/null": _try(lambda: _write("/dev/null")),
             "raise RLIMIT_NOFILE": _try(_setrlimit_up),
-            "pipe (per-user quota, out of scope)": _try(_pipe_size),
+            "pipe": _try(_pipe_size),
             "epoll (per-user watches)": _sys(291, 0),
         }
         return json.dumps(r, sort_keys=True)

@@ -1,0 +1,651 @@
+//! Formation-consistent dispatch (DESIGN §8): a host of several admitted releases per
+//! name, the ordered lifecycle that says which one new formations use, formations bound
+//! to what the caller saw, and the final-hop fence in front of every formed call.
+//!
+//! Ordering: every lifecycle change takes the host's lifecycle lock for writing; a
+//! dispatch holds it for reading from the fence check until its copies have run, so no
+//! rollout, rollback or retirement slips between the check and the fork. The decisions
+//! themselves are `germline_model::final_hop_fence` and the lifecycle rules; the records
+//! go to a [`FormationLog`] (the ledger in `germline serve` and `germline eval fcd`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use germline_model::{
+    effect_fits, final_hop_fence, CapturedSuccessor, DispatchPolicy, FcdAudit, FcdRecord, FenceGrant, FormationEntry,
+    FormationLog, FormationRecord, FormationSnapshot, Lifecycle, LifecycleAction, ReleaseHash, ReleaseName,
+    Sha256Digest,
+};
+use serde_json::Value;
+
+use crate::call::{release_dir_hash, CallOutcome, CallRequest};
+use crate::germline::PythonRuntime;
+use crate::manifest::Manifest;
+use crate::policy::Policy;
+use crate::profile::{summarize, Profile, Registration};
+use crate::runtime::{Runtime, RuntimeKind};
+use crate::ExecutorError;
+
+/// One admitted release on the host.
+pub struct HostedRelease {
+    /// Release name.
+    pub name: ReleaseName,
+    /// Version.
+    pub version: String,
+    /// Release hash (of its directory, as admitted).
+    pub release: ReleaseHash,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its family profile's verdict (`None`: no reviewed profile for the family).
+    pub registration: Option<Registration>,
+}
+
+impl HostedRelease {
+    fn effect(&self, tool: &str, arguments: &serde_json::Map<String, Value>) -> Option<(Vec<String>, Sha256Digest)> {
+        match &self.registration {
+            Some(Registration::Registered(s)) => s.effect(tool, arguments).map(|e| (e, s.digest())),
+            _ => None,
+        }
+    }
+
+    /// `name version (hash prefix)`, for messages.
+    pub fn label(&self) -> String {
+        format!("{} {} ({})", self.name, self.version, short(&self.release))
+    }
+}
+
+fn short(r: &ReleaseHash) -> String {
+    r.to_hex()[..12].to_owned()
+}
+
+/// The fence a [`ReleaseRunner`] checks right before a runtime forks a call's copies,
+/// given that runtime's own release hash ([`Runtime::release`]; `None` for runtimes that
+/// compute none, which are then taken to be the release they were started for).
+pub type Fence<'a> = dyn FnMut(Option<ReleaseHash>) -> Result<FenceGrant, ExecutorError> + 'a;
+
+/// Owns the releases' runtimes: lists tools and runs calls for the host. `run` must call
+/// `fence` with the release of the runtime that will run the call, immediately before
+/// `Runtime::call`, and run nothing when it fails.
+pub trait ReleaseRunner: Send + Sync {
+    /// `tools/list` of `release`.
+    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError>;
+    /// Runs `req` on `release` behind `fence`.
+    fn run(
+        &self,
+        release: &HostedRelease,
+        req: &CallRequest,
+        fence: &mut Fence<'_>,
+    ) -> Result<CallOutcome, ExecutorError>;
+    /// `release` was retired: stop its runtime.
+    fn stop(&self, release: &HostedRelease);
+}
+
+/// One release's runtime, started on first use.
+type RuntimeSlot = Arc<Mutex<Option<Runtime>>>;
+
+/// A [`ReleaseRunner`] owning one runtime per release, started on first use.
+pub struct LocalRunner {
+    kind: RuntimeKind,
+    policy: Policy,
+    python: PythonRuntime,
+    runtimes: Mutex<BTreeMap<ReleaseHash, RuntimeSlot>>,
+}
+
+impl LocalRunner {
+    /// Releases run under `kind` with `policy`.
+    pub fn new(kind: RuntimeKind, policy: Policy, python: PythonRuntime) -> LocalRunner {
+        LocalRunner { kind, policy, python, runtimes: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn with_runtime<T>(
+        &self,
+        hosted: &HostedRelease,
+        f: impl FnOnce(&mut Runtime) -> Result<T, ExecutorError>,
+    ) -> Result<T, ExecutorError> {
+        let slot = lock(&self.runtimes).entry(hosted.release).or_default().clone();
+        let mut slot = lock(&slot);
+        if slot.is_none() {
+            *slot = Some(Runtime::start(self.kind, &hosted.dir, self.policy.clone(), self.python.clone())?);
+        }
+        match slot.as_mut() {
+            Some(rt) => f(rt),
+            None => Err(ExecutorError::internal("runtime slot empty after start")),
+        }
+    }
+}
+
+impl ReleaseRunner for LocalRunner {
+    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError> {
+        self.with_runtime(release, |rt| rt.list_tools())
+    }
+
+    fn run(
+        &self,
+        release: &HostedRelease,
+        req: &CallRequest,
+        fence: &mut Fence<'_>,
+    ) -> Result<CallOutcome, ExecutorError> {
+        self.with_runtime(release, |rt| {
+            fence(rt.release())?;
+            Ok(rt.call(req))
+        })
+    }
+
+    fn stop(&self, release: &HostedRelease) {
+        let slot = lock(&self.runtimes).remove(&release.release);
+        if let Some(slot) = slot {
+            lock(&slot).take();
+        }
+    }
+}
+
+/// A formed call ready to dispatch: its id and record.
+pub type Formation = FormationEntry;
+
+/// An MCP session: every call in it is formed against the snapshot it saw at `tools/list`.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// What the session saw.
+    pub snapshot: FormationSnapshot,
+}
+
+struct HostState {
+    lifecycles: BTreeMap<ReleaseName, Lifecycle>,
+    releases: BTreeMap<ReleaseHash, Arc<HostedRelease>>,
+}
+
+/// The formation-consistent dispatch host.
+pub struct FormationHost {
+    log: Arc<dyn FormationLog>,
+    runner: Arc<dyn ReleaseRunner>,
+    python: PythonRuntime,
+    dispatch_policy: Mutex<DispatchPolicy>,
+    state: RwLock<HostState>,
+    formations: Mutex<BTreeMap<Sha256Digest, u64>>,
+    pending: Mutex<BTreeMap<Sha256Digest, CallRequest>>,
+    continuations: Mutex<Option<PathBuf>>,
+    consumed: Mutex<std::collections::BTreeSet<Sha256Digest>>,
+    fence_off: std::sync::atomic::AtomicBool,
+}
+
+impl FormationHost {
+    /// A host over `log`: lifecycles and formations already in the log are replayed (and
+    /// checked); their release directories are attached with [`FormationHost::attach`].
+    pub fn open(
+        log: Arc<dyn FormationLog>,
+        kind: RuntimeKind,
+        policy: Policy,
+        python: PythonRuntime,
+    ) -> Result<FormationHost, ExecutorError> {
+        let runner = Arc::new(LocalRunner::new(kind, policy, python.clone()));
+        Self::open_with(log, runner, python)
+    }
+
+    /// [`FormationHost::open`] with the runtimes owned by `runner`; `python` runs the
+    /// profile analyses.
+    pub fn open_with(
+        log: Arc<dyn FormationLog>,
+        runner: Arc<dyn ReleaseRunner>,
+        python: PythonRuntime,
+    ) -> Result<FormationHost, ExecutorError> {
+        let mut audit = FcdAudit::default();
+        for (i, r) in log.replay().map_err(ExecutorError::Formation)? {
+            let header = match &r {
+                FcdRecord::Formation(f) => f.record.snapshot.release,
+                FcdRecord::Lifecycle(ev) => ev.action.release(),
+            };
+            audit.check(i, &header, &r).map_err(ExecutorError::Formation)?;
+        }
+        Ok(FormationHost {
+            log,
+            runner,
+            python,
+            dispatch_policy: Mutex::new(DispatchPolicy::default()),
+            state: RwLock::new(HostState { lifecycles: audit.lifecycles, releases: BTreeMap::new() }),
+            formations: Mutex::new(audit.formations),
+            pending: Mutex::new(BTreeMap::new()),
+            continuations: Mutex::new(None),
+            consumed: Mutex::new(std::collections::BTreeSet::new()),
+            fence_off: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Keeps pending calls (their arguments and items) in `dir` too, one owner-only file
+    /// per formation, so they can be dispatched after a restart. The files are not
+    /// trusted: a call read back must bind to its record's argument digest in the log.
+    pub fn keep_pending_in(&self, dir: &Path) -> Result<(), ExecutorError> {
+        std::fs::create_dir_all(dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(ExecutorError::io(format!("restricting {}", dir.display())))?;
+        *lock(&self.continuations) = Some(dir.to_path_buf());
+        Ok(())
+    }
+
+    fn store_pending(&self, id: &Sha256Digest, req: &CallRequest) -> Result<(), ExecutorError> {
+        lock(&self.pending).insert(*id, req.clone());
+        let Some(dir) = lock(&self.continuations).clone() else { return Ok(()) };
+        let path = dir.join(format!("{}.json", id.to_hex()));
+        let tmp = dir.join(format!(".{}.tmp", id.to_hex()));
+        let bytes = serde_json::to_vec(req).map_err(|e| ExecutorError::Formation(e.to_string()))?;
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(ExecutorError::io(format!("writing {}", tmp.display())))?;
+            f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(ExecutorError::io("writing a pending call"))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(ExecutorError::io(format!("storing {}", path.display())))
+    }
+
+    /// A formed call runs once: after it ran (or after a session's immediate dispatch)
+    /// its kept call is dropped and its id refused from then on.
+    fn consume(&self, id: &Sha256Digest) {
+        lock(&self.consumed).insert(*id);
+        lock(&self.pending).remove(id);
+        if let Some(dir) = lock(&self.continuations).clone() {
+            let _ = std::fs::remove_file(dir.join(format!("{}.json", id.to_hex())));
+        }
+    }
+
+    fn load_pending(&self, id: &Sha256Digest) -> Option<CallRequest> {
+        if let Some(r) = lock(&self.pending).get(id).cloned() {
+            return Some(r);
+        }
+        let dir = lock(&self.continuations).clone()?;
+        let bytes = std::fs::read(dir.join(format!("{}.json", id.to_hex()))).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Sets the deployment's dispatch policy for new formations.
+    pub fn set_dispatch_policy(&self, p: DispatchPolicy) {
+        *lock(&self.dispatch_policy) = p;
+    }
+
+    /// Debug builds only, for tests: dispatch without the final-hop fence (the
+    /// mechanism-off twin that shows what the fence stops). Release builds ignore it.
+    pub fn switch_fence_off(&self) {
+        #[cfg(debug_assertions)]
+        self.fence_off.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HostState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HostState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hosted_of(
+        dir: &Path,
+        python: &PythonRuntime,
+        hash: Option<ReleaseHash>,
+    ) -> Result<HostedRelease, ExecutorError> {
+        let manifest = Manifest::load(dir)?;
+        let name = ReleaseName::new(&manifest.name)?;
+        let release = match hash {
+            Some(h) => h,
+            None => release_dir_hash(dir)?,
+        };
+        let registration = match Profile::builtin(name.as_str()) {
+            Some(p) => Some(summarize(&p, dir, python)?),
+            None => None,
+        };
+        Ok(HostedRelease { name, version: manifest.version, release, dir: dir.to_path_buf(), registration })
+    }
+
+    /// Admits the release in `dir` (recorded in the log; not yet used for new
+    /// formations) and returns its hash.
+    pub fn admit(&self, dir: &Path) -> Result<ReleaseHash, ExecutorError> {
+        self.admit_as(dir, None)
+    }
+
+    /// [`FormationHost::admit`] under the hash admission gave the release (the archive's),
+    /// or the directory's hash when `None`.
+    pub fn admit_as(&self, dir: &Path, hash: Option<ReleaseHash>) -> Result<ReleaseHash, ExecutorError> {
+        let hosted = Self::hosted_of(dir, &self.python, hash)?;
+        let release = hosted.release;
+        let mut st = self.write();
+        let l = st.lifecycles.entry(hosted.name.clone()).or_insert_with(|| Lifecycle::new(hosted.name.clone()));
+        let ev = l.next(LifecycleAction::Admit { release, version: hosted.version.clone() })?;
+        self.log.append_lifecycle(&ev).map_err(ExecutorError::Formation)?;
+        l.apply(&ev)?;
+        st.releases.insert(release, Arc::new(hosted));
+        Ok(release)
+    }
+
+    /// Attaches the directory of a release the log already admitted (a reopened host).
+    pub fn attach(&self, dir: &Path, hash: Option<ReleaseHash>) -> Result<ReleaseHash, ExecutorError> {
+        let hosted = Self::hosted_of(dir, &self.python, hash)?;
+        let mut st = self.write();
+        let known = st.lifecycles.get(&hosted.name).is_some_and(|l| l.releases.contains_key(&hosted.release));
+        if !known {
+            return Err(ExecutorError::Lifecycle(format!("{} was never admitted on this host", hosted.label())));
+        }
+        let release = hosted.release;
+        st.releases.insert(release, Arc::new(hosted));
+        Ok(release)
+    }
+
+    /// New formations of its name use `release`.
+    pub fn promote(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
+        self.change(LifecycleAction::Promote { release: *release })
+    }
+
+    /// New formations go back to `release`, promoted before.
+    pub fn roll_back(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
+        self.change(LifecycleAction::RollBack { release: *release })
+    }
+
+    /// `release` runs nothing any more; its germline is stopped.
+    pub fn retire(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
+        self.change(LifecycleAction::Retire { release: *release })
+    }
+
+    fn change(&self, action: LifecycleAction) -> Result<(), ExecutorError> {
+        let r = action.release();
+        let retire = matches!(action, LifecycleAction::Retire { .. });
+        let mut st = self.write();
+        let hosted = st
+            .releases
+            .get(&r)
+            .cloned()
+            .ok_or_else(|| ExecutorError::Lifecycle(format!("release {} is not on this host", short(&r))))?;
+        let l = st
+            .lifecycles
+            .get_mut(&hosted.name)
+            .ok_or_else(|| ExecutorError::Lifecycle(format!("{} has no lifecycle", hosted.name)))?;
+        let ev = l.next(action)?;
+        self.log.append_lifecycle(&ev).map_err(ExecutorError::Formation)?;
+        l.apply(&ev)?;
+        if retire {
+            self.runner.stop(&hosted);
+        }
+        Ok(())
+    }
+
+    /// The lifecycle of `name` as it is now.
+    pub fn lifecycle(&self, name: &ReleaseName) -> Option<Lifecycle> {
+        self.read().lifecycles.get(name).cloned()
+    }
+
+    /// Whether `r` was admitted here and retired since (it runs nothing any more).
+    pub fn is_retired(&self, r: &ReleaseHash) -> bool {
+        let st = self.read();
+        st.releases
+            .get(r)
+            .and_then(|h| st.lifecycles.get(&h.name))
+            .is_some_and(|l| l.releases.get(r).is_some_and(|s| s.retired))
+    }
+
+    /// An admitted release by hash.
+    pub fn release(&self, r: &ReleaseHash) -> Option<Arc<HostedRelease>> {
+        self.read().releases.get(r).cloned()
+    }
+
+    /// Answers `tools/list` for `name` from its current release and returns the result
+    /// with the formation snapshot it makes.
+    pub fn list_tools(&self, name: &ReleaseName) -> Result<(Value, FormationSnapshot), ExecutorError> {
+        let st = self.read();
+        let hosted = Self::current(&st, name)?;
+        let tools = self.runner.list_tools(&hosted)?;
+        let snapshot = FormationSnapshot::of_tools_list(name.clone(), &hosted.version, hosted.release, &tools)?;
+        Ok((tools, snapshot))
+    }
+
+    /// Opens an MCP session on `name`: its calls bind to the snapshot it sees now.
+    pub fn open_session(&self, name: &ReleaseName) -> Result<(Value, Session), ExecutorError> {
+        let (tools, snapshot) = self.list_tools(name)?;
+        Ok((tools, Session { snapshot }))
+    }
+
+    fn current(st: &HostState, name: &ReleaseName) -> Result<Arc<HostedRelease>, ExecutorError> {
+        let l = st.lifecycles.get(name).ok_or_else(|| ExecutorError::Lifecycle(format!("no release named {name}")))?;
+        let cur = l.current.ok_or_else(|| ExecutorError::Lifecycle(format!("{name} has no promoted release")))?;
+        st.releases.get(&cur).cloned().ok_or_else(|| {
+            ExecutorError::Lifecycle(format!("{name}'s current release {} is not attached", short(&cur)))
+        })
+    }
+
+    /// Forms `req` against `snapshot` under the deployment's dispatch policy: records the
+    /// formation (argument-bound, with the successors captured for it) in the log and
+    /// keeps the call pending until [`FormationHost::dispatch`].
+    pub fn form(&self, snapshot: &FormationSnapshot, req: &CallRequest) -> Result<Formation, ExecutorError> {
+        let policy = *lock(&self.dispatch_policy);
+        let st = self.read();
+        let l = st
+            .lifecycles
+            .get(&snapshot.name)
+            .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", snapshot.name)))?;
+        if !l.is_live(&snapshot.release) {
+            return Err(ExecutorError::Formation(format!(
+                "snapshot of {} {} ({}): that release is retired or was never admitted; list the tools again",
+                snapshot.name,
+                snapshot.version,
+                short(&snapshot.release)
+            )));
+        }
+        if !snapshot.tools.contains_key(&req.tool) {
+            return Err(ExecutorError::Formation(format!("tool {:?} is not in the snapshot", req.tool)));
+        }
+        let source = st
+            .releases
+            .get(&snapshot.release)
+            .ok_or_else(|| ExecutorError::Formation(format!("source {} is not attached", short(&snapshot.release))))?;
+        let contract = source.effect(&req.tool, &req.arguments).map(|(e, _)| e);
+        let mut successors = Vec::new();
+        if let (DispatchPolicy::CallSpecific, Some(contract)) = (policy, &contract) {
+            for (r, _) in l.releases.iter().filter(|(r, s)| !s.retired && **r != snapshot.release) {
+                let Some(h) = st.releases.get(r) else { continue };
+                if let Some((effect, summary)) = h.effect(&req.tool, &req.arguments) {
+                    if effect_fits(contract, &effect) {
+                        successors.push(CapturedSuccessor {
+                            release: *r,
+                            version: h.version.clone(),
+                            summary,
+                            effect: effect.join("+"),
+                        });
+                    }
+                }
+            }
+        }
+        let record = FormationRecord {
+            snapshot: snapshot.clone(),
+            tool: req.tool.clone(),
+            arguments: Sha256Digest::of_json(&Value::Object(req.arguments.clone())),
+            policy,
+            formed_at_ms: now_ms(),
+            nonce: fresh_nonce()?,
+            epoch: l.epoch,
+            contract: contract.map(|c| c.join("+")),
+            successors,
+        };
+        let entry = FormationEntry::new(record);
+        self.store_pending(&entry.id, req)?;
+        let index = self.log.append_formation(&entry).map_err(ExecutorError::Formation)?;
+        lock(&self.formations).insert(entry.id, index);
+        Ok(entry)
+    }
+
+    /// Runs the formation `id` now, on the release its name is routed to (the current
+    /// one), behind the final-hop fence. `req` re-supplies the call (it must bind to the
+    /// record's argument digest); `None` takes the pending call kept at formation.
+    pub fn dispatch(&self, id: &Sha256Digest, req: Option<&CallRequest>) -> Result<CallOutcome, ExecutorError> {
+        let st = self.read();
+        if lock(&self.consumed).contains(id) {
+            return Err(ExecutorError::Formation(format!("formation {} already ran: form the call again", id.short())));
+        }
+        let index = lock(&self.formations)
+            .get(id)
+            .copied()
+            .ok_or_else(|| ExecutorError::Formation(format!("no formation {}", id.short())))?;
+        let entry = self.log.formation_at(index).map_err(ExecutorError::Formation)?;
+        if entry.id != *id || entry.check().is_err() {
+            return Err(ExecutorError::Formation(format!(
+                "the stored record of formation {} does not hash to its id (substituted or altered)",
+                id.short()
+            )));
+        }
+        let pending = self.load_pending(id);
+        let req = req
+            .cloned()
+            .or(pending)
+            .ok_or_else(|| ExecutorError::Formation(format!("formation {}: the call is not kept here", id.short())))?;
+        let record = &entry.record;
+        if req.tool != record.tool || !record.binds(&Value::Object(req.arguments.clone())) {
+            return Err(ExecutorError::Formation(format!(
+                "formation {}: the call's tool or arguments differ from the formed ones (form it again)",
+                id.short()
+            )));
+        }
+        let l = st
+            .lifecycles
+            .get(&record.snapshot.name)
+            .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", record.snapshot.name)))?;
+        let target = Self::current(&st, &record.snapshot.name)?;
+        let fence_off = self.fence_off.load(std::sync::atomic::Ordering::SeqCst);
+        let mut fence = |running: Option<ReleaseHash>| {
+            if fence_off {
+                return Ok(FenceGrant::Source);
+            }
+            final_hop_fence_check(running.unwrap_or(target.release), &target, id, record, l)
+        };
+        let outcome = self.runner.run(&target, &req, &mut fence);
+        if outcome.is_ok() {
+            self.consume(id);
+        }
+        drop(st);
+        outcome
+    }
+
+    /// One call of an MCP session: formed against the session's snapshot, dispatched now.
+    pub fn session_call(&self, session: &Session, req: &CallRequest) -> Result<CallOutcome, ExecutorError> {
+        let f = self.form(&session.snapshot, req)?;
+        let outcome = self.dispatch(&f.id, Some(req));
+        self.consume(&f.id);
+        outcome
+    }
+}
+
+/// The final-hop fence, checked with the lifecycle held fixed, right before the call's
+/// copies are forked from a runtime of release `running` (`hosted` is what the host routed
+/// to): that release must be the formation's source, or a successor captured at
+/// formation and eligible now. The error names the formation, the release the call would
+/// have run on, and why.
+pub fn final_hop_fence_check(
+    running: ReleaseHash,
+    hosted: &HostedRelease,
+    id: &Sha256Digest,
+    record: &FormationRecord,
+    lifecycle: &Lifecycle,
+) -> Result<FenceGrant, ExecutorError> {
+    let s = &record.snapshot;
+    final_hop_fence(record, lifecycle, &running).map_err(|why| {
+        ExecutorError::Fence(format!(
+            "formation {} (formed on {} {} ({})) would run on {} {} ({}): {why}; nothing ran",
+            id.short(),
+            s.name,
+            s.version,
+            short(&s.release),
+            hosted.name,
+            hosted.version,
+            short(&running),
+        ))
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fresh_nonce() -> Result<String, ExecutorError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+    Ok(hex::encode(b))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use germline_model::MemoryFormationLog;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// A runner without processes: `run` checks the fence, reports it passed, then holds
+    /// the call for `hold` (standing in for forking and running the copies).
+    struct SlowRunner {
+        entered: Mutex<Option<mpsc::Sender<()>>>,
+        hold: Duration,
+        finished: Mutex<Option<Instant>>,
+    }
+
+    impl ReleaseRunner for SlowRunner {
+        fn list_tools(&self, _: &HostedRelease) -> Result<Value, ExecutorError> {
+            Ok(serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}))
+        }
+
+        fn run(&self, r: &HostedRelease, _: &CallRequest, fence: &mut Fence<'_>) -> Result<CallOutcome, ExecutorError> {
+            fence(Some(r.release))?;
+            if let Some(tx) = lock(&self.entered).take() {
+                let _ = tx.send(());
+            }
+            std::thread::sleep(self.hold);
+            *lock(&self.finished) = Some(Instant::now());
+            Ok(CallOutcome::default())
+        }
+
+        fn stop(&self, _: &HostedRelease) {}
+    }
+
+    fn release(root: &Path, version: &str) -> PathBuf {
+        let dir = root.join(version);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let manifest =
+            format!("[release]\nname = \"fake\"\nversion = \"{version}\"\nruntime = \"python\"\nmodule = \"m\"\n");
+        std::fs::write(dir.join("germline.toml"), manifest).unwrap_or_else(|e| panic!("{e}"));
+        dir
+    }
+
+    #[test]
+    fn a_lifecycle_change_waits_for_a_dispatch_between_its_fence_and_its_copies() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (tx, rx) = mpsc::channel();
+        let runner = Arc::new(SlowRunner {
+            entered: Mutex::new(Some(tx)),
+            hold: Duration::from_millis(300),
+            finished: Mutex::new(None),
+        });
+        let python = PythonRuntime { python: "/nonexistent".into(), shim_dir: dir.path().into(), read_paths: vec![] };
+        let host = Arc::new(
+            FormationHost::open_with(Arc::new(MemoryFormationLog::default()), runner.clone(), python)
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let a = host.admit(&release(dir.path(), "1")).unwrap_or_else(|e| panic!("{e}"));
+        host.promote(&a).unwrap_or_else(|e| panic!("{e}"));
+        let b = host.admit(&release(dir.path(), "2")).unwrap_or_else(|e| panic!("{e}"));
+        let name = ReleaseName::new("fake").unwrap_or_else(|e| panic!("{e}"));
+        let (_, session) = host.open_session(&name).unwrap_or_else(|e| panic!("{e}"));
+        let req = CallRequest { tool: "t".into(), ..Default::default() };
+        let f = host.form(&session.snapshot, &req).unwrap_or_else(|e| panic!("{e}"));
+        let h = host.clone();
+        let call = std::thread::spawn(move || h.dispatch(&f.id, None).map(|_| ()).map_err(|e| e.to_string()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|e| panic!("the fence passed: {e}"));
+        host.promote(&b).unwrap_or_else(|e| panic!("{e}"));
+        let promoted = Instant::now();
+        let finished = lock(&runner.finished).unwrap_or_else(|| panic!("the call finished before the rollout"));
+        assert!(promoted >= finished, "the rollout slipped between the fence and the call");
+        assert_eq!(call.join().unwrap_or_else(|_| panic!("dispatch thread")), Ok(()));
+        assert_eq!(host.lifecycle(&name).and_then(|l| l.current), Some(b));
+    }
+}

@@ -1,0 +1,366 @@
+//! Kernel channels found by a second adversarial pass, after each live copy got host ids
+//! of its own (`executor/src/ids.rs`). Each test runs releases from
+//! `tests/attacks/kernel/<name>/server.py`; a channel that nothing in germline switches
+//! off is shown by an ignored test (`open channel`) asserting the leak under the full
+//! germline.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use germline_executor::confine::SandboxSwitches;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::oracle::Oracle;
+use germline_tests::world::{request, result_text, World};
+use serde_json::{json, Value};
+
+/// Tests in this file take turns (live pairs share host-wide kernel counters).
+static TURNS: Mutex<()> = Mutex::new(());
+
+fn attack(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel").join(name).join("server.py");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// One world with an hr canary and two releases of the same code, a sender and a
+/// receiver (`ROLE` set in each).
+struct Pair {
+    w: World,
+    oracle: Oracle,
+    canary: String,
+    secret: PathBuf,
+    sender: PathBuf,
+    receiver: PathBuf,
+}
+
+fn pair(name: &str, send_role: &str, receive_role: &str) -> Pair {
+    let code = attack(name);
+    assert!(code.contains("\nROLE = None"), "{name}: no ROLE line");
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let sender =
+        w.release(&format!("{name}-send"), "", &code.replace("\nROLE = None", &format!("\nROLE = {send_role:?}")));
+    let receiver = w.release(
+        &format!("{name}-receive"),
+        "",
+        &code.replace("\nROLE = None", &format!("\nROLE = {receive_role:?}")),
+    );
+    Pair { canary: hr.as_str().to_owned(), w, oracle, secret, sender, receiver }
+}
+
+impl Pair {
+    fn start(&self, release: &Path, switches: SandboxSwitches) -> Runtime {
+        let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
+        self.w.start_with(RuntimeKind::Germline, release, policy, switches).expect("germline starts")
+    }
+
+    fn leaked(&self, text: &str) -> bool {
+        !self.oracle.disclosures("public", &[], text.as_bytes()).is_empty()
+    }
+
+    /// `receive` (public consumer only) on the receiver's germline and, 1.5 s later,
+    /// `send` (holding the item) on the sender's: two releases, two germlines, live at
+    /// once. Returns the receiver's JSON and the sender's text.
+    fn run(&self, switches: SandboxSwitches, rounds: u32) -> (Value, String) {
+        let mut sender = self.start(&self.sender, switches.clone());
+        let mut receiver = self.start(&self.receiver, switches);
+        let (sent, got) = std::thread::scope(|s| {
+            let b = s.spawn(|| {
+                let mut req = request("receive", json!({"rounds": rounds}), &[]);
+                req.consumers = vec!["public".into()];
+                receiver.call(&req)
+            });
+            std::thread::sleep(Duration::from_millis(1500));
+            let a = s.spawn(|| {
+                let req = request("send", json!({"document": self.secret}), &[&self.secret]);
+                sender.call(&req)
+            });
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(sent.error.is_none() && got.error.is_none(), "{:?} {:?}", sent.error, got.error);
+        let text = result_text(&got);
+        (serde_json::from_str(&text).unwrap_or_else(|_| panic!("receiver: {text}")), result_text(&sent))
+    }
+}
+
+// --- zerocopy: pages pinned by MSG_ZEROCOPY, charged to the sandbox uid before the switch --
+
+/// The sender's copy, before it switches to its own ids, leaves a 1-byte MSG_ZEROCOPY send
+/// queued on each of 30 TCP connections to its own slot listener (never read); the
+/// notification keeps charging the sandbox uid's `locked_vm` for every send appended to it
+/// after the switch, when the copy holds the item. The receiver's copy (another release,
+/// public consumer) reads that count to the page before its own switch (ENOBUFS past
+/// RLIMIT_MEMLOCK) and answers with what it decoded. Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn zerocopy_pages_charged_to_the_sandbox_uid_before_the_switch_carry_the_canary_between_live_copies() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let p = pair("zerocopy", "send", "receive");
+    let (got, sent) = p.run(SandboxSwitches::default(), 0);
+    let text = got.to_string();
+    assert!(p.leaked(&text), "zerocopy: the canary crosses under the full germline ({text}; sender {sent})");
+    assert_eq!(got["got"], json!(p.canary));
+    eprintln!("zerocopy, full germline: 96/96 bits in one call ({text}; sender {sent})");
+}
+
+/// The control: the same sender making its 30 holders after the switch (in the tool, when
+/// it holds the item) charges its own host uid, which no other copy reads: the per-copy ids
+/// hold for everything made after the switch, and the pre-switch socket is what carries.
+#[test]
+fn zerocopy_pages_charged_after_the_switch_carry_nothing() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let p = pair("zerocopy", "send-late", "receive");
+    let (got, sent) = p.run(SandboxSwitches::default(), 0);
+    let text = got.to_string();
+    assert!(!p.leaked(&text), "zerocopy control: {text}");
+    assert_eq!(got["nibbles"], json!(0), "zerocopy control: not one nibble ({text}; sender {sent})");
+    eprintln!("zerocopy control (holders after the switch): 0 bits ({text}; sender {sent})");
+}
+
+// --- portperturb: the host-wide table that picks TCP source ports ------------------------
+
+/// The sender's copy (holding the item) opens and resets 60 to 480 connections per 80 ms
+/// frame to 127.0.0.1:7071 in its own network namespace; the receiver's copy (another
+/// release, public consumer) opens one per frame in its own namespace and reads how far its
+/// source port moved: both go through one entry of the kernel's `table_perturb`, shared by
+/// every network namespace. Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn portperturb_source_ports_of_one_shared_table_carry_the_canary_between_live_copies() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let p = pair("portperturb", "send", "receive");
+    let (got, sent) = p.run(SandboxSwitches::default(), 300);
+    let text = got.to_string();
+    assert!(p.leaked(&text), "portperturb: the canary crosses under the full germline ({text}; sender {sent})");
+    assert_eq!(got["got"], json!(p.canary));
+    eprintln!("portperturb, full germline: 96/96 bits in one call ({text}; sender {sent})");
+}
+
+// --- portstore: the same table as a store that outlives every copy -----------------------
+
+/// Three calls of one release on one germline, one after the other: `mark` (public
+/// consumer) reads 24 entries of `table_perturb` through addresses of its choosing and keeps
+/// the readings in its public slot; `send` (holding the item, consumer cleared for hr)
+/// moves entry i by 150 × (nibble + 1) connects and is killed; `read` (public consumer, a
+/// new copy) reads the entries again. No copy is alive at the same time as another, and
+/// the slot only ever holds what the public copies saw. The store lasts until the kernel
+/// re-salts the hash (every 10 s). Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_one() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    // The kernel re-salts the table's hash every 10 s; `mark` waits for a re-salt, so the
+    // three calls fit in one period unless the host stalls them: a new world is tried
+    // then, up to three in all.
+    for attempt in 1..=3 {
+        let p = pair("portstore", "x", "x");
+        let mut rt = p.start(&p.sender, SandboxSwitches::default());
+        let public = |rt: &mut Runtime, tool: &str| {
+            let mut req = request(tool, json!({}), &[]);
+            req.consumers = vec!["public".into()];
+            let o = rt.call(&req);
+            assert!(o.error.is_none(), "{tool}: {:?}", o.error);
+            result_text(&o)
+        };
+        let marked = public(&mut rt, "mark");
+        let o = rt.call(&request("send", json!({"document": p.secret}), &[&p.secret]));
+        assert!(o.error.is_none(), "send: {:?}", o.error);
+        let sent = result_text(&o);
+        let text = public(&mut rt, "read");
+        if !p.leaked(&text) && attempt < 3 {
+            eprintln!("portstore, try {attempt}: canary {} not read back ({text}; sender {sent})", p.canary);
+            continue;
+        }
+        assert!(
+            p.leaked(&text),
+            "portstore: the canary {} reaches a later public call ({text}; {marked}; sender {sent})",
+            p.canary
+        );
+        let got: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(got["got"], json!(p.canary));
+        eprintln!("portstore, full germline: 96/96 bits from one call into a later one, try {attempt} ({text}; sender {sent})");
+        return;
+    }
+}
+
+// --- cookiestore: the host-wide socket cookie counter as a store -------------------------
+
+/// One release, one germline, calls one after the other: `mark` (public consumer) reads the
+/// host's socket cookie counter into its public slot; then 32 times `send` (holding the
+/// item) takes 4096 × (3 v + 1) cookies for the next 3 bits v and is killed, and `read`
+/// (public consumer, a new copy) reads how far the counter moved and marks again. No two
+/// copies are alive at once. Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn cookiestore_host_wide_socket_cookie_counter_carries_the_canary_from_calls_into_later_ones() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let p = pair("cookiestore", "x", "x");
+    let mut rt = p.start(&p.sender, SandboxSwitches::default());
+    let public = |rt: &mut Runtime, tool: &str| {
+        let mut req = request(tool, json!({}), &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "{tool}: {:?}", o.error);
+        result_text(&o)
+    };
+    public(&mut rt, "mark");
+    let mut text = String::new();
+    let mut chunks = Vec::new();
+    for i in 0..32 {
+        let o = rt.call(&request("send", json!({"document": p.secret, "index": i}), &[&p.secret]));
+        assert!(o.error.is_none(), "send {i}: {:?}", o.error);
+        text = public(&mut rt, "read");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        chunks.push(v["chunks"].clone());
+    }
+    assert!(
+        p.leaked(&text),
+        "cookiestore: the canary {} reaches later public calls ({text}; chunks {chunks:?})",
+        p.canary
+    );
+    let got: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(got["got"], json!(p.canary));
+    eprintln!("cookiestore, full germline: 96/96 bits, 3 per hr call ({text}; chunks {chunks:?})");
+}
+
+// --- portdest: the broker's own source ports tell a destination ------------------------
+
+/// stats.example (cleared for nothing): answers `/port` and `/tick` with the source port the
+/// request came from, keeps `/set/<addr>` and answers `/addr` with it; records (path, port).
+struct PortDest {
+    addr: std::net::SocketAddr,
+    seen: std::sync::Arc<Mutex<Vec<(String, u16)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PortDest {
+    fn start() -> PortDest {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s2, st2) = (seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut kept = String::new();
+            let until = std::time::Instant::now() + Duration::from_secs(600);
+            for _ in 0..2_000_000 {
+                if st2.load(std::sync::atomic::Ordering::SeqCst) || std::time::Instant::now() > until {
+                    return;
+                }
+                let (mut c, peer) = match l.accept() {
+                    Ok(x) => x,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                };
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).to_string();
+                let target = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let path = target.rsplit_once("stats.example").map(|(_, p)| p.to_owned()).unwrap_or(target);
+                let body = if let Some(a) = path.strip_prefix("/set/") {
+                    kept = a.to_owned();
+                    "ok".to_owned()
+                } else if path == "/addr" {
+                    kept.clone()
+                } else {
+                    peer.port().to_string()
+                };
+                s2.lock().unwrap().push((path, peer.port()));
+                let _ =
+                    write!(c, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            }
+        });
+        PortDest { addr, seen, stop }
+    }
+}
+
+impl Drop for PortDest {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A public copy finds, by asking stats.example for the source ports of the broker's
+/// connections, an address of its own whose `table_perturb` entry is the one the broker's
+/// connections to stats.example go through; each of three hr calls' copies then moves that
+/// entry by 300 × (1 + 3 bits of the item) connects; stats.example reads the bits from the
+/// source ports of the broker's next connections to it (`tick`, public). All within one
+/// 10-s re-salt period of the kernel's hash, so 9 bits per period here. The destination learns
+/// the item from the broker's own packets. Nothing in germline switches this off.
+#[test]
+#[ignore = "open channel"]
+fn portdest_broker_source_ports_carry_item_bits_to_a_public_destination() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let code = attack("portdest");
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let tools = "[tools.find]\nhosts = [\"stats.example\"]\n[tools.send]\nhosts = [\"stats.example\"]\n[tools.tick]\nhosts = [\"stats.example\"]\n";
+    let release = w.release("portdest", tools, &code);
+    let d = PortDest::start();
+    let policy = w.policy(&[("stats.example", &[], Some(d.addr))], &[("agent", &["hr"]), ("public", &[])], "");
+    let mut rt = w.start_with(RuntimeKind::Germline, &release, policy, SandboxSwitches::default()).expect("starts");
+    let public = |rt: &mut Runtime, tool: &str, args: Value| {
+        let mut req = request(tool, args, &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "{tool}: {:?}", o.error);
+        result_text(&o)
+    };
+    // One re-salt period (10 s) per attempt: `find` waits for a re-salt, searches 32768
+    // addresses (a collision among them in ~40% of periods), then three hr calls follow.
+    let mut found = String::new();
+    let mut ok = false;
+    for attempt in 0..8 {
+        found = public(&mut rt, "find", json!({"start": 32768 * attempt}));
+        eprintln!("portdest find {attempt}: {found}");
+        let v: Value = serde_json::from_str(&found).unwrap();
+        if v["ok"] == json!(true) {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "no colliding address found in eight periods: {found}");
+    let before = d.seen.lock().unwrap().len();
+    for i in 0..3 {
+        let mut req = request("send", json!({"document": secret, "index": i}), &[&secret]);
+        req.consumers = vec!["agent".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "send {i}: {:?}", o.error);
+        public(&mut rt, "tick", json!({}));
+    }
+    // What stats.example saw: the source port of each connection, in order.
+    let seen = d.seen.lock().unwrap().clone();
+    let mut last: Option<u16> = seen[..before].iter().rev().find(|(p, _)| p == "/port").map(|x| x.1);
+    let mut bits = Vec::new();
+    let mut steps = Vec::new();
+    for (path, port) in &seen[before..] {
+        if path == "/tick" {
+            if let Some(p) = last {
+                let step = (i64::from(*port) - i64::from(p)).rem_euclid(28232);
+                steps.push(step);
+                bits.push((((step as f64 - 18.0) / 2700.0).round() as i64 - 1).clamp(0, 7));
+            }
+            last = Some(*port);
+        }
+    }
+    let x = u128::from_str_radix(&hr.as_str()[hr.as_str().len() - 24..], 16).unwrap();
+    let want: Vec<i64> = (0..3).map(|i| ((x >> (3 * (31 - i))) & 7) as i64).collect();
+    eprintln!("portdest: stats.example read {bits:?}, the item's first 9 bits are {want:?} (steps {steps:?}; {found})");
+    assert_eq!(bits, want, "portdest: the destination reads the item's bits from the broker's source ports");
+}
