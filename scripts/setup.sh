@@ -50,10 +50,16 @@ fi
 # older mcp-server-git releases sit on either side of the upstream dash-target fix
 # (2025.12.18 added the `target.startswith("-")` rejection to git_diff) for the
 # formation-consistent dispatch tests and `germline eval fcd`.
+# `datasci` is numpy, pandas and scikit-learn for the native-library tests; the other
+# additions are the issue-16 compatibility corpus (docs/compatibility.md).
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"
 mkdir -p "$real" /var/cache/germline/pip-cache
 for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" \
   "fetch mcp-server-fetch==2026.10.24" "sqlite mcp-server-sqlite==2025.4.25 mcp==1.30.0" \
+  "datasci numpy==2.4.6 pandas==3.1.1 scikit-learn==1.9.1 scipy==1.17.1" \
+  "duckdb mcp-server-duckdb==1.1.0 mcp==1.30.0" "excel excel-mcp-server==2.2.2" \
+  "make mcp-server-make==0.4.0 mcp==1.30.0" "calculator mcp-server-calculator==0.2.1" \
+  "word office-word-mcp-server==1.1.11" \
   "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then

@@ -110,6 +110,69 @@ fn is_nondeterministic(name: &str) -> bool {
     name == "__pycache__" || name.ends_with(".pyc") || name.ends_with(".pyo")
 }
 
+/// A digest of release directory `dir`'s state as the file system reports it, without
+/// reading any file: for every entry the canonical archive would hold (byte-code left
+/// out, as there), its path, type, mode, link target, device and inode, and for files
+/// their size and modification and change times in nanoseconds. Writing a file moves its change time,
+/// which only the kernel sets, so an unchanged state means an unchanged archive: a host
+/// may keep the release's hash under this key instead of re-archiving at every start.
+pub fn directory_state(dir: &Path) -> Result<[u8; 32]> {
+    use std::os::unix::fs::MetadataExt;
+    fn visit(dir: &Path, h: &mut Sha256) -> Result<()> {
+        let mut entries: Vec<(String, PathBuf)> = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| AdmissionError::io(format!("listing {}", dir.display()), e))? {
+            let entry = entry.map_err(|e| AdmissionError::io(format!("listing {}", dir.display()), e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !is_nondeterministic(&name) {
+                entries.push((name, entry.path()));
+            }
+        }
+        entries.sort();
+        for (name, path) in entries {
+            let m =
+                fs::symlink_metadata(&path).map_err(|e| AdmissionError::io(format!("stat {}", path.display()), e))?;
+            let target = if m.file_type().is_symlink() {
+                fs::read_link(&path).map(|t| t.to_string_lossy().into_owned()).unwrap_or_default()
+            } else {
+                String::new()
+            };
+            // A directory's own size and times move with entries the archive leaves out
+            // (byte-code); its entries are covered one by one instead.
+            let (len, times) = if m.is_dir() {
+                (0, (0, 0, 0, 0))
+            } else {
+                (m.len(), (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
+            };
+            let line = format!(
+                "{}\0{}\0{:o}\0{}\0{}\0{}\0{}.{}\0{}.{}\0{}\n",
+                name.len(),
+                name,
+                m.mode(),
+                len,
+                m.dev(),
+                m.ino(),
+                times.0,
+                times.1,
+                times.2,
+                times.3,
+                target
+            );
+            h.update(line.as_bytes());
+            if m.is_dir() {
+                h.update(b"{");
+                visit(&path, h)?;
+                h.update(b"}");
+            }
+        }
+        Ok(())
+    }
+    let mut h = Sha256::new();
+    let m = fs::metadata(dir).map_err(|e| AdmissionError::io(format!("stat {}", dir.display()), e))?;
+    h.update(format!("{}\0{}\0{}\n", dir.display(), m.dev(), m.ino()).as_bytes());
+    visit(dir, &mut h)?;
+    Ok(h.finalize().into())
+}
+
 fn collect_entries(root: &Path) -> Result<Vec<SourceEntry>> {
     let mut out = Vec::new();
     walk(root, root, &mut out)?;
@@ -584,6 +647,30 @@ pub fn hash_file(path: &Path) -> Result<(ReleaseHash, u64)> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+
+    #[test]
+    fn the_directory_state_moves_with_every_change_the_archive_would_see() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        fs::write(dir.join("germline.toml"), "x").unwrap();
+        fs::create_dir(dir.join("pkg")).unwrap();
+        fs::write(dir.join("pkg/a.py"), "a = 1\n").unwrap();
+        let s0 = directory_state(dir).unwrap();
+        assert_eq!(s0, directory_state(dir).unwrap(), "no change, same state");
+        fs::create_dir(dir.join("pkg/__pycache__")).unwrap();
+        fs::write(dir.join("pkg/__pycache__/a.cpython-311.pyc"), "bytecode").unwrap();
+        assert_eq!(s0, directory_state(dir).unwrap(), "byte-code is outside the archive and the state");
+        // Same size, same content length: the change time still moves.
+        fs::write(dir.join("pkg/a.py"), "a = 2\n").unwrap();
+        let s1 = directory_state(dir).unwrap();
+        assert_ne!(s0, s1, "a rewritten file");
+        let f = fs::File::options().write(true).open(dir.join("pkg/a.py")).unwrap();
+        f.set_modified(std::time::SystemTime::UNIX_EPOCH).unwrap();
+        assert_ne!(s1, directory_state(dir).unwrap(), "a file's times");
+        fs::write(dir.join("pkg/b.py"), "").unwrap();
+        assert_ne!(s1, directory_state(dir).unwrap(), "a new file");
+    }
+
     use super::*;
 
     /// Writes a minimal release directory.

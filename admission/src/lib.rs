@@ -12,7 +12,7 @@ pub mod archive;
 mod error;
 pub mod manifest;
 
-pub use archive::{build_release_archive, extract_release, ArchiveLimits, BuildOptions, BuiltRelease};
+pub use archive::{build_release_archive, directory_state, extract_release, ArchiveLimits, BuildOptions, BuiltRelease};
 pub use error::{AdmissionError, Result};
 pub use manifest::ReleaseInfo;
 pub mod host;

@@ -258,7 +258,29 @@ pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
 
 /// A release directory's identity: the SHA-256 of the canonical archive `germline
 /// release build` makes of it, the same bytes a publisher signs and a host admits.
+/// Archiving a large release takes seconds, so the hash is kept in the germline home under
+/// the directory's state ([`germline_admission::directory_state`]: every file's size,
+/// inode and change time), and a start with the directory unchanged reads it back.
 pub fn release_id(dir: &Path) -> anyhow::Result<germline_model::ReleaseHash> {
+    let state = germline_admission::directory_state(dir).with_context(|| format!("state of {}", dir.display()))?;
+    let cached = home().join("release-ids").join(hex::encode(state));
+    if let Some(id) = std::fs::read_to_string(&cached).ok().and_then(|s| s.trim().parse().ok()) {
+        return Ok(id);
+    }
+    let id = archive_id(dir)?;
+    // A cache that cannot be written only costs the next start its time.
+    if let Some(parent) = cached.parent() {
+        if std::fs::create_dir_all(parent).is_ok() {
+            let tmp = parent.join(format!(".{}.{}", hex::encode(state), std::process::id()));
+            if std::fs::write(&tmp, id.to_string()).is_ok() {
+                let _ = std::fs::rename(&tmp, &cached);
+            }
+        }
+    }
+    Ok(id)
+}
+
+fn archive_id(dir: &Path) -> anyhow::Result<germline_model::ReleaseHash> {
     let tmp = tempfile::tempdir()?;
     let out = tmp.path().join("release.tar.gz");
     let built = germline_admission::build_release_archive(dir, &out, &germline_admission::BuildOptions::default())

@@ -77,7 +77,7 @@ pub struct Front {
     manifest: Manifest,
     consumer: String,
     clearance: Clearance,
-    tools: Option<Value>,
+    tools: Option<(Value, Label)>,
     max_message_bytes: usize,
 }
 
@@ -170,10 +170,11 @@ impl Front {
     /// the front answers itself or from a data-free copy. An answer whose label the
     /// consumer's clearance does not cover is replaced by an error that names nothing.
     fn request(&mut self, method: &str, params: &Value) -> (Result<Value, (i64, String)>, Label) {
-        if method != "tools/call" {
-            return (self.request_data_free(method, params), Label::empty());
-        }
-        let (answer, label) = self.tools_call(params);
+        let (answer, label) = match method {
+            "tools/call" => self.tools_call(params),
+            "tools/list" => self.tools_list(),
+            _ => return (self.request_data_free(method, params), Label::empty()),
+        };
         if labels_enforced() && !label.flows_to(&self.clearance) {
             return (Err((INTERNAL_ERROR, WITHHELD.to_owned())), Label::empty());
         }
@@ -193,7 +194,6 @@ impl Front {
                 }))
             }
             "ping" | "logging/setLevel" => Ok(json!({})),
-            "tools/list" => self.tools_list(),
             "resources/list" => Ok(json!({"resources": []})),
             "resources/templates/list" => Ok(json!({"resourceTemplates": []})),
             "prompts/list" => Ok(json!({"prompts": []})),
@@ -201,17 +201,27 @@ impl Front {
         }
     }
 
-    /// `tools/list` from a data-free copy (germline); a baseline's list comes from a
-    /// process that may hold data, so it is refused rather than labelled data-free.
-    fn tools_list(&mut self) -> Result<Value, (i64, String)> {
+    /// `tools/list` from a data-free copy (germline), or, for a server that needs its
+    /// start-up data, from a copy holding it, with that data's label; a baseline's list
+    /// comes from a process that may hold data, so it is refused rather than labelled
+    /// data-free.
+    fn tools_list(&mut self) -> (Result<Value, (i64, String)>, Label) {
         if !matches!(self.host.rt, Runtime::Germline(_)) && labels_enforced() {
-            return Err((INTERNAL_ERROR, "tools/list: this runtime has no data-free copy to list tools".into()));
+            return (
+                Err((INTERNAL_ERROR, "tools/list: this runtime has no data-free copy to list tools".into())),
+                Label::empty(),
+            );
         }
         if self.tools.is_none() {
-            let tools = self.host.rt.list_tools().map_err(|e| (INTERNAL_ERROR, format!("tools/list: {e}")))?;
-            self.tools = Some(tools);
+            match self.host.rt.list_tools_labelled() {
+                Ok(listed) => self.tools = Some(listed),
+                Err(e) => return (Err((INTERNAL_ERROR, format!("tools/list: {e}"))), Label::empty()),
+            }
         }
-        Ok(self.tools.clone().unwrap_or_else(|| json!({"tools": []})))
+        match self.tools.clone() {
+            Some((tools, label)) => (Ok(tools), label),
+            None => (Ok(json!({"tools": []})), Label::empty()),
+        }
     }
 
     fn tools_call(&mut self, params: &Value) -> (Result<Value, (i64, String)>, Label) {

@@ -126,30 +126,44 @@ def _patch_time():
     time.perf_counter, time.perf_counter_ns = perf, perf_ns
     time.localtime, time.gmtime, time.ctime, time.strftime = localtime, gmtime, ctime, strftime
 
+
+# datetime.datetime.now and utcnow read the system clock in C (time.time is not asked).
+# Replacing the datetime.datetime type with a Python subclass breaks every C extension that
+# checks the type's size or identity at import (pandas, numpy's datetime support, ...), so
+# instead the copy keeps the C type and puts two classmethods into its own attribute
+# dictionary (read through the gc, as the type refuses setattr), then tells the interpreter
+# the type changed so no cached lookup keeps the C entries. Installed before the release is
+# imported (so `now = datetime.now` at import is twin-aware too); without active twin
+# inputs, and for anything but `now()` / `now(tz)` with `tz` None or a tzinfo, the real
+# methods answer (and raise as unprotected).
+def _install_datetime_clock():
     import datetime as _dt
+    import gc
 
-    real_datetime = _dt.datetime
+    cls = _dt.datetime
+    real = cls.__dict__
+    real_now, real_utcnow = real.get("now"), real.get("utcnow")
+    if type(real_now).__name__ != "classmethod_descriptor" or type(real_utcnow).__name__ != "classmethod_descriptor":
+        return
+    attrs = [r for r in gc.get_referents(real) if isinstance(r, dict)]
+    if len(attrs) != 1:
+        return
 
-    class datetime(real_datetime):
-        @classmethod
-        def now(cls, tz=None):
-            if _twin.active:
-                return cls.fromtimestamp(_twin.clock, tz)
-            return super().now(tz)
+    def now(klass, *args, **kwargs):
+        tz = args[0] if args else kwargs.get("tz")
+        valid = len(args) + len(kwargs) <= 1 and set(kwargs) <= {"tz"}
+        if _twin.active and valid and (tz is None or isinstance(tz, _dt.tzinfo)):
+            return klass.fromtimestamp(_twin.clock, tz)
+        return real_now.__get__(None, klass)(*args, **kwargs)
 
-        @classmethod
-        def utcnow(cls):
-            if _twin.active:
-                return cls.fromtimestamp(_twin.clock, _dt.timezone.utc).replace(tzinfo=None)
-            return super().utcnow()
+    def utcnow(klass, *args, **kwargs):
+        if args or kwargs or not _twin.active:
+            return real_utcnow.__get__(None, klass)(*args, **kwargs)
+        return klass.utcfromtimestamp(_twin.clock)
 
-        @classmethod
-        def today(cls):
-            return cls.now()
-
-    datetime.__name__ = "datetime"
-    datetime.__qualname__ = "datetime"
-    _dt.datetime = datetime
+    now.__doc__, utcnow.__doc__ = real_now.__doc__, real_utcnow.__doc__
+    attrs[0]["now"], attrs[0]["utcnow"] = classmethod(now), classmethod(utcnow)
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(cls))
 
 
 def _twin_urandom(n):
@@ -209,6 +223,11 @@ def _build_server(release_dir):
         # (the expensive part), run main in each copy on the copy's stdio.
         mod, _, attr = rel["main"].partition(":")
         return _Main(getattr(importlib.import_module(mod), attr), json.loads(rel.get("main_args", "[]")))
+    if "cli" in rel:
+        # A server's command-line entry point: import its module in the germline, run it
+        # in each copy with the manifest's argv (it serves stdio itself).
+        mod, _, attr = rel["cli"].partition(":")
+        return _Cli(getattr(importlib.import_module(mod), attr), [rel["name"]] + list(rel.get("args", [])))
     mod = importlib.import_module(rel["module"])
     return getattr(mod, rel.get("attribute", "server"))
 
@@ -217,6 +236,12 @@ class _Main:
     def __init__(self, fn, args):
         self.fn = fn
         self.args = args
+
+
+class _Cli:
+    def __init__(self, fn, argv):
+        self.fn = fn
+        self.argv = argv
 
 
 async def _serve_stdio(server):
@@ -234,6 +259,11 @@ async def _serve_stdio(server):
 
 
 def _run_server(server):
+    if isinstance(server, _Cli):
+        # Its own event loop (often asyncio.run) and exit, as from its console script.
+        sys.argv = list(server.argv)
+        server.fn()
+        return
     import anyio
 
     anyio.run(_serve_stdio, server)
@@ -395,7 +425,14 @@ def _landlock_copy_layer():
     if rs < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        for path, rights in (("/", read), ("/dev/null", 0x2 | 0x4)):
+        rules = [("/", read), ("/dev/null", 0x2 | 0x4)]
+        scratch = os.environ.get("GERMLINE_SCRATCH")
+        if scratch:
+            # The copy's own scratch tmpfs (mounted there by the broker; the rule sits on
+            # its parent, as Landlock skips mount points): write, truncate, make and remove
+            # regular files, directories and links, rename (refer).
+            rules.append((os.path.dirname(scratch), 0x2 | 0x10 | 0x20 | 0x80 | 0x100 | 0x1000 | 0x2000 | 0x4000))
+        for path, rights in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
                 rule = PathBeneath(rights, fd)
@@ -455,8 +492,12 @@ def _run_copy(server):
     for k, v in preamble.get("env", {}).items():
         os.environ[k] = v
     wfile = chan.makefile("wb")
+    _copy_io["channel"] = chan
+    _capture_stderr()  # after the copy took its own ids: made by them
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8", write_through=True)
+    # Buffered like stdout on a pipe: a server's stray print stays in the buffer as it
+    # does unprotected, instead of landing in the middle of the MCP stream.
+    sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
     if preamble.get("trace"):
         print("copy: server loop starts after %.2f ms" % ((_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
     _run_server(server)
@@ -470,6 +511,53 @@ def _close_stdio():
                 os.close(fd)
             except OSError:
                 pass
+
+
+# A copy's stderr: a memfd of its own (unless GERMLINE_KEEP_STDERR), whose last lines go to
+# the broker as one notification when the copy's server fails, so the failure can name its
+# cause. The copy's error carries the copy's label, and so does this text.
+_copy_io = {}
+_STDERR_TAIL = 4096
+
+
+def _capture_stderr():
+    if os.environ.get("GERMLINE_KEEP_STDERR") == "1":
+        return
+    try:
+        fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
+    except OSError:
+        return
+    os.dup2(fd, 2, inheritable=True)
+    os.close(fd)
+    _copy_io["stderr"] = 2
+
+
+def _report_stderr():
+    chan = _copy_io.get("channel")
+    if chan is None or "stderr" not in _copy_io:
+        return
+    try:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        size = os.fstat(2).st_size
+        tail = os.pread(2, _STDERR_TAIL, max(0, size - _STDERR_TAIL)).decode("utf-8", "replace")
+        note = {"jsonrpc": "2.0", "method": "notifications/germline/stderr", "params": {"text": tail}}
+        chan.setblocking(True)
+        chan.sendall(json.dumps(note).encode() + b"\n")
+        # Read what the broker sent and the server never did, then end the stream: a socket
+        # closed with unread data resets the connection, and the reset can overtake the
+        # notification.
+        chan.setblocking(False)
+        try:
+            while chan.recv(65536):
+                pass
+        except OSError:
+            pass
+        chan.shutdown(socket.SHUT_WR)
+    except BaseException:
+        pass
 
 
 def _own_stdio():
@@ -649,12 +737,17 @@ def germline_main(release_dir):
             code = 0
             try:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, wake)
+                # The germline ignores SIGCHLD so its copies are reaped unseen; the copy
+                # gets the disposition an unprotected server has, so `subprocess` can
+                # collect its own children's exit statuses (they stay inside the copy).
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 if os.environ.get("GERMLINE_SHARED_CONTROL") == "1":
                     os.close(CONTROL_FD)  # only a "mechanism off" test hands one over
                 _own_stdio()
                 _run_copy(server)
             except BaseException:
                 code = 1
+                _report_stderr()
             finally:
                 os._exit(code)
         os.kill(me, signal.SIGSTOP)
@@ -679,6 +772,7 @@ def main():
         _mono = time.monotonic
         asyncio.base_events.BaseEventLoop.time = lambda self: _mono()
         _patch_time()
+        _install_datetime_clock()
         _patch_random()
         germline_main(release_dir)
     elif mode == "serve":

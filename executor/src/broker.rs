@@ -240,14 +240,24 @@ fn talk(
     let mut client = McpClient::new(BufReader::new(conn), writer, max);
     // No timing line here: how long a copy takes to answer is its choice, and this
     // function does not know the copy's label (`run_copy` logs timings of unlabelled ones).
-    client.initialize()?;
+    // Failures name the phase (the error carries the copy's label like any other).
+    let phase = |what: &'static str| {
+        move |e: ExecutorError| match e {
+            ExecutorError::Copy(why) => match why.split_once("; its stderr ended with:") {
+                Some((head, tail)) => ExecutorError::Copy(format!("{head} ({what}); its stderr ended with:{tail}")),
+                None => ExecutorError::Copy(format!("{why} ({what})")),
+            },
+            other => ExecutorError::Copy(format!("{other} ({what})")),
+        }
+    };
+    client.initialize().map_err(phase("while the server initialized"))?;
     let t3 = Instant::now();
     timings.initialize = t3 - t2;
-    let id = client.send_request(method, params)?;
-    client.wait_readable()?;
+    let id = client.send_request(method, params).map_err(phase("while the server answered"))?;
+    client.wait_readable().map_err(phase("while the server answered"))?;
     let t4 = Instant::now();
     timings.first_byte = t4 - t3;
-    let reply = client.response(id)?;
+    let reply = client.response(id).map_err(phase("while the server answered"))?;
     timings.answer = t4.elapsed();
     match reply {
         Ok(result) => Ok(result),

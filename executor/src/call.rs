@@ -19,7 +19,7 @@ use crate::confine::{ResourceLimits, SandboxSwitches};
 use crate::evidence::{encode_replies, fresh_secret, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
-use crate::outside::{prepare_copy, CopyFile};
+use crate::outside::{prepare_copy, CopyFile, FileMeta};
 use crate::policy::Policy;
 use crate::seccomp::SeccompPolicy;
 use crate::ExecutorError;
@@ -454,6 +454,7 @@ impl GermlineRuntime {
             switches,
             require_limits: policy.limits.require_limits,
             seccomp: SeccompPolicy::germline(),
+            env: crate::germline::germline_environment(&manifest.env, &policy.environment)?,
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(
@@ -639,6 +640,50 @@ impl GermlineRuntime {
 
     /// `tools/list` from a data-free copy: no items, no slot, every egress denied.
     pub fn list_tools(&mut self) -> Result<Value, ExecutorError> {
+        self.list_tools_with(Vec::new(), Label::empty())
+    }
+
+    /// `tools/list` and its label. From a data-free copy first; a server that opens its
+    /// start-up data while it starts (a database named on its command line) cannot answer
+    /// there, so on failure the list comes from a copy that holds the fixed paths every
+    /// tool declares it reads (`read_paths`), labelled by the policy, and carries their
+    /// joined label: the caller passes it on only to consumers cleared for it. Both copies
+    /// have no slot and no declared host (every request is denied), and what they write to
+    /// a slot is dropped.
+    pub fn list_tools_labelled(&mut self) -> Result<(Value, Label), ExecutorError> {
+        let data_free = match self.list_tools() {
+            Ok(v) => return Ok((v, Label::empty())),
+            Err(e) => e,
+        };
+        let declared: Vec<PathBuf> = self
+            .manifest
+            .tools
+            .values()
+            .flat_map(|t| t.read_paths.iter())
+            .filter(|p| p.starts_with('/') && !p.contains(['*', '?', '[', '{']))
+            .map(PathBuf::from)
+            .collect();
+        let mut files = Vec::new();
+        let mut label = Label::empty();
+        for p in named_files(&declared, &self.policy)? {
+            let (bytes, meta) = read_item(&p, self.policy.resolves_paths())?;
+            label = label.join(&self.policy.label_path(&p)?);
+            files.push(CopyFile { path: p, contents: bytes, meta: Some(meta) });
+        }
+        if files.is_empty() {
+            return Err(data_free);
+        }
+        // Its error may carry the data it held: it is named, never quoted.
+        let tools = self.list_tools_with(files, label.clone()).map_err(|_| {
+            ExecutorError::Call(format!(
+                "the data-free copy could not list the tools ({data_free}), nor could the copy holding their \
+                 start-up data (its error is withheld: it may carry that data)"
+            ))
+        })?;
+        Ok((tools, label))
+    }
+
+    fn list_tools_with(&mut self, files: Vec<CopyFile>, view_label: Label) -> Result<Value, ExecutorError> {
         if let Some(why) = &self.refused {
             return Err(ExecutorError::Call(format!("release refused: {why}")));
         }
@@ -654,7 +699,7 @@ impl GermlineRuntime {
         let budget = self.policy.limits.deadline;
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &[])?;
+        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -665,7 +710,7 @@ impl GermlineRuntime {
             deadline: Instant::now() + budget,
             budget,
             policy: &self.policy,
-            label: OutputLabel::new(Label::empty(), Label::empty()),
+            label: OutputLabel::new(view_label, Label::empty()),
             killer: copy.killer()?,
         };
         let r = serve_copy(job, &shared);
@@ -697,7 +742,7 @@ impl GermlineRuntime {
                 }
             } else {
                 let contents = if visible { contents.get(&item.name).cloned().unwrap_or_default() } else { Vec::new() };
-                files.push(CopyFile { path: PathBuf::from(item.name.as_str()), contents });
+                files.push(CopyFile { path: PathBuf::from(item.name.as_str()), contents, meta: None });
             }
         }
         let input = PlanInput {
@@ -715,7 +760,7 @@ impl GermlineRuntime {
         let roots = self.policy.data_roots();
         let germline = self.germline_mut()?;
         let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, copy.ids(), &roots, &files)?;
+        let listeners = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let job = CopyJob {
             group_index: 0,
@@ -775,12 +820,16 @@ impl GermlineRuntime {
         let files: Vec<CopyFile> = prepared
             .files
             .iter()
-            .map(|(name, path, bytes)| CopyFile {
-                path: path.clone(),
-                contents: if group.view.contains(name) { bytes.clone() } else { Vec::new() },
+            .map(|(name, path, bytes, meta)| {
+                let visible = group.view.contains(name);
+                CopyFile {
+                    path: path.clone(),
+                    contents: if visible { bytes.clone() } else { Vec::new() },
+                    meta: visible.then_some(*meta),
+                }
             })
             .collect();
-        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files)?;
+        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
         copy.channel_ready()?;
         let outside = t_setup.elapsed();
         let arguments = prepared.arguments_for(&group.view);
@@ -947,8 +996,8 @@ fn single_group_plan(input: &PlanInput) -> Plan {
 struct PreparedCall {
     tool: String,
     arguments: Map<String, Value>,
-    /// (item name, path, contents) of file items.
-    files: Vec<(ItemName, PathBuf, Vec<u8>)>,
+    /// (item name, path, contents, the host file's mode and times) of file items.
+    files: Vec<(ItemName, PathBuf, Vec<u8>, FileMeta)>,
     /// Argument items: argument name → item name.
     arg_items: BTreeMap<String, ItemName>,
     consumers: Vec<ConsumerName>,
@@ -969,10 +1018,10 @@ impl PreparedCall {
                 continue;
             }
             let label = policy.label_path(&p)?;
-            let bytes = read_item(&p, policy.resolves_paths())?;
+            let (bytes, meta) = read_item(&p, policy.resolves_paths())?;
             let name = ItemName::new(&p.to_string_lossy())?;
             items.push(Item { name: name.clone(), label });
-            files.push((name, p, bytes));
+            files.push((name, p, bytes, meta));
         }
         // Paths named by arguments (per the policy) and fixed paths the tool declares it
         // reads: every labelled regular file there is an item, whether or not the agent
@@ -981,11 +1030,11 @@ impl PreparedCall {
         for (arg, v) in &req.arguments {
             if policy.is_path_argument(&req.tool, arg) {
                 if let Some(s) = v.as_str().filter(|s| !s.is_empty()) {
-                    let given = Path::new(s);
+                    let given = path_of_argument(s)?;
                     if !given.is_absolute() {
                         return Err(ExecutorError::Call(format!("argument {arg} names a relative path {s:?}")));
                     }
-                    named.push(given.to_path_buf());
+                    named.push(given);
                 }
             }
         }
@@ -1000,10 +1049,10 @@ impl PreparedCall {
                 continue;
             }
             let label = policy.label_path(&p)?;
-            let bytes = read_item(&p, policy.resolves_paths())?;
+            let (bytes, meta) = read_item(&p, policy.resolves_paths())?;
             let name = ItemName::new(&p.to_string_lossy())?;
             items.push(Item { name: name.clone(), label });
-            files.push((name, p, bytes));
+            files.push((name, p, bytes, meta));
         }
         let mut arg_items = BTreeMap::new();
         for arg in req.arguments.keys() {
@@ -1060,7 +1109,7 @@ impl PreparedCall {
         let mut out: Vec<ItemRecord> = self
             .files
             .iter()
-            .map(|(name, _, bytes)| ItemRecord {
+            .map(|(name, _, bytes, _)| ItemRecord {
                 name: name.clone(),
                 label: label_of(name),
                 sha256: hex::encode(Sha256::digest(bytes)),
@@ -1152,7 +1201,9 @@ fn named_files(paths: &[PathBuf], policy: &Policy) -> Result<Vec<PathBuf>, Execu
 
 /// Reads item `path` (canonical) through a descriptor that is checked to name that very
 /// file, so a symlink swapped in after the path was resolved cannot substitute another.
-fn read_item(path: &Path, check_name: bool) -> Result<Vec<u8>, ExecutorError> {
+/// Returns the contents and the file's mode and times (what a copy with the item in view
+/// sees of them).
+fn read_item(path: &Path, check_name: bool) -> Result<(Vec<u8>, FileMeta), ExecutorError> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let err = |e: std::io::Error| ExecutorError::Call(format!("item {}: {e}", path.display()));
@@ -1184,7 +1235,43 @@ fn read_item(path: &Path, check_name: bool) -> Result<Vec<u8>, ExecutorError> {
     if bytes.len() as u64 > MAX_ITEM_BYTES {
         return Err(ExecutorError::Call(format!("item {} is over {MAX_ITEM_BYTES} bytes", path.display())));
     }
-    Ok(bytes)
+    Ok((bytes, FileMeta::of(&meta)))
+}
+
+/// The path a path-valued argument names: the argument itself, or the path of a local
+/// `file:` URI (`file:///srv/a%20b.txt`, `file://localhost/srv/x`), percent-decoded. A
+/// `file:` URI naming another host is refused.
+fn path_of_argument(s: &str) -> Result<PathBuf, ExecutorError> {
+    use std::os::unix::ffi::OsStringExt;
+    let Some(rest) = s.strip_prefix("file://") else {
+        return Ok(PathBuf::from(s));
+    };
+    let path = match rest.strip_prefix("localhost") {
+        Some(p) if p.starts_with('/') => p,
+        _ if rest.starts_with('/') => rest,
+        _ => return Err(ExecutorError::Call(format!("{s:?} names a file on another host"))),
+    };
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    if out.contains(&0) {
+        return Err(ExecutorError::Call(format!("{s:?} names a path with a NUL byte")));
+    }
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(out)))
 }
 
 /// The host named by a URL or bare host argument.
@@ -1199,6 +1286,17 @@ fn host_of(v: &str) -> Option<HostName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_uris_name_their_local_paths() {
+        assert_eq!(path_of_argument("/srv/a.txt").unwrap(), PathBuf::from("/srv/a.txt"));
+        assert_eq!(path_of_argument("file:///srv/a%20b.txt").unwrap(), PathBuf::from("/srv/a b.txt"));
+        assert_eq!(path_of_argument("file://localhost/srv/x#frag").unwrap(), PathBuf::from("/srv/x"));
+        assert!(path_of_argument("file://elsewhere/srv/x").is_err());
+        assert!(path_of_argument("file:///srv/%00x").is_err());
+        // Decoded `..` is resolved like any other alias when the path is canonicalised.
+        assert_eq!(path_of_argument("file:///srv/%2e%2e/etc").unwrap(), PathBuf::from("/srv/../etc"));
+    }
 
     #[test]
     fn every_result_shape_is_labelled() {

@@ -62,6 +62,28 @@ pub struct Confinement {
     pub seccomp: SeccompPolicy,
 }
 
+/// Where each copy finds its private writable scratch (`TMPDIR`): a fresh size-limited
+/// tmpfs the broker mounts here in every copy ([`crate::outside::prepare_copy`]). In the
+/// germline it is an empty directory of the read-only root. Its parent, [`SCRATCH_PARENT`],
+/// holds nothing else and is the one path Landlock lets be written (Landlock skips a mount
+/// point on its way up, so the rule sits on the parent, never a mount point itself).
+pub const SCRATCH_DIR: &str = "/.germline-scratch/tmp";
+/// The parent of [`SCRATCH_DIR`].
+pub const SCRATCH_PARENT: &str = "/.germline-scratch";
+/// System temporary directories that become links to [`SCRATCH_DIR`] where nothing the
+/// germline reads lies at, beneath or above them.
+const TEMP_LINKS: [&str; 2] = ["/tmp", "/var/tmp"];
+
+/// The copies' scratch directory, unless a read-only path or data root lies at, beneath or
+/// above [`SCRATCH_PARENT`] (then copies have none).
+pub fn scratch_dir(read_only: &[PathBuf], data_roots: &[PathBuf]) -> Option<PathBuf> {
+    free(Path::new(SCRATCH_PARENT), read_only, data_roots).then(|| PathBuf::from(SCRATCH_DIR))
+}
+
+fn free(c: &Path, read_only: &[PathBuf], data_roots: &[PathBuf]) -> bool {
+    read_only.iter().chain(data_roots).all(|p| !p.starts_with(c) && !c.starts_with(p))
+}
+
 /// Sandbox mechanisms a test switches off to show what each one prevents (every security
 /// property has its mechanism-off twin). Everything outside tests uses the default: all on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,6 +203,8 @@ pub struct PreparedSandbox {
     report: OwnedFd,
     report_rx: Option<OwnedFd>,
     descriptions: Vec<String>,
+    /// [`SCRATCH_PARENT`] when copies have a scratch: the one path Landlock lets be written.
+    scratch: Option<CString>,
 }
 
 /// One step of building the germline's root filesystem under the stage directory.
@@ -337,6 +361,26 @@ impl<'a> RootPlan<'a> {
         Ok(())
     }
 
+    /// The copies' scratch directory ([`scratch_dir`]) and, where free, `/tmp` and
+    /// `/var/tmp` as links to it.
+    fn scratch(&mut self, read_only: &[PathBuf], data_roots: &[PathBuf]) -> Result<Option<PathBuf>, ExecutorError> {
+        let Some(dir) = scratch_dir(read_only, data_roots) else {
+            return Ok(None);
+        };
+        self.ensure_dir(&dir, "scratch directory", &dir)?;
+        for link in TEMP_LINKS.map(Path::new) {
+            if free(link, read_only, data_roots) && !self.nodes.contains_key(link) {
+                if let Some(parent) = link.parent() {
+                    self.ensure_dir(parent, "temporary directory", link)?;
+                }
+                let op = RootOp::Symlink(cstring(&dir)?, self.staged(link)?);
+                self.push(op, format!("linking {} to the copies' scratch", link.display()));
+                self.nodes.insert(link.to_path_buf(), Node::Symlink);
+            }
+        }
+        Ok(Some(dir))
+    }
+
     /// Binds host path `p` (read-only later) at the same place in the root; a symbolic
     /// link is recreated as a link (it resolves inside the root).
     fn bind(&mut self, p: &Path, what: &str) -> Result<(), ExecutorError> {
@@ -490,6 +534,7 @@ impl Confinement {
                 plan.plain_data_root(r)?;
             }
         }
+        let scratch = plan.scratch(&self.read_only, &self.data_roots)?;
         if let Some(ids) = drop_to {
             for p in &plan.binds {
                 let meta =
@@ -538,6 +583,7 @@ impl Confinement {
             report,
             report_rx: Some(report_rx),
             descriptions: plan.what,
+            scratch: scratch.is_some().then(|| cstring(Path::new(SCRATCH_PARENT))).transpose()?,
         })
     }
 }
@@ -625,7 +671,20 @@ impl BuildReport {
     }
 }
 
-fn landlock_restrict() -> io::Result<()> {
+/// What a copy may do in its scratch tmpfs: make, write, rename and remove regular files,
+/// directories and symbolic links; no devices, sockets or FIFOs.
+fn scratch_access() -> landlock::BitFlags<AccessFs> {
+    AccessFs::WriteFile
+        | AccessFs::RemoveDir
+        | AccessFs::RemoveFile
+        | AccessFs::MakeDir
+        | AccessFs::MakeReg
+        | AccessFs::MakeSym
+        | AccessFs::Refer
+        | AccessFs::Truncate
+}
+
+fn landlock_restrict(scratch: Option<&std::ffi::CStr>) -> io::Result<()> {
     let ll = io::Error::other;
     let mut rs = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
@@ -641,6 +700,14 @@ fn landlock_restrict() -> io::Result<()> {
     rs = rs.add_rule(PathBeneath::new(root, AccessFs::from_read(LANDLOCK_ABI))).map_err(ll)?;
     let devnull = PathFd::new("/dev/null").map_err(io::Error::other)?;
     rs = rs.add_rule(PathBeneath::new(devnull, AccessFs::ReadFile | AccessFs::WriteFile)).map_err(ll)?;
+    if let Some(dir) = scratch {
+        // Writes reach only the tmpfs the broker mounts beneath it in each copy: in the
+        // germline the directory and its one subdirectory lie on the read-only root.
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::ffi::OsStr::from_bytes(dir.to_bytes());
+        let fd = PathFd::new(dir).map_err(io::Error::other)?;
+        rs = rs.add_rule(PathBeneath::new(fd, scratch_access())).map_err(ll)?;
+    }
     for port in [PROXY_PORT, CHANNEL_PORT, SLOT_PORT] {
         rs = rs.add_rule(NetPort::new(port, AccessNet::ConnectTcp)).map_err(ll)?;
     }
@@ -854,7 +921,7 @@ impl PreparedSandbox {
             // SAFETY: as above.
             check(unsafe { syscall(SYS_close_range, first, c_uint::MAX, 0) as c_int })?;
         }
-        self.step(Step::Landlock as u32, landlock_restrict())?;
+        self.step(Step::Landlock as u32, landlock_restrict(self.scratch.as_deref()))?;
         // Last, right before exec: the allowlist allows neither seccomp(2) itself (so it
         // is the last of the stacked filters) nor most of the set-up above; only the
         // report write on failure and execve follow.
@@ -1173,6 +1240,22 @@ mod tests {
             }
         }
         Ok(plan)
+    }
+
+    #[test]
+    fn temporary_directories_lead_to_the_copies_scratch_where_free() {
+        let usr = [PathBuf::from("/usr")];
+        let mut plan = plan_for(&[Path::new("/usr")], &[], true).unwrap();
+        assert_eq!(plan.scratch(&usr, &[]).unwrap(), Some(PathBuf::from(SCRATCH_DIR)));
+        for link in ["/tmp", "/var/tmp"] {
+            assert!(plan.what.iter().any(|w| w == &format!("linking {link} to the copies' scratch")), "{link}");
+        }
+        let data = [PathBuf::from("/tmp/app/data")];
+        let mut plan = plan_for(&[Path::new("/usr")], &[Path::new("/tmp/app/data")], true).unwrap();
+        assert_eq!(plan.scratch(&usr, &data).unwrap(), Some(PathBuf::from(SCRATCH_DIR)));
+        assert!(!plan.what.iter().any(|w| w.starts_with("linking /tmp ")), "a data root lies under /tmp");
+        assert!(plan.what.iter().any(|w| w.starts_with("linking /var/tmp ")));
+        assert_eq!(scratch_dir(&[PathBuf::from("/.germline-scratch/x")], &[]), None);
     }
 
     fn err(r: Result<RootPlan<'static>, ExecutorError>) -> String {

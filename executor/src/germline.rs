@@ -154,6 +154,39 @@ pub struct GermlineSpec {
     pub require_limits: bool,
     /// The syscall filter: [`SeccompPolicy::germline`] except in "mechanism off" tests.
     pub seccomp: SeccompPolicy,
+    /// Further environment for the germline (and so every copy), set before the release
+    /// is imported: the manifest's `[release] env`, then the policy's `[environment]`, which
+    /// wins ([`germline_environment`]).
+    pub env: Vec<(String, String)>,
+}
+
+/// Variables a manifest or policy may not set: the interpreter's and the loader's, and
+/// those germline itself sets for the sandbox (proxy, CA trust, scratch, control).
+const RESERVED_ENV: &[&str] =
+    &["PATH", "TMPDIR", "HOME", "LANG", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"];
+
+/// The environment a germline gets beyond germline's own: `manifest` first, `policy`
+/// over it. Names must be `[A-Za-z_][A-Za-z0-9_]*`; the interpreter's (`PYTHON*`), the
+/// loader's (`LD_*`), germline's (`GERMLINE_*`), the proxy variables and [`RESERVED_ENV`]
+/// are refused, so neither can undo the sandbox's settings.
+pub fn germline_environment(
+    manifest: &std::collections::BTreeMap<String, String>,
+    policy: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, ExecutorError> {
+    let mut out = manifest.clone();
+    out.extend(policy.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (k, v) in &out {
+        let upper = k.to_ascii_uppercase();
+        let well_formed = k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let reserved = ["PYTHON", "LD_", "GERMLINE_"].iter().any(|p| upper.starts_with(p))
+            || upper.ends_with("_PROXY")
+            || RESERVED_ENV.contains(&upper.as_str());
+        if !well_formed || reserved || v.contains('\0') {
+            return Err(ExecutorError::Manifest(format!("environment variable {k:?} may not be set for a germline")));
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
@@ -251,6 +284,106 @@ impl Drop for PidCounter {
     }
 }
 
+/// The environment that keeps known native thread pools from starting threads at import
+/// (G1 refuses a germline with more than one thread): BLAS (OpenBLAS, MKL, BLIS,
+/// Accelerate), OpenMP, numexpr, numba, Rayon (polars, tokenizers), TensorFlow. Public
+/// constants, the same for every germline; copies inherit them (a copy's pools stay
+/// single-threaded).
+pub const SINGLE_THREADED_POOLS: &[(&str, &str)] = &[
+    ("OPENBLAS_NUM_THREADS", "1"),
+    ("GOTO_NUM_THREADS", "1"),
+    ("OMP_NUM_THREADS", "1"),
+    ("MKL_NUM_THREADS", "1"),
+    ("BLIS_NUM_THREADS", "1"),
+    ("VECLIB_MAXIMUM_THREADS", "1"),
+    ("NUMEXPR_NUM_THREADS", "1"),
+    ("NUMEXPR_MAX_THREADS", "1"),
+    ("NUMBA_NUM_THREADS", "1"),
+    ("RAYON_NUM_THREADS", "1"),
+    ("POLARS_MAX_THREADS", "1"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+    ("TF_NUM_INTEROP_THREADS", "1"),
+    ("TF_NUM_INTRAOP_THREADS", "1"),
+];
+
+/// At most this many bytes of the germline's stderr are kept while it starts.
+const STDERR_TAIL_BYTES: usize = 8192;
+/// At most this many of its last lines are quoted in a start error.
+const STDERR_TAIL_LINES: usize = 25;
+
+/// The end of what the interpreter wrote to stderr while it imported the release (a
+/// traceback, a crash message), read by a thread of the broker from a pipe. The germline
+/// is data-free, so the text carries no item: it goes into the start error unlabelled.
+/// The pipe never outlives the start: the shim closes stderr before the germline is ready,
+/// and G2 refuses a germline that still holds any descriptor but `/dev/null`.
+struct StartStderr {
+    tail: std::sync::Arc<Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StartStderr {
+    /// The reader and the write end for the germline's stderr.
+    fn pipe() -> Result<(Option<StartStderr>, Option<OwnedFd>), ExecutorError> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 fills two fresh descriptors that we take ownership of.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return Err(ExecutorError::io("the germline's stderr pipe")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: both descriptors are fresh and owned by nobody else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let tail = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let kept = tail.clone();
+        let reader = std::thread::Builder::new()
+            .name("germline-stderr".into())
+            .spawn(move || {
+                use std::io::Read;
+                let mut f = std::fs::File::from(read);
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = f.read(&mut buf) {
+                    let mut t = kept.lock().unwrap_or_else(|p| p.into_inner());
+                    t.extend_from_slice(&buf[..n]);
+                    if t.len() > STDERR_TAIL_BYTES {
+                        let cut = t.len() - STDERR_TAIL_BYTES;
+                        t.drain(..cut);
+                    }
+                }
+            })
+            .map_err(ExecutorError::io("starting the germline's stderr reader"))?;
+        Ok((Some(StartStderr { tail, reader: Some(reader) }), Some(write)))
+    }
+
+    /// The last lines written, once every writer has closed the pipe (waiting at most
+    /// half a second for that).
+    fn last_lines(&mut self) -> String {
+        let until = Instant::now() + Duration::from_millis(500);
+        while self.reader.as_ref().is_some_and(|r| !r.is_finished()) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if self.reader.as_ref().is_some_and(|r| r.is_finished()) {
+            let _ = self.reader.take().map(|r| r.join());
+        }
+        let t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        let text = String::from_utf8_lossy(&t);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(STDERR_TAIL_LINES)..].join("\n")
+    }
+}
+
+/// Adds the germline's last stderr lines to a start error.
+fn with_stderr(e: ExecutorError, stderr: &mut Option<StartStderr>) -> ExecutorError {
+    let Some(s) = stderr.as_mut() else {
+        return e;
+    };
+    let tail = s.last_lines();
+    match e {
+        ExecutorError::GermlineRefused { check, detail } if !tail.is_empty() => ExecutorError::GermlineRefused {
+            check,
+            detail: format!("{detail}; the interpreter's stderr ended with:\n{tail}"),
+        },
+        other => other,
+    }
+}
+
 /// Test-only switch ("mechanism off"), re-exported: let the germline wait for its copies.
 pub use crate::inspect::CHILD_EXIT_CHECK_OFF_FOR_TESTS;
 
@@ -285,6 +418,8 @@ pub struct Germline {
     /// Readable whenever the germline has stopped (one byte per stop, from the first
     /// process, its parent): a wake-up only; the stop itself is read from `/proc`.
     stops: Option<OwnedFd>,
+    /// Where each copy gets its private scratch tmpfs ([`crate::confine::scratch_dir`]).
+    scratch: Option<PathBuf>,
     /// The broker's block of copy ids, mapped into the germline's user namespace: each
     /// copy runs as ids of its own (see [`crate::ids`]).
     copy_ids: Option<Arc<IdBlock>>,
@@ -414,6 +549,7 @@ impl Germline {
         let mut read_only = spec.runtime.read_paths.clone();
         read_only.push(release_dir.clone());
         read_only.extend(spec.extra_read.iter().cloned());
+        let scratch = crate::confine::scratch_dir(&read_only, &spec.data_roots);
         let confinement = Confinement {
             read_only,
             data_roots: spec.data_roots.clone(),
@@ -430,6 +566,9 @@ impl Germline {
         if debug_stderr {
             tracing::warn!("GERMLINE_DEBUG_GERMLINE is set: the germline's stderr stays open (debugging only)");
         }
+        // Without the debug switch, stderr is a pipe the broker reads while the release
+        // imports: a failed start names its cause (see [`StartStderr`]).
+        let (mut start_stderr, stderr_pipe) = if debug_stderr { (None, None) } else { StartStderr::pipe()? };
         let mut cmd = Command::new(&spec.runtime.python);
         cmd.arg("-I")
             .arg(spec.runtime.shim_dir.join("germline_host.py"))
@@ -440,13 +579,20 @@ impl Germline {
             .env("LANG", "C.UTF-8")
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
+            .envs(SINGLE_THREADED_POOLS.iter().copied())
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(scratch.iter().flat_map(|d| [("TMPDIR", d.as_os_str()), ("GERMLINE_SCRATCH", d.as_os_str())]))
             .current_dir(&release_dir)
             .stdin(Stdio::null())
             // With its own PID namespace, the first process (never the germline, never
             // release code) reports each stop of the germline on its stdout: the broker
             // sleeps until then instead of polling (see `wait_stopped`).
             .stdout(if spec.switches.pid_namespace { Stdio::piped() } else { Stdio::null() })
-            .stderr(if debug_stderr { Stdio::inherit() } else { Stdio::null() });
+            .stderr(match stderr_pipe {
+                Some(w) => Stdio::from(w),
+                None if debug_stderr => Stdio::inherit(),
+                None => Stdio::null(),
+            });
         if debug_stderr {
             cmd.env("GERMLINE_KEEP_STDERR", "1");
         }
@@ -519,6 +665,9 @@ impl Germline {
         }
         let report = sandbox.install(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        // The broker's copy of the stderr pipe's write end goes with the command, so the
+        // reader sees the end of the file once the germline and its first processes close it.
+        drop(cmd);
         let stops = child.stdout.take().map(OwnedFd::from);
         if let Some(fd) = &stops {
             // SAFETY: fcntl on a descriptor we own.
@@ -540,12 +689,14 @@ impl Germline {
             start_time: Duration::ZERO,
             retired: Vec::new(),
             stops,
+            scratch,
             copy_ids,
             host_ids,
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
-            let (keeper, pid) = Keeper::find(first, spec.start_timeout)?;
+            let (keeper, pid) =
+                Keeper::find(first, spec.start_timeout).map_err(|e| with_stderr(e, &mut start_stderr))?;
             g.keeper = Some(keeper);
             g.pidfd = pidfd_open(pid)?;
             g.pid = pid;
@@ -563,8 +714,12 @@ impl Germline {
         }
         let pid = g.pid;
         // The germline stops itself once the release is imported.
-        g.wait_stopped(spec.start_timeout)
-            .map_err(|e| ExecutorError::refused("start", format!("the release did not finish importing: {e}")))?;
+        g.wait_stopped(spec.start_timeout).map_err(|e| {
+            with_stderr(
+                ExecutorError::refused("start", format!("the release did not finish importing: {e}")),
+                &mut start_stderr,
+            )
+        })?;
         g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
         inspect::check_germline(pid, &g.allowed)?;
         if !inspect::live_children(pid)?.is_empty() {
@@ -816,6 +971,7 @@ impl Germline {
             _namespace_handles: ns_files,
             cgroup,
             timings: CopyTimings::default(),
+            scratch: self.scratch.clone(),
             ids,
             lease,
         };
@@ -924,6 +1080,8 @@ pub struct CopyProcess {
     cgroup: Option<CopyCgroup>,
     /// Reap, checks and fork phases of this copy (the broker adds the rest).
     pub timings: CopyTimings,
+    /// Where the broker mounts this copy's private scratch tmpfs.
+    pub scratch: Option<PathBuf>,
     ids: CopyIds,
     /// The copy's ids, given back once it is dead.
     lease: Option<IdLease>,
@@ -1015,7 +1173,7 @@ pub const fn channel_port() -> u16 {
 /// checks G1–G3, forks one copy (G1–G3 again before and after the fork, namespaces
 /// verified) and kills it. Returns how long the germline took to start.
 pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Duration, ExecutorError> {
-    crate::manifest::Manifest::load(release_dir)?;
+    let manifest = crate::manifest::Manifest::load(release_dir)?;
     let spec = GermlineSpec {
         runtime,
         release_dir: release_dir.to_path_buf(),
@@ -1027,6 +1185,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         switches: SandboxSwitches::default(),
         require_limits: false,
         seccomp: SeccompPolicy::germline(),
+        env: germline_environment(&manifest.env, &Default::default())?,
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

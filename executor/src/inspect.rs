@@ -114,9 +114,41 @@ pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
         .and_then(|v| v.trim().parse::<u32>().ok())
         .ok_or_else(|| ExecutorError::refused("G1", "no thread count in /proc status"))?;
     if threads != 1 {
-        return Err(ExecutorError::refused("G1", format!("{threads} threads, expected 1")));
+        return Err(ExecutorError::refused(
+            "G1",
+            format!("{threads} threads, expected 1 (besides the main thread: {}); {G1_ADVICE}", thread_names(pid)),
+        ));
     }
     Ok(())
+}
+
+/// What a deployer can do about a G1 refusal.
+pub const G1_ADVICE: &str = "a thread started at import would be lost in every copy, so the germline must be \
+     single-threaded when it is ready; germline starts it with the variables that keep known native pools \
+     single-threaded (germline::SINGLE_THREADED_POOLS); a library that still starts threads needs its own \
+     variable or must start them lazily, at the first call";
+
+/// The names (`comm`) of a process's threads other than its main thread, at most eight.
+fn thread_names(pid: i32) -> String {
+    let mut names: Vec<(i32, String)> = fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str().and_then(|t| t.parse::<i32>().ok()))
+                .filter(|&tid| tid != pid)
+                .map(|tid| {
+                    let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+                    (tid, comm.trim().chars().filter(|c| !c.is_control()).collect())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let more = names.len().saturating_sub(8);
+    let mut out: Vec<String> = names.into_iter().take(8).map(|(_, n)| format!("{n:?}")).collect();
+    if more > 0 {
+        out.push(format!("and {more} more"));
+    }
+    out.join(", ")
 }
 
 /// G2, an allowlist: no descriptor at all (stderr only when debugging).

@@ -28,6 +28,8 @@ pub struct Manifest {
     pub deterministic: bool,
     /// Per-tool declarations.
     pub tools: BTreeMap<String, ToolDecl>,
+    /// Environment the germline starts with (`[release] env`; the deployer's policy wins).
+    pub env: BTreeMap<String, String>,
 }
 
 /// How the server object is made.
@@ -49,6 +51,17 @@ pub enum Entry {
         callable: String,
         /// Positional arguments.
         args: Vec<serde_json::Value>,
+    },
+    /// `module:callable`, a server's command-line entry point (what its console script
+    /// runs: it parses `sys.argv`, builds the server and serves stdio itself, often with
+    /// its own `asyncio.run`): the module is imported in the germline; in each copy
+    /// `sys.argv` is the release name followed by `args`, and the callable runs as the
+    /// copy's whole life.
+    Cli {
+        /// `module:callable`.
+        callable: String,
+        /// The command-line arguments (`--db-path /data/shop.db`).
+        args: Vec<String>,
     },
     /// A module with a server attribute.
     Module {
@@ -92,6 +105,11 @@ struct RawRelease {
     main_args: Option<String>,
     module: Option<String>,
     attribute: Option<String>,
+    cli: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
     #[serde(default)]
     python_path: Vec<String>,
     #[serde(default)]
@@ -133,16 +151,24 @@ impl Manifest {
         if r.runtime != "python" {
             return Err(ExecutorError::Manifest(format!("runtime {:?} is not supported (only \"python\")", r.runtime)));
         }
-        let entry = match (r.factory, r.main, r.module) {
-            (Some(f), None, None) => Entry::Factory { args: json_args("factory_args", r.factory_args)?, callable: f },
-            (None, Some(f), None) => Entry::Main { args: json_args("main_args", r.main_args)?, callable: f },
-            (None, None, Some(m)) => {
+        if !r.args.is_empty() && r.cli.is_none() {
+            return Err(ExecutorError::Manifest("args go with cli".into()));
+        }
+        let entry = match (r.factory, r.main, r.module, r.cli) {
+            (Some(f), None, None, None) => {
+                Entry::Factory { args: json_args("factory_args", r.factory_args)?, callable: f }
+            }
+            (None, Some(f), None, None) => Entry::Main { args: json_args("main_args", r.main_args)?, callable: f },
+            (None, None, Some(m), None) => {
                 Entry::Module { module: m, attribute: r.attribute.unwrap_or_else(|| "server".into()) }
             }
-            (None, None, None) => return Err(ExecutorError::Manifest("give factory, main or module".into())),
-            _ => return Err(ExecutorError::Manifest("give only one of factory, main or module".into())),
+            (None, None, None, Some(c)) => Entry::Cli { callable: c, args: r.args },
+            (None, None, None, None) => {
+                return Err(ExecutorError::Manifest("give factory, main, cli or module".into()))
+            }
+            _ => return Err(ExecutorError::Manifest("give only one of factory, main, cli or module".into())),
         };
-        if let Entry::Factory { callable, .. } | Entry::Main { callable, .. } = &entry {
+        if let Entry::Factory { callable, .. } | Entry::Main { callable, .. } | Entry::Cli { callable, .. } = &entry {
             if !callable.contains(':') {
                 return Err(ExecutorError::Manifest(format!("{callable:?} must be module:callable")));
             }
@@ -172,7 +198,15 @@ impl Manifest {
                 },
             );
         }
-        Ok(Manifest { name: r.name, version: r.version, entry, python_path, deterministic: r.deterministic, tools })
+        Ok(Manifest {
+            name: r.name,
+            version: r.version,
+            entry,
+            python_path,
+            deterministic: r.deterministic,
+            tools,
+            env: r.env,
+        })
     }
 
     /// The declaration for `tool`; a tool the manifest does not declare has no

@@ -11,18 +11,27 @@ use crate::ExecutorError;
 /// The protocol version the broker offers.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
 
+/// Lines that are not JSON objects skipped before one message, at most.
+const MAX_SKIPPED_LINES: usize = 1000;
+
 /// An MCP client over a line-oriented byte stream.
 pub struct McpClient<R, W> {
     reader: R,
     writer: W,
     next_id: u64,
     max_message: usize,
+    /// The last lines of the server's stderr, if the tool host sent them
+    /// (`notifications/germline/stderr`, when the server failed).
+    stderr_tail: Option<String>,
 }
+
+/// Characters of a server's stderr kept for an error, at most.
+const STDERR_TAIL_CHARS: usize = 4096;
 
 impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Wraps a reader and writer.
     pub fn new(reader: R, writer: W, max_message: usize) -> Self {
-        McpClient { reader, writer, next_id: 1, max_message }
+        McpClient { reader, writer, next_id: 1, max_message, stderr_tail: None }
     }
 
     /// `initialize` then `notifications/initialized`; returns the server's result.
@@ -63,7 +72,29 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Waits for the response to request `id`, answering the server's own requests.
     pub fn response(&mut self, id: u64) -> Result<Result<Value, Value>, ExecutorError> {
         loop {
-            let msg = self.read_message()?;
+            let msg = match self.read_message() {
+                Ok(m) => m,
+                Err(e) => {
+                    return Err(match self.stderr_tail.take() {
+                        Some(tail) => {
+                            let why = match e {
+                                ExecutorError::Copy(why) => why,
+                                other => other.to_string(),
+                            };
+                            ExecutorError::Copy(format!("{why}; its stderr ended with:\n{tail}"))
+                        }
+                        None => e,
+                    })
+                }
+            };
+            if msg.get("method").and_then(Value::as_str) == Some("notifications/germline/stderr")
+                && msg.get("id").is_none()
+            {
+                let text = msg["params"]["text"].as_str().unwrap_or_default();
+                let skip = text.chars().count().saturating_sub(STDERR_TAIL_CHARS);
+                self.stderr_tail = Some(text.chars().skip(skip).collect());
+                continue;
+            }
             if msg.get("method").is_some() {
                 if let Some(req_id) = msg.get("id") {
                     // A request from the server (ping, sampling, roots...): the broker
@@ -99,10 +130,17 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     }
 
     fn read_message(&mut self) -> Result<Value, ExecutorError> {
+        let mut skipped = 0;
         loop {
             let line = read_line_bounded(&mut self.reader, self.max_message)?;
             let trimmed = line.trim_ascii();
             if trimmed.is_empty() {
+                continue;
+            }
+            // A line that is not JSON (a server's stray print on stdout) is dropped, as
+            // the MCP SDK's clients do; a bounded number of them per message.
+            if !trimmed.starts_with(b"{") && skipped < MAX_SKIPPED_LINES {
+                skipped += 1;
                 continue;
             }
             return serde_json::from_slice(trimmed)
@@ -149,5 +187,16 @@ mod tests {
         assert!(sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"), "{sent}");
         let long = [b'x'; 100];
         assert!(read_line_bounded(&mut &long[..], 10).is_err());
+    }
+
+    #[test]
+    fn stray_lines_that_are_not_json_are_dropped_as_the_sdk_clients_do() {
+        let server = b"Starting the server...\nServer running on stdio\n{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"ok\":true}}\n";
+        let mut sent = Vec::new();
+        let mut c = McpClient::new(&server[..], &mut sent, 1 << 20);
+        assert_eq!(c.request("tools/list", json!({})).unwrap().unwrap()["ok"], true);
+        let many = "x\n".repeat(MAX_SKIPPED_LINES + 1);
+        let mut c = McpClient::new(many.as_bytes(), Vec::new(), 1 << 20);
+        assert!(c.request("tools/list", json!({})).is_err(), "bounded");
     }
 }

@@ -10,7 +10,9 @@
 //! capabilities ([`ViewGate::open`]) does the helper close the copy's way to new
 //! namespaces and kernel notification groups (the copy namespace's `user.max_*` limits,
 //! set to 0), mount a fresh tmpfs over each data root holding exactly the copy's view
-//! (empty files for out-of-view items, owned by the copy's root), read-only, and report.
+//! (empty files for out-of-view items, owned by the copy's root), read-only, mount the
+//! copy's private scratch tmpfs (`TMPDIR`: writable, size-limited, gone with the copy's
+//! mount namespace), and report.
 //! The helper is forked because `setns(2)` into a user namespace needs a single-threaded
 //! caller; everything it uses is prepared before the fork, so the child only makes
 //! syscalls.
@@ -33,6 +35,33 @@ pub struct CopyFile {
     pub path: PathBuf,
     /// Contents the copy may see.
     pub contents: Vec<u8>,
+    /// The host file's mode and times, for an item in the copy's view; `None` (an item
+    /// outside the view, or a replay without them) gives mode 0444 and both times at the
+    /// epoch, which say nothing about the item.
+    pub meta: Option<FileMeta>,
+}
+
+/// What a copy sees of an item file's metadata besides its size (the contents' length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileMeta {
+    /// Permission bits (`& 0o777`; the view is read-only whatever they say).
+    pub mode: u32,
+    /// Access time: seconds and nanoseconds since the epoch.
+    pub atime: (i64, i64),
+    /// Modification time: seconds and nanoseconds since the epoch.
+    pub mtime: (i64, i64),
+}
+
+impl FileMeta {
+    /// The metadata of an open host file.
+    pub fn of(meta: &std::fs::Metadata) -> FileMeta {
+        use std::os::unix::fs::MetadataExt;
+        FileMeta {
+            mode: meta.mode() & 0o777,
+            atime: (meta.atime(), meta.atime_nsec()),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
 }
 
 /// The broker's three listeners inside a copy's network namespace.
@@ -137,18 +166,27 @@ struct Prepared {
     id_map: CString,
     roots: Vec<CString>,
     dirs: Vec<CString>,
-    files: Vec<(CString, Vec<u8>)>,
+    files: Vec<(CString, Vec<u8>, Option<FileMeta>)>,
     tmpfs_opts: CString,
+    scratch: Option<CString>,
 }
 
 /// Sets up the copy `pid` from outside and returns the listeners in its network namespace.
+///
+/// `scratch` (the germline's [`crate::confine::scratch_dir`]) gets a fresh writable tmpfs of
+/// this copy's own: mounted in the copy's mount namespace, where no other copy or the
+/// germline can reach it (the germline's directory there lies on its read-only root).
 pub fn prepare_copy(
     pid: i32,
     ids: CopyIds,
     data_roots: &[PathBuf],
     files: &[CopyFile],
+    scratch: Option<&Path>,
 ) -> Result<CopyListeners, ExecutorError> {
-    let p = prepare(pid, ids, data_roots, files)?;
+    let mut p = prepare(pid, ids, data_roots, files)?;
+    p.scratch = scratch
+        .map(|d| CString::new(d.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in scratch path")))
+        .transpose()?;
     let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
     // SAFETY: the child only performs syscalls on buffers prepared above and exits with
     // _exit; it never returns into Rust code of the parent.
@@ -217,7 +255,7 @@ fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -
             }
         }
         total += f.contents.len();
-        out_files.push((cp(&f.path)?, f.contents.clone()));
+        out_files.push((cp(&f.path)?, f.contents.clone(), f.meta));
     }
     Ok(Prepared {
         ns_user: c(format!("/proc/{pid}/ns/user"))?,
@@ -231,8 +269,13 @@ fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -
         dirs,
         files: out_files,
         tmpfs_opts: c(format!("size={},mode=0755,nr_inodes={}", total + (1 << 20), files.len() * 2 + 64))?,
+        scratch: None,
     })
 }
+
+/// Mount options of a copy's scratch tmpfs: 64 MiB (its pages are charged to the copy's
+/// memory cgroup), 4096 files and directories, `/tmp`'s mode.
+const SCRATCH_OPTS: &std::ffi::CStr = c"size=67108864,nr_inodes=4096,mode=1777";
 
 type StepErr = (u8, i32);
 
@@ -293,6 +336,18 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
             write_file(b'y', std::ffi::CStr::from_bytes_with_nul_unchecked(name), b"0", true)?;
         }
         ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
+        if let Some(dir) = &p.scratch {
+            ck(
+                b's',
+                mount(
+                    c"germline-scratch".as_ptr(),
+                    dir.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    MS_NOSUID | MS_NODEV,
+                    SCRATCH_OPTS.as_ptr().cast(),
+                ) as c_long,
+            )?;
+        }
         for root in &p.roots {
             ck(
                 b'l',
@@ -310,13 +365,20 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
                 return Err((b'm', errno()));
             }
         }
-        for (path, contents) in &p.files {
+        for (path, contents, meta) in &p.files {
             let fd = ck(b'n', open(path.as_ptr(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o444) as c_long)? as c_int;
             let mut off = 0;
             while off < contents.len() {
                 let n = ck(b'o', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
                 off += n as usize;
             }
+            // The host file's mode and times for an item in view; fixed ones otherwise.
+            let (mode, times) = match meta {
+                Some(m) => (m.mode, [timespec_of(m.atime), timespec_of(m.mtime)]),
+                None => (0o444, [timespec_of((0, 0)), timespec_of((0, 0))]),
+            };
+            ck(b't', fchmod(fd, mode) as c_long)?;
+            ck(b'u', futimens(fd, times.as_ptr()) as c_long)?;
             close(fd);
         }
         for root in &p.roots {
@@ -334,6 +396,10 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         ck(b'z', write(sock, b"D".as_ptr().cast(), 1) as c_long)?;
     }
     Ok(())
+}
+
+fn timespec_of((sec, nsec): (i64, i64)) -> libc::timespec {
+    libc::timespec { tv_sec: sec, tv_nsec: nsec }
 }
 
 /// The copy namespace's limits on namespaces and kernel notification groups (each path

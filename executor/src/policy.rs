@@ -31,6 +31,9 @@ pub struct Policy {
     /// Test-only: label item paths as the strings they were given (no resolution), the
     /// mechanism-off twin of the canonical-name tests.
     raw_path_labels: bool,
+    /// Environment for the release's germline (`[environment]`), over the manifest's.
+    /// Every copy sees it, so it must hold nothing secret.
+    pub environment: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug)]
@@ -98,6 +101,8 @@ struct RawPolicy {
     limits: RawLimits,
     #[serde(default)]
     tls: RawTls,
+    #[serde(default)]
+    environment: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -254,6 +259,7 @@ impl Policy {
             tls_extra_roots: raw.tls.extra_roots,
             tls: None,
             raw_path_labels: false,
+            environment: raw.environment,
         })
     }
 

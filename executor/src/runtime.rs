@@ -141,6 +141,17 @@ impl Runtime {
         }
     }
 
+    /// The release's tools and their label: under germline from a data-free copy, or, for a
+    /// server that needs its start-up data to list them, from a copy holding the paths its
+    /// tools declare, with their label ([`GermlineRuntime::list_tools_labelled`]). Other
+    /// runtimes label nothing.
+    pub fn list_tools_labelled(&mut self) -> Result<(serde_json::Value, germline_model::Label), ExecutorError> {
+        match self {
+            Runtime::Germline(g) => g.list_tools_labelled(),
+            other => Ok((other.list_tools()?, germline_model::Label::empty())),
+        }
+    }
+
     /// The release hash the germline computed for itself when it started (germline
     /// runtimes; the baselines do not compute one).
     pub fn release(&self) -> Option<germline_model::ReleaseHash> {

@@ -62,7 +62,7 @@ const ALLOWED: &[Group] = &[
     Group {
         why: "descriptors and read-only files: every file system a copy can name is mounted \
               read-only and under a read-only Landlock rule (only /dev/null takes writes, and \
-              keeps nothing); what a copy writes goes to its own pipes, sockets and memfds, \
+              keeps nothing), except the copy's own scratch tmpfs; what a copy writes goes to its own pipes, sockets and memfds, \
               which no other copy holds; reading a shared file moves at most its page-cache \
               residency (a timing channel, see SECURITY.md) and never its atime (noatime)",
         calls: sys![
@@ -114,6 +114,30 @@ const ALLOWED: &[Group] = &[
             SYS_listxattr,
             SYS_llistxattr,
             SYS_flistxattr,
+        ],
+    },
+    Group {
+        why: "changing names and metadata in the copy's own scratch tmpfs (TMPDIR), mounted \
+              per copy in the copy's own mount namespace: every other file system a copy can \
+              name is mounted read-only (EROFS) and Landlock grants making and removing names \
+              only beneath the scratch's parent, so none of these reaches an inode another \
+              copy or the germline can see",
+        calls: sys![
+            SYS_mkdir,
+            SYS_mkdirat,
+            SYS_rmdir,
+            SYS_unlink,
+            SYS_unlinkat,
+            SYS_rename,
+            SYS_renameat,
+            SYS_renameat2,
+            SYS_symlink,
+            SYS_symlinkat,
+            SYS_truncate,
+            SYS_chmod,
+            SYS_fchmod,
+            SYS_fchmodat,
+            SYS_utimensat,
         ],
     },
     Group {
@@ -476,20 +500,25 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     );
     // clone's low byte is the child's exit signal (CSIGNAL).
     rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
-    rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
     // A copy switches to its own ids (its namespace's root, mapped to host ids of its
     // own) before it is given data; only to root of the caller's namespace, which in the
     // germline is who it is already (and it holds no capability to become anyone else).
+    // Each position may also be -1 ("unchanged"): posix_spawn's POSIX_SPAWN_RESETIDS calls
+    // setresuid(-1, 0, -1), and GNU make spawns every recipe so. The caller's namespace
+    // maps one uid and one gid, its root, so this can only re-set ids it already has.
     for call in [libc::SYS_setresuid, libc::SYS_setresgid] {
-        rules.insert(
-            call,
-            vec![rule(vec![
-                cond(0, SeccompCmpOp::Eq, 0)?,
-                cond(1, SeccompCmpOp::Eq, 0)?,
-                cond(2, SeccompCmpOp::Eq, 0)?,
-            ])?],
-        );
+        let mut any = Vec::new();
+        for combo in 0..8u8 {
+            let id = |bit: u8| if combo & (1 << bit) != 0 { u64::from(u32::MAX) } else { 0 };
+            any.push(rule(vec![
+                cond(0, SeccompCmpOp::Eq, id(0))?,
+                cond(1, SeccompCmpOp::Eq, id(1))?,
+                cond(2, SeccompCmpOp::Eq, id(2))?,
+            ])?);
+        }
+        rules.insert(call, any);
     }
+    rules.insert(libc::SYS_madvise, one_of(2, &words(&MADVISE_ADVICE), &[])?);
     // Private futexes (keyed by the caller's own mm) freely; shared ones only to wait.
     let private = word(libc::FUTEX_PRIVATE_FLAG);
     let mut futex = vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(private), private)?])?];

@@ -34,6 +34,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         switches: Default::default(),
         require_limits: false,
         seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
+        env: Vec::new(),
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);
@@ -42,7 +43,8 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         copy.pid,
         copy.ids(),
         std::slice::from_ref(&data),
-        &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec() }],
+        &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }],
+        copy.scratch.as_deref(),
     )
     .unwrap();
     copy.channel_ready().unwrap();

@@ -87,10 +87,15 @@ fn compare(
     let mut gl = Runtime::start(RuntimeKind::Germline, rel, policy, py).expect("germline start");
     let t0 = std::time::Instant::now();
     let mut results = Vec::new();
+    let (mut t_pin, mut t_gl) = (Vec::new(), Vec::new());
     for (i, (tool, args)) in calls.iter().enumerate() {
         let req = request(tool, args.clone(), &[]);
+        let t = std::time::Instant::now();
         let a = pin.call(&req);
+        t_pin.push(t.elapsed());
+        let t = std::time::Instant::now();
         let b = gl.call(&req);
+        t_gl.push(t.elapsed());
         assert!(b.error.is_none() || a.error.is_some(), "call {i} {tool} {args}: germline failed: {:?}", b.error);
         assert_eq!(
             normalise(tool, bare(&a)),
@@ -102,7 +107,17 @@ fn compare(
         }
         results.push(bare(&b));
     }
-    eprintln!("{} calls compared in {:?}", calls.len(), t0.elapsed());
+    let p50 = |v: &mut Vec<std::time::Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (a, b) = (p50(&mut t_pin), p50(&mut t_gl));
+    eprintln!(
+        "{} calls compared in {:?}; P50 unprotected {a:?}, germline {b:?}, ratio {:.2}",
+        calls.len(),
+        t0.elapsed(),
+        b.as_secs_f64() / a.as_secs_f64()
+    );
     results
 }
 
@@ -232,6 +247,10 @@ fn mcp_server_git_matches_unprotected_with_the_repository_as_an_item() {
         let rev = ["HEAD", "HEAD~1", "HEAD~3", "nope"][i % 4];
         calls.push(("git_show".to_owned(), json!({"repo_path": r, "revision": rev})));
         calls.push(("git_diff_unstaged".to_owned(), json!({"repo_path": r, "context_lines": i % 4})));
+        // A target git rejects (a blob): the server shells out to `git diff`, which fails;
+        // under germline the copy must collect that exit status as the bare server does.
+        let target = ["HEAD~1", "HEAD:f0.txt"][i % 2];
+        calls.push(("git_diff".to_owned(), json!({"repo_path": r, "target": target})));
     }
     compare(&rel, policy(&data, extra), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
 }
@@ -329,4 +348,153 @@ fn mcp_server_fetch_matches_unprotected_over_https() {
         );
     }
     assert!(front.handshakes() >= 400, "{} TLS handshakes: every fetch went to the site over TLS", front.handshakes());
+}
+
+/// Runs `code` with the vendored packages of `name` on the path (to build test data with
+/// the server's own libraries).
+fn with_vendor(name: &str, home: &Path, code: &str, arg: &Path) {
+    let py = python(home).python;
+    let vendor = real_servers().join(name).join("vendor");
+    let ok = Command::new(&py)
+        .arg("-c")
+        .arg(format!("import sys; sys.path.insert(0, {vendor:?})\n{code}"))
+        .arg(arg)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "preparing test data for {name}");
+}
+
+/// Issue 16: mcp-server-duckdb, configured by `--db-path` on its command line and run
+/// through its own `main` (`cli` in the manifest), with the database as an item.
+#[test]
+fn mcp_server_duckdb_matches_unprotected_with_the_database_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let db = data.join("sales.duckdb");
+    let home = dir.path().join("home");
+    with_vendor(
+        "duckdb",
+        &home,
+        "import duckdb\nc = duckdb.connect(sys.argv[1])\n\
+         c.execute(\"create table sales(region varchar, amount decimal(10,2), day date)\")\n\
+         c.execute(\"insert into sales select 'r' || CAST(i % 4 AS VARCHAR), i * 1.25, DATE '2026-01-01' + CAST(i AS INTEGER) from range(100) t(i)\")\n\
+         c.close()",
+        &db,
+    );
+    let rel = lay_out(dir.path(), "duckdb", &db.to_string_lossy());
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let q = match i % 5 {
+            0 => "SELECT region, SUM(amount) AS total FROM sales GROUP BY region ORDER BY region".to_owned(),
+            1 => format!("SELECT * FROM sales WHERE amount > {} ORDER BY day LIMIT 3", i * 5),
+            2 => "SELECT COUNT(*), MIN(day), MAX(day) FROM sales".to_owned(),
+            3 => "SELECT * FROM nowhere".to_owned(),
+            _ => "INSERT INTO sales VALUES ('x', 1, DATE '2026-01-01')".to_owned(),
+        };
+        calls.push(("query".to_owned(), json!({"query": q})));
+    }
+    compare(&rel, policy(&data, ""), &home, &calls, Some("projx"), |_, v| v);
+}
+
+/// Issue 16: excel-mcp-server (an office-document server) through its own command line,
+/// reading a workbook named by the `path` argument.
+#[test]
+fn excel_mcp_server_matches_unprotected_with_the_workbook_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let book = data.join("budget.xlsx");
+    let home = dir.path().join("home");
+    with_vendor(
+        "excel",
+        &home,
+        "import openpyxl\nwb = openpyxl.Workbook()\nws = wb.active\nws.title = 'Budget'\n\
+         ws.append(['item', 'q1', 'q2', 'total'])\n\
+         [ws.append(['line %d' % i, i * 10, i * 7, '=B%d+C%d' % (i + 2, i + 2)]) for i in range(12)]\n\
+         wb.create_sheet('Notes').append(['reviewed', True])\nwb.save(sys.argv[1])",
+        &book,
+    );
+    let rel = lay_out(dir.path(), "excel", "");
+    let extra = "[[items]]\nargument = \"path\"\nnames_path = true\n";
+    let b = book.to_string_lossy().into_owned();
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        calls.push(("describe_workbook".to_owned(), json!({"path": b})));
+        let range = ["A1:D5", "B2:C13", "D1:D13", "ZZ1:ZZ2"][i % 4];
+        calls.push(("read_range".to_owned(), json!({"path": b, "sheet": "Budget", "range": range})));
+        calls.push(("find_cells".to_owned(), json!({"path": b, "sheet": "Budget", "query": format!("line {i}")})));
+    }
+    calls.push(("read_range".to_owned(), json!({"path": b, "sheet": "Missing"})));
+    compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
+}
+
+/// Issue 16: mcp-server-make runs `make` on a Makefile that is an item; failing targets
+/// must fail as unprotected (their exit statuses reach the server, point 9).
+#[test]
+fn mcp_server_make_matches_unprotected_with_the_makefile_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let project = data.join("project");
+    std::fs::create_dir_all(&project).expect("project");
+    std::fs::write(project.join("notes.txt"), "alpha\nbeta\ngamma\n").expect("notes");
+    std::fs::write(
+        project.join("Makefile"),
+        ".PHONY: hello count fail words\nhello:\n\t@echo hello from make\ncount:\n\t@wc -l < notes.txt\n\
+         fail:\n\t@echo about to fail; exit 3\nwords:\n\t@grep -c a notes.txt\n",
+    )
+    .expect("Makefile");
+    let rel = lay_out(dir.path(), "make", &project.to_string_lossy());
+    let mut calls = Vec::new();
+    for i in 0..12 {
+        let target = ["hello", "count", "fail", "words", "missing"][i % 5];
+        calls.push(("make".to_owned(), json!({"target": target})));
+    }
+    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    let failing = results[2].to_string();
+    assert!(failing.contains("Error 3") || failing.contains("exit"), "the failing target failed: {failing}");
+}
+
+/// Issue 16: mcp-server-calculator, through its command-line entry point.
+#[test]
+fn mcp_server_calculator_matches_unprotected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let rel = lay_out(dir.path(), "calculator", "");
+    let exprs = ["2 + 3 * 4", "sqrt(2) ^ 2", "10 / 0", "factorial(20)", "log(e)", "nope(1)", "2 ** 0.5", "-7 // 2"];
+    let calls: Vec<(String, serde_json::Value)> =
+        (0..40).map(|i| ("calculate".to_owned(), json!({"expression": exprs[i % exprs.len()]}))).collect();
+    compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, None, |_, v| v);
+}
+
+/// Issue 16: office-word-mcp-server, which registers its tools inside its command-line
+/// entry point, reading a .docx named by the `filename` argument.
+#[test]
+fn office_word_mcp_server_matches_unprotected_with_the_document_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let doc = data.join("minutes.docx");
+    let home = dir.path().join("home");
+    with_vendor(
+        "word",
+        &home,
+        "import docx\nd = docx.Document()\nd.add_heading('Minutes', 0)\nd.add_heading('Budget', 1)\n\
+         [d.add_paragraph('Item %d: the budget line %d was approved.' % (i, i * 3)) for i in range(8)]\n\
+         d.add_heading('Next steps', 1)\nd.add_paragraph('Review in March.')\nd.save(sys.argv[1])",
+        &doc,
+    );
+    let rel = lay_out(dir.path(), "word", "");
+    let extra = "[[items]]\nargument = \"filename\"\nnames_path = true\n";
+    let f = doc.to_string_lossy().into_owned();
+    let mut calls = Vec::new();
+    for i in 0..6 {
+        calls.push(("get_document_text".to_owned(), json!({"filename": f})));
+        calls.push(("get_document_outline".to_owned(), json!({"filename": f})));
+        calls.push(("get_paragraph_text_from_document".to_owned(), json!({"filename": f, "paragraph_index": i * 2})));
+        let needle = ["budget", "March", "absent", "Item 3"][i % 4];
+        calls.push(("find_text_in_document".to_owned(), json!({"filename": f, "text_to_find": needle})));
+    }
+    compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
 }
