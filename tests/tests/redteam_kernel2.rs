@@ -52,6 +52,35 @@ fn pair(name: &str, send_role: &str, receive_role: &str) -> Pair {
     Pair { canary: hr.as_str().to_owned(), w, oracle, secret, sender, receiver }
 }
 
+/// A live pair run with the earlier filter (off: the canary crosses) and the allowlist (on:
+/// not one symbol, counted in the receiver's `symbols` field, does).
+fn live_pair_off_on(name: &str, send_role: &str, rounds: u32, symbols: &str) {
+    for off in [true, false] {
+        let p = pair(name, send_role, "receive");
+        let (got, sent) = p.run_filtered(SandboxSwitches::default(), rounds, filter(off));
+        let text = got.to_string();
+        if off {
+            assert!(p.leaked(&text), "{name} off: the canary crosses ({text}; sender {sent})");
+            eprintln!("{name} off: 96/96 bits in one call ({text}; sender {sent})");
+        } else {
+            assert!(!p.leaked(&text), "{name} on: {text}; sender {sent}");
+            assert_eq!(got[symbols], json!(0), "{name} on: not one symbol ({text}; sender {sent})");
+            eprintln!("{name} on: 0 bits ({text}; sender {sent})");
+        }
+    }
+}
+
+/// A call whose only consumer is the public one: its text, or `error: …`.
+fn public_with(rt: &mut Runtime, tool: &str, args: Value) -> String {
+    let mut req = request(tool, args, &[]);
+    req.consumers = vec!["public".into()];
+    let o = rt.call(&req);
+    match o.error {
+        Some(e) => format!("error: {e}"),
+        None => result_text(&o),
+    }
+}
+
 /// Whether a tool's answer is the kernel's refusal (EPERM).
 fn refused(t: &str) -> bool {
     t.contains("EPERM") || t.contains("Operation not permitted")
@@ -133,19 +162,7 @@ impl Pair {
 #[test]
 fn zerocopy_pages_charged_to_the_sandbox_uid_before_the_switch_carry_the_canary_between_live_copies() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    for off in [true, false] {
-        let p = pair("zerocopy", "send", "receive");
-        let (got, sent) = p.run_filtered(SandboxSwitches::default(), 0, filter(off));
-        let text = got.to_string();
-        if off {
-            assert!(p.leaked(&text), "zerocopy off: the canary crosses ({text}; sender {sent})");
-            eprintln!("zerocopy off: 96/96 bits in one call ({text}; sender {sent})");
-        } else {
-            assert!(!p.leaked(&text), "zerocopy on: {text}; sender {sent}");
-            assert_eq!(got["nibbles"], json!(0), "zerocopy on: not one nibble ({text}; sender {sent})");
-            eprintln!("zerocopy on: 0 bits ({text}; sender {sent})");
-        }
-    }
+    live_pair_off_on("zerocopy", "send", 0, "nibbles");
 }
 
 /// The control: the same sender making its 30 holders after the switch (in the tool, when
@@ -175,19 +192,7 @@ fn zerocopy_pages_charged_after_the_switch_carry_nothing() {
 #[test]
 fn portperturb_source_ports_of_one_shared_table_carry_the_canary_between_live_copies() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
-    for off in [true, false] {
-        let p = pair("portperturb", "send", "receive");
-        let (got, sent) = p.run_filtered(SandboxSwitches::default(), 300, filter(off));
-        let text = got.to_string();
-        if off {
-            assert!(p.leaked(&text), "portperturb off: the canary crosses ({text}; sender {sent})");
-            eprintln!("portperturb off: 96/96 bits in one call ({text}; sender {sent})");
-        } else {
-            assert!(!p.leaked(&text), "portperturb on: {text}; sender {sent}");
-            assert_eq!(got["dibits"], json!(0), "portperturb on: not one symbol ({text}; sender {sent})");
-            eprintln!("portperturb on: 0 bits ({text}; sender {sent})");
-        }
-    }
+    live_pair_off_on("portperturb", "send", 300, "dibits");
 }
 
 // --- portstore: the same table as a store that outlives every copy -----------------------
@@ -211,22 +216,13 @@ fn portstore_host_wide_port_table_carries_the_canary_from_one_call_into_a_later_
         for attempt in 1..=tries {
             let p = pair("portstore", "x", "x");
             let mut rt = p.start_filtered(&p.sender, SandboxSwitches::default(), filter(off));
-            let public = |rt: &mut Runtime, tool: &str| {
-                let mut req = request(tool, json!({}), &[]);
-                req.consumers = vec!["public".into()];
-                let o = rt.call(&req);
-                match o.error {
-                    Some(e) => format!("error: {e}"),
-                    None => result_text(&o),
-                }
-            };
-            let marked = public(&mut rt, "mark");
+            let marked = public_with(&mut rt, "mark", json!({}));
             let o = rt.call(&request("send", json!({"document": p.secret}), &[&p.secret]));
             let sent = match &o.error {
                 Some(e) => format!("error: {e}"),
                 None => result_text(&o),
             };
-            let text = public(&mut rt, "read");
+            let text = public_with(&mut rt, "read", json!({}));
             let leaked = p.leaked(&text);
             if !off {
                 assert!(!leaked, "portstore on: {text}; {marked}; sender {sent}");
@@ -265,20 +261,11 @@ fn cookiestore_host_wide_socket_cookie_counter_carries_the_canary_from_calls_int
     for off in [true, false] {
         let p = pair("cookiestore", "x", "x");
         let mut rt = p.start_filtered(&p.sender, SandboxSwitches::default(), filter(off));
-        let public = |rt: &mut Runtime, tool: &str| {
-            let mut req = request(tool, json!({}), &[]);
-            req.consumers = vec!["public".into()];
-            let o = rt.call(&req);
-            match o.error {
-                Some(e) => format!("error: {e}"),
-                None => result_text(&o),
-            }
-        };
-        let marked = public(&mut rt, "mark");
+        let marked = public_with(&mut rt, "mark", json!({}));
         if !off {
             // Nothing to mark with: the counter cannot be read at all.
             let o = rt.call(&request("send", json!({"document": p.secret, "index": 0}), &[&p.secret]));
-            let text = public(&mut rt, "read");
+            let text = public_with(&mut rt, "read", json!({}));
             assert!(!p.leaked(&text), "cookiestore on: {text}");
             assert!(refused(&marked) && refused(&text), "cookiestore on: refused ({marked}; {text}; {:?})", o.error);
             eprintln!("cookiestore on: 0 bits ({marked}; {text})");
@@ -289,7 +276,7 @@ fn cookiestore_host_wide_socket_cookie_counter_carries_the_canary_from_calls_int
         for i in 0..32 {
             let o = rt.call(&request("send", json!({"document": p.secret, "index": i}), &[&p.secret]));
             assert!(o.error.is_none(), "send {i}: {:?}", o.error);
-            text = public(&mut rt, "read");
+            text = public_with(&mut rt, "read", json!({}));
             let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("read: {text}"));
             chunks.push(v["chunks"].clone());
         }
@@ -418,11 +405,9 @@ fn portdest_run(off: bool) {
     let rt = w.start_with(RuntimeKind::Germline, &release, policy, SandboxSwitches::default()).expect("starts");
     let mut rt = with_filter(rt, SeccompPolicy::denylist_only());
     let public = |rt: &mut Runtime, tool: &str, args: Value| {
-        let mut req = request(tool, args, &[]);
-        req.consumers = vec!["public".into()];
-        let o = rt.call(&req);
-        assert!(o.error.is_none(), "{tool}: {:?}", o.error);
-        result_text(&o)
+        let text = public_with(rt, tool, args);
+        assert!(!text.starts_with("error: "), "{tool}: {text}");
+        text
     };
     // One re-salt period (10 s) per attempt: `find` waits for a re-salt, searches 32768
     // addresses (a collision among them in ~40% of periods), then three hr calls follow.
