@@ -56,16 +56,26 @@ fn pair(name: &str, send_role: &str, receive_role: &str) -> Pair {
 /// not one symbol, counted in the receiver's `symbols` field, does).
 fn live_pair_off_on(name: &str, send_role: &str, rounds: u32, symbols: &str) {
     for off in [true, false] {
-        let p = pair(name, send_role, "receive");
-        let (got, sent) = p.run_filtered(SandboxSwitches::default(), rounds, filter(off));
-        let text = got.to_string();
-        if off {
-            assert!(p.leaked(&text), "{name} off: the canary crosses ({text}; sender {sent})");
-            eprintln!("{name} off: 96/96 bits in one call ({text}; sender {sent})");
-        } else {
-            assert!(!p.leaked(&text), "{name} on: {text}; sender {sent}");
-            assert_eq!(got[symbols], json!(0), "{name} on: not one symbol ({text}; sender {sent})");
-            eprintln!("{name} on: 0 bits ({text}; sender {sent})");
+        // The protocol runs on shared frames; on a loaded host a run can lose a symbol, so
+        // the positive control gets three tries.
+        let tries = if off { 3 } else { 1 };
+        for attempt in 1..=tries {
+            let p = pair(name, send_role, "receive");
+            let (got, sent) = p.run_filtered(SandboxSwitches::default(), rounds, filter(off));
+            let text = got.to_string();
+            if off {
+                if !p.leaked(&text) && attempt < tries {
+                    eprintln!("{name} off, try {attempt}: lost a symbol ({text}; sender {sent})");
+                    continue;
+                }
+                assert!(p.leaked(&text), "{name} off: the canary crosses ({text}; sender {sent})");
+                eprintln!("{name} off: 96/96 bits in one call on try {attempt} ({text}; sender {sent})");
+            } else {
+                assert!(!p.leaked(&text), "{name} on: {text}; sender {sent}");
+                assert_eq!(got[symbols], json!(0), "{name} on: not one symbol ({text}; sender {sent})");
+                eprintln!("{name} on: 0 bits ({text}; sender {sent})");
+            }
+            break;
         }
     }
 }
