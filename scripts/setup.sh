@@ -60,6 +60,8 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
   "duckdb mcp-server-duckdb==1.1.0 mcp==1.30.0" "excel excel-mcp-server==2.2.2" \
   "make mcp-server-make==0.4.0 mcp==1.30.0" "calculator mcp-server-calculator==0.2.1" \
   "word office-word-mcp-server==1.1.11" \
+  "pptx office-powerpoint-mcp-server==2.0.7 mcp==1.30.0" "treesitter mcp-server-tree-sitter==0.7.0 mcp==1.30.0" \
+  "climcp cli-mcp-server==0.2.5 mcp==1.30.0" "shell mcp-shell-server==1.1.14 mcp==1.30.0" \
   "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then

@@ -48,6 +48,9 @@ impl SigPinRuntime {
             thread::spawn(move || relay_loop(listener, &stop, &policy))
         };
         let mut cmd = server_command(runtime, release_dir, port);
+        // The environment a user configures the server with (`[release] env`, the policy's).
+        let manifest = crate::manifest::Manifest::load(release_dir)?;
+        cmd.envs(crate::germline::germline_environment(&manifest.env, &policy.environment)?);
         for var in crate::tls::CA_TRUST_VARS {
             cmd.env(var, tls.ca_cert_path());
         }

@@ -498,3 +498,109 @@ fn office_word_mcp_server_matches_unprotected_with_the_document_as_an_item() {
     }
     compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
 }
+
+/// Issue 16: office-powerpoint-mcp-server (its FastMCP server is a module attribute),
+/// reading a deck named by `file_path` / `template_path`. The server keeps opened decks
+/// in process memory; the calls name their id, so none depends on an earlier call.
+#[test]
+fn office_powerpoint_mcp_server_matches_unprotected_with_the_deck_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let deck = data.join("deck.pptx");
+    let home = dir.path().join("home");
+    with_vendor(
+        "pptx",
+        &home,
+        "from pptx import Presentation\np = Presentation()\n\
+         for i in range(3):\n    s = p.slides.add_slide(p.slide_layouts[1]); s.shapes.title.text = 'Slide %d: results' % (i + 1)\n    s.placeholders[1].text = 'Revenue grew %d%% in region %d' % (i * 5, i)\n\
+         p.core_properties.title = 'Quarterly deck'\np.save(sys.argv[1])",
+        &deck,
+    );
+    let rel = lay_out(dir.path(), "pptx", "");
+    let extra = "[[items]]\nargument = \"file_path\"\nnames_path = true\n[[items]]\nargument = \"template_path\"\nnames_path = true\n";
+    let d = deck.to_string_lossy().into_owned();
+    let missing = data.join("missing.pptx").to_string_lossy().into_owned();
+    let mut calls = Vec::new();
+    for i in 0..3 {
+        calls.push(("open_presentation".to_owned(), json!({"file_path": d, "id": format!("deck{i}")})));
+        calls.push(("get_template_file_info".to_owned(), json!({"template_path": d})));
+    }
+    let results = compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
+    assert!(results[0].to_string().contains("slide_count"), "the deck opened: {}", results[0]);
+    // A deck that does not exist names no item: its answer carries no label.
+    let calls = [("open_presentation".to_owned(), json!({"file_path": missing, "id": "gone"}))];
+    compare(&rel, policy(&data, extra), &home, &calls, None, |_, v| v);
+}
+
+/// Issue 16: mcp-server-tree-sitter, through its command line: the language-level tools
+/// (grammars, node types, query building) that need no project.
+#[test]
+fn mcp_server_tree_sitter_matches_unprotected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let rel = lay_out(dir.path(), "treesitter", "");
+    let mut calls = vec![("list_languages".to_owned(), json!({}))];
+    for lang in ["python", "javascript", "cobol"] {
+        calls.push(("check_language_available".to_owned(), json!({"language": lang})));
+    }
+    calls.push(("get_node_types".to_owned(), json!({"language": "python"})));
+    calls.push(("build_query".to_owned(), json!({"language": "python", "patterns": ["function", "class"]})));
+    calls.push((
+        "adapt_query".to_owned(),
+        json!({"query": "(function_definition) @f", "from_language": "python", "to_language": "javascript"}),
+    ));
+    compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, None, |_, v| v);
+}
+
+/// A directory of small text files, dated, for the servers that run commands on it.
+fn command_directory(data: &Path) {
+    std::fs::create_dir_all(data).expect("data");
+    std::fs::write(data.join("notes.txt"), "alpha\nbeta\ngamma\n").expect("notes");
+    std::fs::write(data.join("people.csv"), "id,name\n1,ann\n2,bob\n").expect("people");
+}
+
+/// Issue 16: cli-mcp-server, configured by its environment (`[release] env`: the directory
+/// it runs commands in and the commands it allows), runs `cat`, `wc`, `grep` and `ls` on
+/// the directory's files as items; a refused command and a failing one answer as
+/// unprotected.
+#[test]
+fn cli_mcp_server_matches_unprotected_with_the_directory_as_items() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    command_directory(&data);
+    let rel = lay_out(dir.path(), "climcp", &data.to_string_lossy());
+    let commands =
+        ["cat notes.txt", "wc -l people.csv", "grep -c a notes.txt", "cat missing.txt", "rm notes.txt", "ls -a"];
+    let calls: Vec<(String, Value)> =
+        commands.iter().map(|c| ("run_command".to_owned(), json!({"command": c}))).collect();
+    let home = dir.path().join("home");
+    let results = compare(&rel, policy(&data, ""), &home, &calls, Some("projx"), |_, v| v);
+    assert!(results[0].to_string().contains("alpha\\nbeta"), "cat read the file: {}", results[0]);
+    // The rules read no file: that answer carries no label.
+    compare(&rel, policy(&data, ""), &home, &[("show_security_rules".to_owned(), json!({}))], None, |_, v| v);
+}
+
+/// Issue 16: mcp-shell-server, configured by its environment, runs commands in the
+/// directory a call names; the files are items.
+#[test]
+fn mcp_shell_server_matches_unprotected_with_the_directory_as_items() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    command_directory(&data);
+    let rel = lay_out(dir.path(), "shell", &data.to_string_lossy());
+    let d = data.to_string_lossy().into_owned();
+    let commands: [&[&str]; 6] = [
+        &["cat", "notes.txt"],
+        &["sort", "-r", "notes.txt"],
+        &["grep", "-c", "a", "notes.txt"],
+        &["cat", "missing.txt"],
+        &["rm", "notes.txt"],
+        &["ls"],
+    ];
+    let calls: Vec<(String, Value)> =
+        commands.iter().map(|c| ("shell_execute".to_owned(), json!({"command": c, "directory": d}))).collect();
+    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    assert!(results[1].to_string().contains("gamma\\nbeta\\nalpha"), "sort ran: {}", results[1]);
+}
