@@ -286,9 +286,11 @@ impl Drop for PidCounter {
 
 /// The environment that keeps known native thread pools from starting threads at import
 /// (G1 refuses a germline with more than one thread): BLAS (OpenBLAS, MKL, BLIS,
-/// Accelerate), OpenMP, numexpr, numba, Rayon (polars, tokenizers), TensorFlow. Public
-/// constants, the same for every germline; copies inherit them (a copy's pools stay
-/// single-threaded).
+/// Accelerate), OpenMP, numexpr, numba, Rayon (polars, tokenizers), TensorFlow, and the
+/// GHC runtime of programs a server shells out to (pandoc): `-V0` turns off its ticker,
+/// a thread driven by a `timerfd`, which the copy's seccomp filter refuses (without it
+/// such a program aborts at start). Public constants, the same for every germline; copies
+/// inherit them (a copy's pools stay single-threaded).
 pub const SINGLE_THREADED_POOLS: &[(&str, &str)] = &[
     ("OPENBLAS_NUM_THREADS", "1"),
     ("GOTO_NUM_THREADS", "1"),
@@ -304,6 +306,7 @@ pub const SINGLE_THREADED_POOLS: &[(&str, &str)] = &[
     ("TOKENIZERS_PARALLELISM", "false"),
     ("TF_NUM_INTEROP_THREADS", "1"),
     ("TF_NUM_INTRAOP_THREADS", "1"),
+    ("GHCRTS", "-V0"),
 ];
 
 /// At most this many bytes of the germline's stderr are kept while it starts.

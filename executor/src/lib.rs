@@ -31,6 +31,7 @@ pub mod seccomp;
 pub mod sigpin;
 pub mod timings;
 pub mod tls;
+pub mod view_order;
 pub mod wake;
 
 pub use error::ExecutorError;

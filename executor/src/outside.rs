@@ -234,7 +234,8 @@ fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -
     let mut dirs = Vec::new();
     let mut out_files = Vec::new();
     let mut total = 0usize;
-    for f in files {
+    let paths: Vec<&Path> = files.iter().map(|f| f.path.as_path()).collect();
+    for f in crate::view_order::creation_order(&paths).into_iter().map(|i| &files[i]) {
         let root = data_roots
             .iter()
             .find(|r| f.path.starts_with(r))

@@ -604,3 +604,116 @@ fn mcp_shell_server_matches_unprotected_with_the_directory_as_items() {
     let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
     assert!(results[1].to_string().contains("gamma\\nbeta\\nalpha"), "sort ran: {}", results[1]);
 }
+
+/// Issue 16: mcp-server-jupyter reads a notebook named by `notebook_path` (its cells,
+/// sources and a cell's stored outputs; running cells needs a kernel and is left out).
+#[test]
+fn mcp_server_jupyter_matches_unprotected_with_the_notebook_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let nb = data.join("sales.ipynb");
+    let cell = |id: &str, kind: &str, source: &str, outputs: Value| {
+        let mut c = json!({"cell_type": kind, "id": id, "metadata": {}, "source": [source]});
+        if kind == "code" {
+            c["execution_count"] = json!(1);
+            c["outputs"] = outputs;
+        }
+        c
+    };
+    let notebook = json!({
+        "cells": [
+            cell("intro", "markdown", "# Sales\nTotals per region.", json!(null)),
+            cell("load", "code", "totals = {'north': 10, 'south': 7}\ntotals",
+                 json!([{"output_type": "execute_result", "execution_count": 1, "metadata": {},
+                         "data": {"text/plain": ["{'north': 10, 'south': 7}"]}}])),
+            cell("sum", "code", "print(sum(totals.values()))",
+                 json!([{"output_type": "stream", "name": "stdout", "text": ["17\n"]}])),
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5
+    });
+    std::fs::write(&nb, serde_json::to_string_pretty(&notebook).expect("json")).expect("notebook");
+    let rel = lay_out(dir.path(), "jupyter", "");
+    let extra = "[[items]]\nargument = \"notebook_path\"\nnames_path = true\n";
+    let p = nb.to_string_lossy().into_owned();
+    let calls = vec![
+        ("read_notebook_with_outputs".to_owned(), json!({"notebook_path": p})),
+        ("read_notebook_source_only".to_owned(), json!({"notebook_path": p})),
+        ("read_output_of_cell".to_owned(), json!({"notebook_path": p, "cell_id": "sum"})),
+        ("read_output_of_cell".to_owned(), json!({"notebook_path": p, "cell_id": "load"})),
+        ("read_output_of_cell".to_owned(), json!({"notebook_path": p, "cell_id": "nope"})),
+    ];
+    let results = compare(&rel, policy(&data, extra), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    assert!(results[2].to_string().contains("17\\n"), "the cell's output: {}", results[2]);
+}
+
+/// Issue 16: code-index-mcp indexes the project named by `--project-path` as it starts
+/// (in each copy, whose view holds the project's files) and answers file, search and
+/// symbol queries; `find_files` returns files in directory-listing order, which the copy's
+/// view keeps.
+#[test]
+fn code_index_mcp_matches_unprotected_with_the_project_as_items() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let src = data.join("src");
+    std::fs::create_dir_all(&src).expect("src");
+    std::fs::write(
+        src.join("ledger.py"),
+        "def total(xs):\n    \"\"\"Sum of xs.\"\"\"\n    return sum(xs)\n\nclass Ledger:\n    def add(self, x):\n        return total([x, 1])\n",
+    )
+    .expect("py");
+    std::fs::write(
+        src.join("app.js"),
+        "import { total } from \"./ledger\";\nexport function twice(x) { return total([x, x]); }\n",
+    )
+    .expect("js");
+    std::fs::write(src.join("util.py"), "def ident(x):\n    return x\n").expect("py");
+    std::fs::write(data.join("README.md"), "# Project\nA ledger.\n").expect("readme");
+    let rel = lay_out(dir.path(), "codeindex", &data.to_string_lossy());
+    let calls = vec![
+        ("find_files".to_owned(), json!({"pattern": "*.py"})),
+        ("find_files".to_owned(), json!({"pattern": "src/*"})),
+        ("search_code_advanced".to_owned(), json!({"pattern": "total"})),
+        ("get_file_summary".to_owned(), json!({"file_path": "src/ledger.py"})),
+        ("get_symbol_body".to_owned(), json!({"file_path": "src/ledger.py", "symbol_name": "total"})),
+    ];
+    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    assert!(results[1].to_string().contains("src/app.js"), "the project was indexed: {}", results[1]);
+}
+
+/// Issue 16: database-mcp-sqlite, configured by `--dsn` on its command line, with the
+/// database as an item: listing objects, queries, a failing query and a refused write.
+#[test]
+fn database_mcp_sqlite_matches_unprotected_with_the_database_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let db = data.join("shop.db");
+    let py = python(&dir.path().join("home")).python;
+    let made = Command::new(&py)
+        .arg("-c")
+        .arg(
+            "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\n\
+             c.execute('create table customers(id integer primary key, name text, city text)')\n\
+             c.execute('create index idx_city on customers(city)')\n\
+             c.execute('create view big_cities as select city, count(*) n from customers group by city')\n\
+             c.executemany('insert into customers(name, city) values (?,?)', [('c%d' % i, 'city%d' % (i % 7)) for i in range(50)])\n\
+             c.commit()",
+        )
+        .arg(&db)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(made, "creating the database");
+    let rel = lay_out(dir.path(), "dbsqlite", &db.to_string_lossy());
+    let calls = vec![
+        ("search_objects".to_owned(), json!({})),
+        ("search_objects".to_owned(), json!({"table": "customers"})),
+        ("execute_sql".to_owned(), json!({"sql": "SELECT city, COUNT(*) AS n FROM customers GROUP BY city"})),
+        ("execute_sql".to_owned(), json!({"sql": "SELECT * FROM big_cities WHERE n > 7"})),
+        ("execute_sql".to_owned(), json!({"sql": "SELECT * FROM nowhere"})),
+        ("execute_sql".to_owned(), json!({"sql": "DELETE FROM customers"})),
+    ];
+    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    assert!(results[2].to_string().contains("city0"), "the query ran: {}", results[2]);
+}
