@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what germline's build and tests need on a fresh Debian machine: the C
-# toolchain bits for RocksDB (libclang), iproute2 for test network namespaces, and a
-# Python venv with the MCP SDK for the tool host. Idempotent; safe to re-run.
+# toolchain bits for RocksDB (libclang), iproute2 for test network namespaces, pandoc for
+# the compatibility corpus (mcp-pandoc runs it), and a Python venv with the MCP SDK for the
+# tool host. Idempotent; safe to re-run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 need_apt=()
-for pkg in libclang-dev clang g++ iproute2 git sqlite3 python3 python3-venv util-linux; do
+for pkg in libclang-dev clang g++ iproute2 git sqlite3 python3 python3-venv util-linux pandoc; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -63,7 +64,7 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
   "pptx office-powerpoint-mcp-server==2.0.7 mcp==1.30.0" "treesitter mcp-server-tree-sitter==0.7.0 mcp==1.30.0" \
   "climcp cli-mcp-server==0.2.5 mcp==1.30.0" "shell mcp-shell-server==1.1.14 mcp==1.30.0" \
   "jupyter mcp-server-jupyter==0.1.9 mcp==1.30.0" "codeindex code-index-mcp==2.17.1" \
-  "dbsqlite database-mcp-sqlite==0.2.1" \
+  "dbsqlite database-mcp-sqlite==0.2.1" "pandoc mcp-pandoc==0.11.1" "rss mcp-server-rss==0.1.0 mcp==1.30.0" \
   "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then

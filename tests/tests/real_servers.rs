@@ -258,39 +258,51 @@ fn mcp_server_git_matches_unprotected_with_the_repository_as_an_item() {
 /// A loopback web site: `/robots.txt` allows everything, `/notes/N.txt` is plain text,
 /// anything else a small HTML page.
 fn start_site() -> std::net::SocketAddr {
-    use std::io::{BufRead, BufReader, Write};
+    serve_site(|path| {
+        if path.ends_with("/robots.txt") {
+            ("text/plain", "User-agent: *\nAllow: /\n".to_owned())
+        } else if path.starts_with("/notes/") {
+            ("text/plain", format!("Plain notes at {path}.\nSecond line, long enough to be cut by max_length.\n"))
+        } else {
+            (
+                "text/html",
+                format!(
+                    "<html><head><title>Page {path}</title></head><body><h1>Heading {path}</h1>\
+                     <p>Some text for {path}, with <a href=\"/x\">a link</a>.</p><ul><li>one</li><li>two</li></ul></body></html>"
+                ),
+            )
+        }
+    })
+}
+
+/// A loopback HTTP site answering every GET or POST with `route(path)` (content type,
+/// body), one connection per request.
+fn serve_site(route: fn(&str) -> (&'static str, String)) -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("site");
     let addr = listener.local_addr().expect("site address");
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
             std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(10)));
                 let mut reader = BufReader::new(&conn);
                 let mut first = String::new();
                 if reader.read_line(&mut first).is_err() {
                     return;
                 }
                 let mut line = String::new();
+                let mut length = 0usize;
                 while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line.trim() != "" {
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0).min(1 << 16);
+                    }
                     line.clear();
                 }
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
                 let path = first.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                let (ctype, body) = if path.ends_with("/robots.txt") {
-                    ("text/plain", "User-agent: *\nAllow: /\n".to_owned())
-                } else if path.starts_with("/notes/") {
-                    (
-                        "text/plain",
-                        format!("Plain notes at {path}.\nSecond line, long enough to be cut by max_length.\n"),
-                    )
-                } else {
-                    (
-                        "text/html",
-                        format!(
-                            "<html><head><title>Page {path}</title></head><body><h1>Heading {path}</h1>\
-                             <p>Some text for {path}, with <a href=\"/x\">a link</a>.</p><ul><li>one</li><li>two</li></ul></body></html>"
-                        ),
-                    )
-                };
+                let (ctype, body) = route(&path);
                 let mut w = &conn;
                 let _ = write!(
                     w,
@@ -716,4 +728,99 @@ fn database_mcp_sqlite_matches_unprotected_with_the_database_as_an_item() {
     ];
     let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
     assert!(results[2].to_string().contains("city0"), "the query ran: {}", results[2]);
+}
+
+/// Issue 16: mcp-pandoc runs the `pandoc` binary (a GHC program: under germline it starts
+/// with `GHCRTS=-V0`, since the copy's seccomp filter refuses the `timerfd` its runtime's
+/// ticker needs) on inline contents and on a document named by `input_file`.
+#[test]
+fn mcp_pandoc_matches_unprotected_with_the_document_as_an_item() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let doc = data.join("minutes.md");
+    std::fs::write(
+        &doc,
+        "# Minutes\n\nThe *budget* was approved.\n\n- item one\n- item two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n",
+    )
+    .expect("document");
+    let rel = lay_out(dir.path(), "pandoc", "");
+    let extra = "[[items]]\nargument = \"input_file\"\nnames_path = true\n";
+    let d = doc.to_string_lossy().into_owned();
+    let convert = |args: Value| ("convert-contents".to_owned(), args);
+    let home = dir.path().join("home");
+    let calls = vec![
+        convert(json!({"input_file": d, "input_format": "markdown", "output_format": "txt"})),
+        convert(json!({"input_file": d, "input_format": "markdown", "output_format": "html"})),
+    ];
+    let results = compare(&rel, policy(&data, extra), &home, &calls, Some("projx"), |_, v| v);
+    assert!(results[1].to_string().contains("<em>budget</em>"), "pandoc converted the file: {}", results[1]);
+    let calls = vec![
+        convert(json!({"contents": "# Title\n\nSome *text*.", "input_format": "markdown", "output_format": "html"})),
+        convert(json!({"contents": "<p>Hi <b>there</b></p>", "input_format": "html", "output_format": "markdown"})),
+        convert(json!({"contents": "x", "input_format": "nope", "output_format": "html"})),
+    ];
+    let results = compare(&rel, policy(&data, extra), &home, &calls, None, |_, v| v);
+    assert!(results[1].to_string().contains("**there**"), "pandoc converted the contents: {}", results[1]);
+}
+
+/// A loopback news site: `/` links its RSS feed, `/feed.xml`, anything else is a page
+/// without a feed (one feed only: the server probes common feed paths concurrently and
+/// takes the first that answers, which with several feeds depends on timing).
+fn start_news_site() -> std::net::SocketAddr {
+    serve_site(|path| {
+        if path == "/feed.xml" {
+            let items: String = (1..=4)
+                .map(|i| {
+                    format!(
+                        "<item><title>Story {i}</title><link>https://news.example/story/{i}</link>\
+                         <description>Summary of story {i}.</description><guid>story-{i}</guid>\
+                         <pubDate>Mon, 0{i} Jun 2026 10:00:00 GMT</pubDate></item>"
+                    )
+                })
+                .collect();
+            (
+                "application/rss+xml",
+                format!(
+                    "<?xml version=\"1.0\"?><rss version=\"2.0\"><channel><title>Loopback News</title>\
+                     <link>https://news.example/</link><description>Test feed</description>{items}</channel></rss>"
+                ),
+            )
+        } else if path == "/" {
+            (
+                "text/html",
+                "<html><head><title>News</title><link rel=\"alternate\" type=\"application/rss+xml\" \
+                 href=\"/feed.xml\"></head><body>News</body></html>"
+                    .to_owned(),
+            )
+        } else {
+            ("text/html", format!("<html><head><title>{path}</title></head><body>No feed here.</body></html>"))
+        }
+    })
+}
+
+/// Issue 16: mcp-server-rss finds the feed a loopback HTTPS site links and parses it
+/// (httpx for the page, feedparser's urllib for the feed), through the broker's TLS relay.
+#[test]
+fn mcp_server_rss_matches_unprotected_over_https() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let site = start_news_site();
+    let ca = germline_tests::TestCa::new("news test CA");
+    let front = germline_tests::TlsFront::start(site, ca.server_config(&["news.example"]));
+    let ca_path = ca.write_cert(&dir.path().join("news-ca.pem"));
+    let rel = lay_out(dir.path(), "rss", "");
+    let extra = format!(
+        "[destinations.\"news.example\"]\nclearance = []\n[hosts]\n\"news.example\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
+        front.tls_addr(),
+        ca_path.display()
+    );
+    let calls = vec![
+        ("feed".to_owned(), json!({"url": "https://news.example/", "limit": 3})),
+        ("feed".to_owned(), json!({"url": "https://news.example/feed.xml", "limit": 2})),
+        ("feed".to_owned(), json!({"url": "https://news.example/nothing"})),
+    ];
+    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    assert!(results[0].to_string().contains("Story 1"), "the feed was parsed: {}", results[0]);
 }
