@@ -824,3 +824,52 @@ fn mcp_server_rss_matches_unprotected_over_https() {
     let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
     assert!(results[0].to_string().contains("Story 1"), "the feed was parsed: {}", results[0]);
 }
+
+/// A loopback stand-in for a search engine's HTML results page: three results (one an
+/// ad, which the server skips), links through the engine's redirect.
+fn start_search_site() -> std::net::SocketAddr {
+    serve_site(|_| {
+        let result = |i: usize, href: String| {
+            format!(
+                "<div class=\"result results_links web-result\"><h2 class=\"result__title\">\
+                 <a class=\"result__a\" href=\"{href}\">Result {i} title</a></h2>\
+                 <a class=\"result__snippet\">Snippet of result {i}, about loopback testing.</a></div>"
+            )
+        };
+        let body = [
+            result(1, "//duckduckgo.com/l/?uddg=https%3A%2F%2Fdocs.example%2Fone&rut=x".into()),
+            result(2, "https://ads.example/y.js?ad=1".into()),
+            result(3, "https://docs.example/three".into()),
+        ]
+        .concat();
+        ("text/html", format!("<html><body><div class=\"results\">{body}</div></body></html>"))
+    })
+}
+
+/// Issue 16: duckduckgo-mcp-server's `search` posts to the search engine (a declared
+/// destination, mapped to a loopback HTTPS site) and formats the results it parses.
+#[test]
+fn duckduckgo_mcp_server_search_matches_unprotected_over_https() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let host = "html.duckduckgo.com";
+    let ca = germline_tests::TestCa::new("search test CA");
+    let front = germline_tests::TlsFront::start(start_search_site(), ca.server_config(&[host]));
+    let ca_path = ca.write_cert(&dir.path().join("search-ca.pem"));
+    let rel = lay_out(dir.path(), "ddg", "");
+    let extra = format!(
+        "[destinations.\"{host}\"]\nclearance = []\n[hosts]\n\"{host}\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
+        front.tls_addr(),
+        ca_path.display()
+    );
+    let calls = vec![
+        ("search".to_owned(), json!({"query": "loopback testing"})),
+        ("search".to_owned(), json!({"query": "loopback testing", "max_results": 1})),
+        ("search".to_owned(), json!({"query": "germline", "region": "uk-en"})),
+    ];
+    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    let text = results[0].to_string();
+    assert!(text.contains("docs.example/one") && !text.contains("ads.example"), "results parsed: {text}");
+    assert!(front.handshakes() >= 6, "{} TLS handshakes: every search reached the site", front.handshakes());
+}
