@@ -873,3 +873,73 @@ fn duckduckgo_mcp_server_search_matches_unprotected_over_https() {
     assert!(text.contains("docs.example/one") && !text.contains("ads.example"), "results parsed: {text}");
     assert!(front.handshakes() >= 6, "{} TLS handshakes: every search reached the site", front.handshakes());
 }
+
+/// A loopback calendar site: `/team.ics` is an iCalendar feed (a weekly recurring
+/// meeting and two single events), anything else a page.
+fn start_calendar_site() -> std::net::SocketAddr {
+    serve_site(|path| {
+        if path != "/team.ics" {
+            return ("text/html", "<html><body>No calendar here.</body></html>".to_owned());
+        }
+        let event = |uid: &str, start: &str, end: &str, summary: &str, extra: &str| {
+            format!(
+                "BEGIN:VEVENT\r\nUID:{uid}\r\nDTSTAMP:20260101T000000Z\r\nDTSTART:{start}\r\nDTEND:{end}\r\n\
+                 SUMMARY:{summary}\r\n{extra}END:VEVENT\r\n"
+            )
+        };
+        let body = [
+            "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//loopback//test//EN\r\nX-WR-CALNAME:Team\r\n".to_owned(),
+            event("standup", "20260601T090000Z", "20260601T091500Z", "Standup", "RRULE:FREQ=WEEKLY;COUNT=6\r\n"),
+            event(
+                "budget",
+                "20260603T140000Z",
+                "20260603T150000Z",
+                "Budget review",
+                "LOCATION:Room 4\r\nDESCRIPTION:Quarterly numbers.\r\nCATEGORIES:finance\r\n",
+            ),
+            event("offsite", "20260615T080000Z", "20260615T170000Z", "Offsite", "LOCATION:Lakeside\r\n"),
+            "END:VCALENDAR\r\n".to_owned(),
+        ]
+        .concat();
+        ("text/calendar", body)
+    })
+}
+
+/// Issue 16: webcal-mcp, configured by a file its environment names, reads a team
+/// calendar from a loopback HTTPS feed: calendars, events in a window (recurrences
+/// expanded), one day, one event.
+#[test]
+fn webcal_mcp_matches_unprotected_over_https() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let ca = germline_tests::TestCa::new("calendar test CA");
+    let front = germline_tests::TlsFront::start(start_calendar_site(), ca.server_config(&["cal.example"]));
+    let ca_path = ca.write_cert(&dir.path().join("cal-ca.pem"));
+    // The configuration ships with the deployment, in the release directory.
+    let config = dir.path().join("release-webcal").join("webcal.toml");
+    let rel = lay_out(dir.path(), "webcal", &config.to_string_lossy());
+    std::fs::write(
+        &config,
+        "[calendars.team]\nurl = \"https://cal.example/team.ics\"\ndescription = \"Team calendar\"\n",
+    )
+    .expect("config");
+    let extra = format!(
+        "[destinations.\"cal.example\"]\nclearance = []\n[hosts]\n\"cal.example\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
+        front.tls_addr(),
+        ca_path.display()
+    );
+    let calls = vec![
+        ("list_calendars".to_owned(), json!({})),
+        ("list_events".to_owned(), json!({"start": "2026-06-01", "end": "2026-06-30"})),
+        (
+            "list_events".to_owned(),
+            json!({"start": "2026-06-01", "end": "2026-06-30", "query": "budget", "detail": "full"}),
+        ),
+        ("events_on".to_owned(), json!({"date": "2026-06-15", "detail": "markdown"})),
+        ("get_event".to_owned(), json!({"uid": "budget"})),
+        ("get_event".to_owned(), json!({"uid": "missing"})),
+    ];
+    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    assert!(results[1].to_string().contains("Standup"), "the feed was read: {}", results[1]);
+}
