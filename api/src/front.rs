@@ -1,6 +1,7 @@
 //! The MCP front: `germline wrap`, an MCP server that an agent host launches (stdio) or
-//! reaches (Streamable HTTP, `--listen`) instead of the real one. `tools/list` comes
-//! from a data-free copy, every `tools/call` is a germline call whose result carries its
+//! reaches (Streamable HTTP, `--listen`) instead of the real one. `tools/list` (and the
+//! resource and prompt lists) come from a data-free copy, or from one holding the
+//! start-up data with its label, every `tools/call` is a germline call whose result carries its
 //! output label in `_meta`, and the rest of what clients expect (initialize, ping,
 //! logging, notifications, JSON-RPC errors) is answered here without touching the release.
 //!
@@ -78,6 +79,8 @@ pub struct Front {
     consumer: String,
     clearance: Clearance,
     tools: Option<(Value, Label)>,
+    /// Resources, resource templates and prompts, each listed once.
+    lists: std::collections::BTreeMap<&'static str, (Value, Label)>,
     max_message_bytes: usize,
 }
 
@@ -101,7 +104,16 @@ impl Front {
             _ => None,
         };
         let host = crate::exec_cmd::Host::new(runtime, ledger, data_dir);
-        Ok(Front { host, pending: None, manifest, consumer, clearance, tools: None, max_message_bytes })
+        Ok(Front {
+            host,
+            pending: None,
+            manifest,
+            consumer,
+            clearance,
+            tools: None,
+            lists: Default::default(),
+            max_message_bytes,
+        })
     }
 
     /// Verifies the last call's triggers into witnesses and counts its event (dampening);
@@ -173,6 +185,9 @@ impl Front {
         let (answer, label) = match method {
             "tools/call" => self.tools_call(params),
             "tools/list" => self.tools_list(),
+            "resources/list" => self.other_list("resources/list", "resources"),
+            "resources/templates/list" => self.other_list("resources/templates/list", "resourceTemplates"),
+            "prompts/list" => self.other_list("prompts/list", "prompts"),
             _ => return (self.request_data_free(method, params), Label::empty()),
         };
         if labels_enforced() && !label.flows_to(&self.clearance) {
@@ -194,9 +209,6 @@ impl Front {
                 }))
             }
             "ping" | "logging/setLevel" => Ok(json!({})),
-            "resources/list" => Ok(json!({"resources": []})),
-            "resources/templates/list" => Ok(json!({"resourceTemplates": []})),
-            "prompts/list" => Ok(json!({"prompts": []})),
             _ => Err((METHOD_NOT_FOUND, format!("Method not found: {method}"))),
         }
     }
@@ -221,6 +233,27 @@ impl Front {
         match self.tools.clone() {
             Some((tools, label)) => (Ok(tools), label),
             None => (Ok(json!({"tools": []})), Label::empty()),
+        }
+    }
+
+    /// `resources/list`, `resources/templates/list` or `prompts/list` as the release
+    /// answers it, listed like `tools/list` (from a data-free copy, or from a copy holding
+    /// the start-up data, with its label). A release that has none (its server does not
+    /// implement the method), or a runtime with no data-free copy, gets an empty list.
+    fn other_list(&mut self, method: &'static str, key: &str) -> (Result<Value, (i64, String)>, Label) {
+        if !self.lists.contains_key(method) {
+            let listed = match self.host.rt.list_labelled(method) {
+                Ok(listed) => listed,
+                Err(e) => {
+                    tracing::info!("{method}: answering an empty list ({e})");
+                    (json!({ key: [] }), Label::empty())
+                }
+            };
+            self.lists.insert(method, listed);
+        }
+        match self.lists.get(method) {
+            Some((list, label)) => (Ok(list.clone()), label.clone()),
+            None => (Ok(json!({ key: [] })), Label::empty()),
         }
     }
 

@@ -640,18 +640,23 @@ impl GermlineRuntime {
 
     /// `tools/list` from a data-free copy: no items, no slot, every egress denied.
     pub fn list_tools(&mut self) -> Result<Value, ExecutorError> {
-        self.list_tools_with(Vec::new(), Label::empty())
+        self.list_with("tools/list", Vec::new(), Label::empty())
     }
 
-    /// `tools/list` and its label. From a data-free copy first; a server that opens its
-    /// start-up data while it starts (a database named on its command line) cannot answer
-    /// there, so on failure the list comes from a copy that holds the fixed paths every
-    /// tool declares it reads (`read_paths`), labelled by the policy, and carries their
-    /// joined label: the caller passes it on only to consumers cleared for it. Both copies
-    /// have no slot and no declared host (every request is denied), and what they write to
-    /// a slot is dropped.
+    /// [`GermlineRuntime::list_labelled`] for `tools/list`.
     pub fn list_tools_labelled(&mut self) -> Result<(Value, Label), ExecutorError> {
-        let data_free = match self.list_tools() {
+        self.list_labelled("tools/list")
+    }
+
+    /// A list (`tools/list`, `resources/list`, `resources/templates/list`, `prompts/list`)
+    /// and its label. From a data-free copy first; a server that opens its start-up data
+    /// while it starts (a database named on its command line) cannot answer there, so on
+    /// failure the list comes from a copy that holds the fixed paths every tool declares it
+    /// reads (`read_paths`), labelled by the policy, and carries their joined label: the
+    /// caller passes it on only to consumers cleared for it. Both copies have no slot and no
+    /// declared host (every request is denied), and what they write to a slot is dropped.
+    pub fn list_labelled(&mut self, method: &'static str) -> Result<(Value, Label), ExecutorError> {
+        let data_free = match self.list_with(method, Vec::new(), Label::empty()) {
             Ok(v) => return Ok((v, Label::empty())),
             Err(e) => e,
         };
@@ -674,16 +679,21 @@ impl GermlineRuntime {
             return Err(data_free);
         }
         // Its error may carry the data it held: it is named, never quoted.
-        let tools = self.list_tools_with(files, label.clone()).map_err(|_| {
+        let listed = self.list_with(method, files, label.clone()).map_err(|_| {
             ExecutorError::Call(format!(
-                "the data-free copy could not list the tools ({data_free}), nor could the copy holding their \
+                "{method}: the data-free copy could not answer ({data_free}), nor could the copy holding the \
                  start-up data (its error is withheld: it may carry that data)"
             ))
         })?;
-        Ok((tools, label))
+        Ok((listed, label))
     }
 
-    fn list_tools_with(&mut self, files: Vec<CopyFile>, view_label: Label) -> Result<Value, ExecutorError> {
+    fn list_with(
+        &mut self,
+        method: &'static str,
+        files: Vec<CopyFile>,
+        view_label: Label,
+    ) -> Result<Value, ExecutorError> {
         if let Some(why) = &self.refused {
             return Err(ExecutorError::Call(format!("release refused: {why}")));
         }
@@ -705,7 +715,7 @@ impl GermlineRuntime {
             group_index: 0,
             listeners,
             preamble: json!({"twin": twin, "slot": {}}),
-            method: "tools/list",
+            method,
             params: json!({}),
             deadline: Instant::now() + budget,
             budget,

@@ -152,6 +152,19 @@ impl Runtime {
         }
     }
 
+    /// `resources/list`, `resources/templates/list` or `prompts/list` and its label, the
+    /// way [`Runtime::list_tools_labelled`] lists tools (germline runtimes only: a
+    /// baseline's process may hold data, so it has no unlabelled list to give).
+    pub fn list_labelled(
+        &mut self,
+        method: &'static str,
+    ) -> Result<(serde_json::Value, germline_model::Label), ExecutorError> {
+        match self {
+            Runtime::Germline(g) => g.list_labelled(method),
+            _ => Err(ExecutorError::Call(format!("{method}: this runtime has no data-free copy to list from"))),
+        }
+    }
+
     /// The release hash the germline computed for itself when it started (germline
     /// runtimes; the baselines do not compute one).
     pub fn release(&self) -> Option<germline_model::ReleaseHash> {
