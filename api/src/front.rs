@@ -70,9 +70,18 @@ pub struct WrapArgs {
     pub target: Vec<String>,
 }
 
+/// The wrapped release's runtime: starting on a thread (the germline imports the release,
+/// which can take seconds), started, or failed to start (the error answers every request
+/// that needs the release).
+enum Starting {
+    Pending(std::thread::JoinHandle<anyhow::Result<crate::exec_cmd::Host>>),
+    Ready(Box<crate::exec_cmd::Host>),
+    Failed(String),
+}
+
 /// One wrapped release and the MCP session state around it.
 pub struct Front {
-    host: crate::exec_cmd::Host,
+    host: Starting,
     /// The last call, whose triggers are verified into witnesses once its answer is out.
     pending: Option<(CallRequest, CallOutcome)>,
     manifest: Manifest,
@@ -85,27 +94,33 @@ pub struct Front {
 }
 
 impl Front {
-    /// Starts the release under `kind`. Germline runtimes use the ledger under the data
-    /// directory (`GERMLINE_DATA_DIR`): a suppressed release (by dampening or by a peer's
-    /// witness) is refused, and triggers become witnesses there, as for `germline call`.
+    /// Starts the release under `kind` on a thread and returns at once: `initialize`, `ping`
+    /// and notifications are answered while the germline imports the release; a request
+    /// that needs the release waits for it. Germline runtimes use the ledger under the
+    /// data directory (`GERMLINE_DATA_DIR`): a suppressed release (by dampening or by a
+    /// peer's witness) is refused, and triggers become witnesses there, as for
+    /// `germline call`.
     pub fn start(release: &Path, policy: Policy, kind: RuntimeKind, consumer: String) -> anyhow::Result<Front> {
         let manifest = Manifest::load(release)?;
         let clearance = policy.consumer_clearance(&ConsumerName::new(&consumer)?)?;
         let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
         let max_message_bytes = policy.limits.max_message_bytes;
-        let mut runtime = Runtime::start(kind, release, policy, python)?;
-        let data_dir = crate::exec_cmd::data_dir();
-        runtime.set_trigger_log(data_dir.join("triggers.jsonl"));
-        let ledger = match &mut runtime {
-            Runtime::Germline(g) => {
-                g.release = crate::exec_cmd::release_id(release)?;
-                Some(crate::exec_cmd::open_ledger(&data_dir)?)
-            }
-            _ => None,
-        };
-        let host = crate::exec_cmd::Host::new(runtime, ledger, data_dir);
+        let release = release.to_path_buf();
+        let starting = std::thread::spawn(move || -> anyhow::Result<crate::exec_cmd::Host> {
+            let mut runtime = Runtime::start(kind, &release, policy, python)?;
+            let data_dir = crate::exec_cmd::data_dir();
+            runtime.set_trigger_log(data_dir.join("triggers.jsonl"));
+            let ledger = match &mut runtime {
+                Runtime::Germline(g) => {
+                    g.release = crate::exec_cmd::release_id(&release)?;
+                    Some(crate::exec_cmd::open_ledger(&data_dir)?)
+                }
+                _ => None,
+            };
+            Ok(crate::exec_cmd::Host::new(runtime, ledger, data_dir))
+        });
         Ok(Front {
-            host,
+            host: Starting::Pending(starting),
             pending: None,
             manifest,
             consumer,
@@ -116,12 +131,32 @@ impl Front {
         })
     }
 
+    /// The started runtime, waiting for it if it is still starting.
+    fn host(&mut self) -> Result<&mut crate::exec_cmd::Host, String> {
+        if let Starting::Pending(_) = self.host {
+            let Starting::Pending(handle) = std::mem::replace(&mut self.host, Starting::Failed(String::new())) else {
+                unreachable!("checked above");
+            };
+            self.host = match handle.join() {
+                Ok(Ok(host)) => Starting::Ready(Box::new(host)),
+                Ok(Err(e)) => Starting::Failed(format!("{e:#}")),
+                Err(_) => Starting::Failed("starting the release panicked".into()),
+            };
+        }
+        match &mut self.host {
+            Starting::Ready(h) => Ok(h),
+            Starting::Failed(e) => Err(e.clone()),
+            Starting::Pending(_) => Err("the release is still starting".into()),
+        }
+    }
+
     /// Verifies the last call's triggers into witnesses and counts its event (dampening);
     /// the transports call this once the call's answer is sent. Failures are logged: the
     /// answer is out, and the trigger itself is already in the trigger log.
     pub fn after_response(&mut self) {
         if let Some((req, outcome)) = self.pending.take() {
-            if let Err(e) = self.host.after_call(&req, &outcome) {
+            let Ok(host) = self.host() else { return };
+            if let Err(e) = host.after_call(&req, &outcome) {
                 tracing::error!("recording the call's witnesses and event: {e:#}");
             }
         }
@@ -218,14 +253,19 @@ impl Front {
     /// comes from a process that may hold data, so it is refused rather than labelled
     /// data-free.
     fn tools_list(&mut self) -> (Result<Value, (i64, String)>, Label) {
-        if !matches!(self.host.rt, Runtime::Germline(_)) && labels_enforced() {
+        let tools = self.tools.is_some();
+        let host = match self.host() {
+            Ok(h) => h,
+            Err(e) => return (Err((INTERNAL_ERROR, format!("tools/list: {e}"))), Label::empty()),
+        };
+        if !matches!(host.rt, Runtime::Germline(_)) && labels_enforced() {
             return (
                 Err((INTERNAL_ERROR, "tools/list: this runtime has no data-free copy to list tools".into())),
                 Label::empty(),
             );
         }
-        if self.tools.is_none() {
-            match self.host.rt.list_tools_labelled() {
+        if !tools {
+            match host.rt.list_tools_labelled() {
                 Ok(listed) => self.tools = Some(listed),
                 Err(e) => return (Err((INTERNAL_ERROR, format!("tools/list: {e}"))), Label::empty()),
             }
@@ -242,13 +282,14 @@ impl Front {
     /// implement the method), or a runtime with no data-free copy, gets an empty list.
     fn other_list(&mut self, method: &'static str, key: &str) -> (Result<Value, (i64, String)>, Label) {
         if !self.lists.contains_key(method) {
-            let listed = match self.host.rt.list_labelled(method) {
-                Ok(listed) => listed,
-                Err(e) => {
-                    tracing::info!("{method}: answering an empty list ({e})");
-                    (json!({ key: [] }), Label::empty())
-                }
-            };
+            let listed =
+                match self.host().map_err(|e| anyhow::anyhow!(e)).and_then(|h| Ok(h.rt.list_labelled(method)?)) {
+                    Ok(listed) => listed,
+                    Err(e) => {
+                        tracing::info!("{method}: answering an empty list ({e})");
+                        (json!({ key: [] }), Label::empty())
+                    }
+                };
             self.lists.insert(method, listed);
         }
         match self.lists.get(method) {
@@ -268,7 +309,11 @@ impl Front {
         };
         let req =
             CallRequest { tool: name.to_owned(), arguments, items: Vec::new(), consumers: vec![self.consumer.clone()] };
-        let outcome = match self.host.call(&req) {
+        let host = match self.host() {
+            Ok(h) => h,
+            Err(e) => return (Err((INTERNAL_ERROR, e)), Label::empty()),
+        };
+        let outcome = match host.call(&req) {
             Ok(o) => o,
             Err(e) => return (Err((INTERNAL_ERROR, format!("{e:#}"))), Label::empty()),
         };

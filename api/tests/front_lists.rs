@@ -2,7 +2,7 @@
 //! through `germline wrap` for a server that builds them from its start-up data (a notes
 //! file named on its command line): the front lists them like `tools/list`, from a copy
 //! holding that data, labelled by it; the lists equal the bare server's, and a consumer
-//! not cleared for the notes gets none.
+//! not cleared for the notes gets none. And `initialize` does not wait for the import.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -138,4 +138,63 @@ fn resource_and_prompt_lists_come_from_the_start_up_data_with_its_label() {
         assert!(uncleared[i]["result"].is_null(), "{m}: withheld from a consumer not cleared: {}", uncleared[i]);
         assert!(!uncleared[i].to_string().contains("budget"), "{m}: nothing of the notes leaks");
     }
+}
+
+/// Issue 16, point 6: `germline wrap` answers `initialize` (and `ping`) at once, while the
+/// germline still imports the release (here a release that takes four seconds to import);
+/// `tools/list` waits for it and then answers as before.
+#[test]
+fn wrap_answers_initialize_before_the_release_is_imported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rel = dir.path().join("slow");
+    std::fs::create_dir_all(&rel).expect("release");
+    std::fs::write(
+        rel.join("slow_server.py"),
+        "import time\ntime.sleep(4)\nfrom mcp.server.fastmcp import FastMCP\n\
+         def create_server():\n    m = FastMCP('slow')\n    @m.tool()\n    def hello() -> str:\n        return 'hi'\n    return m\n",
+    )
+    .expect("server");
+    std::fs::write(
+        rel.join("germline.toml"),
+        "[release]\nname = \"slow\"\nversion = \"1\"\nruntime = \"python\"\nfactory = \"slow_server:create_server\"\n\
+         python_path = [\".\"]\n[tools.hello]\n",
+    )
+    .expect("manifest");
+    let home = dir.path().join("home");
+    let child = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .arg("wrap")
+        .arg("--")
+        .arg(&rel)
+        .env("GERMLINE_HOME", &home)
+        .env("GERMLINE_DATA_DIR", dir.path().join("ledger"))
+        .env("GERMLINE_PYTHON", python())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("germline wrap");
+    let mut p = Killed(child);
+    let mut input = p.0.stdin.take().expect("stdin");
+    let mut output = BufReader::new(p.0.stdout.take().expect("stdout"));
+    let mut read = || -> Value {
+        let mut s = String::new();
+        output.read_line(&mut s).expect("read");
+        serde_json::from_str(&s).unwrap_or_else(|e| panic!("reply {s:?}: {e}"))
+    };
+    let t0 = std::time::Instant::now();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
+    writeln!(input, "{init}").expect("write");
+    let answer = read();
+    let first = t0.elapsed();
+    writeln!(input, "{}", json!({"jsonrpc": "2.0", "id": 2, "method": "ping"})).expect("write");
+    read();
+    writeln!(input, "{}", json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})).expect("write");
+    let tools = read();
+    let listed = t0.elapsed();
+    eprintln!("initialize answered after {first:?}, tools/list after {listed:?}");
+    assert_eq!(answer["result"]["serverInfo"]["name"], "slow", "{answer}");
+    assert!(first < std::time::Duration::from_secs(3), "initialize waited for the import: {first:?}");
+    assert!(listed >= std::time::Duration::from_secs(4), "tools/list came after the import: {listed:?}");
+    assert_eq!(tools["result"]["tools"][0]["name"], "hello", "{tools}");
 }
