@@ -943,3 +943,58 @@ fn webcal_mcp_matches_unprotected_over_https() {
     let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
     assert!(results[1].to_string().contains("Standup"), "the feed was read: {}", results[1]);
 }
+
+/// Writes small PDFs (text pages, a title) and a file that only claims to be one.
+const MAKE_PDFS: &str = r#"
+import sys
+def pdf(path, pages, title):
+    objs = []
+    objs.append("<< /Type /Catalog /Pages 2 0 R >>")
+    kids = " ".join(f"{4 + 2*i} 0 R" for i in range(len(pages)))
+    objs.append(f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>")
+    objs.append("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    for i, text in enumerate(pages):
+        objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {5 + 2*i} 0 R >>")
+        stream = "BT /F1 18 Tf 72 720 Td (" + text + ") Tj ET"
+        objs.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for n, o in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n{o}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objs)+1}\n0000000000 65535 f \n".encode()
+    for off in offsets:
+        out += f"{off:010d} 00000 n \n".encode()
+    out += f"trailer\n<< /Size {len(objs)+1} /Root 1 0 R /Info << /Title ({title}) >> >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    open(path, "wb").write(out)
+d = sys.argv[1]
+pdf(d + "/report.pdf", ["Quarterly report page one", "Region totals: north 10, south 7"], "Quarterly report")
+pdf(d + "/memo.pdf", ["Memo: budget approved"], "Memo")
+open(d + "/broken.pdf", "wb").write(b"%PDF-1.4 not really a pdf")
+"#;
+
+/// Issue 16: fastmcp-pdftools extracts PDF text with pypdf (a document named by `path`)
+/// and lists a directory's PDFs with sizes and modification times (`directory`: the
+/// directory's files are items; the view keeps their metadata and listing order).
+#[test]
+fn fastmcp_pdftools_matches_unprotected_with_the_documents_as_items() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    let py = python(&dir.path().join("home")).python;
+    let made = Command::new(&py).arg("-c").arg(MAKE_PDFS).arg(&data).status().is_ok_and(|s| s.success());
+    assert!(made, "writing the PDFs");
+    let rel = lay_out(dir.path(), "pdftools", "");
+    let extra =
+        "[[items]]\nargument = \"path\"\nnames_path = true\n[[items]]\nargument = \"directory\"\nnames_path = true\n";
+    let path = |n: &str| data.join(n).to_string_lossy().into_owned();
+    let calls = vec![
+        ("read_local_pdf".to_owned(), json!({"path": path("report.pdf")})),
+        ("read_local_pdf".to_owned(), json!({"path": path("memo.pdf")})),
+        ("read_local_pdf".to_owned(), json!({"path": path("broken.pdf")})),
+        ("list_pdf_files".to_owned(), json!({"directory": data.to_string_lossy()})),
+    ];
+    let results = compare(&rel, policy(&data, extra), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    assert!(results[0].to_string().contains("Region totals"), "the text was extracted: {}", results[0]);
+}
