@@ -210,19 +210,29 @@ def _load_manifest(release_dir):
         return tomllib.load(f)
 
 
+def _fill_items(text):
+    # The deployment's values of the manifest's item placeholders `{item:NAME}` (germline
+    # checked that each has one before it started the germline).
+    for name, value in json.loads(os.environ.get("GERMLINE_STARTUP_ITEMS", "{}")).items():
+        text = text.replace("{item:%s}" % name, value)
+    return text
+
+
 def _build_server(release_dir):
     rel = _load_manifest(release_dir)["release"]
+    rel["args"] = [_fill_items(a) for a in rel.get("args", [])]
     for p in reversed(rel.get("python_path", ["."])):
         sys.path.insert(0, os.path.normpath(os.path.join(release_dir, p)))
     if "factory" in rel:
         mod, _, attr = rel["factory"].partition(":")
-        args = json.loads(rel.get("factory_args", "[]"))
+        args = [_fill_items(a) if isinstance(a, str) else a for a in json.loads(rel.get("factory_args", "[]"))]
         return getattr(importlib.import_module(mod), attr)(*args)
     if "main" in rel:
         # Servers that build themselves inside an async main(): import in the germline
         # (the expensive part), run main in each copy on the copy's stdio.
         mod, _, attr = rel["main"].partition(":")
-        return _Main(getattr(importlib.import_module(mod), attr), json.loads(rel.get("main_args", "[]")))
+        args = [_fill_items(a) if isinstance(a, str) else a for a in json.loads(rel.get("main_args", "[]"))]
+        return _Main(getattr(importlib.import_module(mod), attr), args)
     if "cli" in rel:
         # A server's command-line entry point: import its module in the germline, run it
         # in each copy with the manifest's argv (it serves stdio itself).

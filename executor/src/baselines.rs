@@ -70,7 +70,7 @@ impl IfcRuntime {
         policy: Policy,
         python: PythonRuntime,
     ) -> Result<IfcRuntime, ExecutorError> {
-        let manifest = Manifest::load(release_dir)?;
+        let manifest = Manifest::load_for(release_dir, &policy)?;
         let mut rt = IfcRuntime {
             mode,
             release_dir: release_dir.to_path_buf(),

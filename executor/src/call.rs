@@ -430,7 +430,7 @@ impl GermlineRuntime {
         splitting: Splitting,
         switches: SandboxSwitches,
     ) -> Result<GermlineRuntime, ExecutorError> {
-        let manifest = Manifest::load(release_dir)?;
+        let manifest = Manifest::load_for(release_dir, &policy)?;
         let release = release_dir_hash(release_dir)?;
         // The CA key stays in `home/ca`, outside the germline's allowlist; only the
         // certificate is readable by the germline (and trusted through its environment).
@@ -454,7 +454,7 @@ impl GermlineRuntime {
             switches,
             require_limits: policy.limits.require_limits,
             seccomp: SeccompPolicy::germline(),
-            env: crate::germline::germline_environment(&manifest.env, &policy.environment)?,
+            env: crate::germline::startup_environment(&manifest, &policy)?,
         };
         let germline = Germline::start(&spec)?;
         tracing::info!(

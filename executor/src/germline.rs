@@ -189,6 +189,21 @@ pub fn germline_environment(
     Ok(out.into_iter().collect())
 }
 
+/// [`germline_environment`] of a manifest whose item placeholders are filled, plus the
+/// placeholder values for the tool host ([`crate::manifest::ITEMS_VAR`]).
+pub fn startup_environment(
+    manifest: &crate::manifest::Manifest,
+    policy: &crate::policy::Policy,
+) -> Result<Vec<(String, String)>, ExecutorError> {
+    let mut env = germline_environment(&manifest.env, &policy.environment)?;
+    if !policy.startup_items.is_empty() {
+        let items =
+            serde_json::to_string(&policy.startup_items).map_err(|_| ExecutorError::internal("startup items"))?;
+        env.push((crate::manifest::ITEMS_VAR.to_owned(), items));
+    }
+    Ok(env)
+}
+
 /// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
 /// it keeps across forks, as before issue 11, so every copy shares its options and queue.
 /// Never set outside tests.

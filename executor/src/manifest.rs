@@ -13,6 +13,10 @@ use crate::ExecutorError;
 /// The manifest's file name at the root of a release directory.
 pub const MANIFEST_FILE: &str = "germline.toml";
 
+/// The variable that hands the deployment's item placeholder values (a JSON object) to
+/// the tool host, which fills them into the start-up arguments it reads from the manifest.
+pub const ITEMS_VAR: &str = "GERMLINE_STARTUP_ITEMS";
+
 /// A parsed release manifest.
 #[derive(Clone, Debug)]
 pub struct Manifest {
@@ -209,6 +213,60 @@ impl Manifest {
         })
     }
 
+    /// Reads `DIR/germline.toml` and fills its item placeholders from the deployer's
+    /// policy ([`Manifest::fill_items`]).
+    pub fn load_for(release_dir: &Path, policy: &crate::policy::Policy) -> Result<Manifest, ExecutorError> {
+        let mut m = Self::load(release_dir)?;
+        m.fill_items(&policy.startup_items)?;
+        Ok(m)
+    }
+
+    /// Replaces each item placeholder `{item:NAME}` in the start-up arguments (`args`,
+    /// `factory_args`, `main_args`), the tools' `read_paths` and the `env` values with the
+    /// deployment's path for NAME: the publisher's manifest names which argument is a
+    /// database, the deployer's policy says which file it is. A placeholder the deployment
+    /// leaves unfilled is an error. The tool host fills the same values from the
+    /// environment ([`ITEMS_VAR`]).
+    pub fn fill_items(&mut self, values: &BTreeMap<String, String>) -> Result<(), ExecutorError> {
+        let fill = |s: &str| -> Result<String, ExecutorError> {
+            let mut out = s.to_owned();
+            for (k, v) in values {
+                out = out.replace(&format!("{{item:{k}}}"), v);
+            }
+            match out.find("{item:") {
+                Some(i) => Err(ExecutorError::Manifest(format!(
+                    "the item placeholder {} has no value in the policy's [startup_items]",
+                    &out[i..out[i..].find('}').map_or(out.len(), |j| i + j + 1)]
+                ))),
+                None => Ok(out),
+            }
+        };
+        fn fill_json(
+            v: &mut serde_json::Value,
+            fill: &dyn Fn(&str) -> Result<String, ExecutorError>,
+        ) -> Result<(), ExecutorError> {
+            match v {
+                serde_json::Value::String(s) => *s = fill(s)?,
+                serde_json::Value::Array(a) => a.iter_mut().try_for_each(|x| fill_json(x, fill))?,
+                serde_json::Value::Object(o) => o.values_mut().try_for_each(|x| fill_json(x, fill))?,
+                _ => {}
+            }
+            Ok(())
+        }
+        match &mut self.entry {
+            Entry::Cli { args, .. } => args.iter_mut().try_for_each(|a| fill(a).map(|f| *a = f))?,
+            Entry::Factory { args, .. } | Entry::Main { args, .. } => {
+                args.iter_mut().try_for_each(|a| fill_json(a, &fill))?
+            }
+            Entry::Module { .. } => {}
+        }
+        for t in self.tools.values_mut() {
+            t.read_paths.iter_mut().try_for_each(|p| fill(p).map(|f| *p = f))?;
+        }
+        self.env.values_mut().try_for_each(|v| fill(v).map(|f| *v = f))?;
+        Ok(())
+    }
+
     /// The declaration for `tool`; a tool the manifest does not declare has no
     /// destinations (it can still run; every egress is denied).
     pub fn tool(&self, tool: &str) -> ToolDecl {
@@ -265,5 +323,26 @@ mod tests {
             .contains("inside"));
         assert!(bad("[release]\nname='x'\nversion='1'\nruntime='python'\nmodule='m'\n[tools.t]\nhosts=['Evil:80']")
             .contains("host"));
+    }
+
+    #[test]
+    fn item_placeholders_are_filled_from_the_deployment() {
+        let text = "[release]\nname='x'\nversion='1'\nruntime='python'\ncli='m:main'\n\
+                    args=['--db-path', '{item:db}', '--ro']\n[release.env]\nDB='{item:db}'\n\
+                    [tools.q]\nread_paths=['{item:db}']\n";
+        let mut m = Manifest::parse(text).unwrap();
+        let values = BTreeMap::from([("db".to_owned(), "/srv/shop.db".to_owned())]);
+        m.fill_items(&values).unwrap();
+        assert_eq!(
+            m.entry,
+            Entry::Cli {
+                callable: "m:main".into(),
+                args: vec!["--db-path".into(), "/srv/shop.db".into(), "--ro".into()]
+            }
+        );
+        assert_eq!(m.tool("q").read_paths, vec!["/srv/shop.db".to_owned()]);
+        assert_eq!(m.env["DB"], "/srv/shop.db");
+        let err = Manifest::parse(text).unwrap().fill_items(&BTreeMap::new()).unwrap_err().to_string();
+        assert!(err.contains("{item:db}"), "{err}");
     }
 }

@@ -34,6 +34,9 @@ pub struct Policy {
     /// Environment for the release's germline (`[environment]`), over the manifest's.
     /// Every copy sees it, so it must hold nothing secret.
     pub environment: BTreeMap<String, String>,
+    /// The deployment's values of the manifest's item placeholders (`[startup_items]`:
+    /// `db = "/srv/data/shop.db"` fills `{item:db}` in `args`, `read_paths` and `env`).
+    pub startup_items: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug)]
@@ -103,6 +106,8 @@ struct RawPolicy {
     tls: RawTls,
     #[serde(default)]
     environment: BTreeMap<String, String>,
+    #[serde(default)]
+    startup_items: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -260,6 +265,7 @@ impl Policy {
             tls: None,
             raw_path_labels: false,
             environment: raw.environment,
+            startup_items: raw.startup_items,
         })
     }
 

@@ -49,8 +49,8 @@ impl SigPinRuntime {
         };
         let mut cmd = server_command(runtime, release_dir, port);
         // The environment a user configures the server with (`[release] env`, the policy's).
-        let manifest = crate::manifest::Manifest::load(release_dir)?;
-        cmd.envs(crate::germline::germline_environment(&manifest.env, &policy.environment)?);
+        let manifest = crate::manifest::Manifest::load_for(release_dir, &policy)?;
+        cmd.envs(crate::germline::startup_environment(&manifest, &policy)?);
         for var in crate::tls::CA_TRUST_VARS {
             cmd.env(var, tls.ca_cert_path());
         }

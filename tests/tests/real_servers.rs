@@ -682,7 +682,9 @@ fn code_index_mcp_matches_unprotected_with_the_project_as_items() {
     .expect("js");
     std::fs::write(src.join("util.py"), "def ident(x):\n    return x\n").expect("py");
     std::fs::write(data.join("README.md"), "# Project\nA ledger.\n").expect("readme");
-    let rel = lay_out(dir.path(), "codeindex", &data.to_string_lossy());
+    let rel = lay_out(dir.path(), "codeindex", "");
+    // The manifest's `{item:project}` placeholder, filled by the deployment.
+    let startup = format!("[startup_items]\nproject = \"{}\"\n", data.display());
     let calls = vec![
         ("find_files".to_owned(), json!({"pattern": "*.py"})),
         ("find_files".to_owned(), json!({"pattern": "src/*"})),
@@ -690,7 +692,7 @@ fn code_index_mcp_matches_unprotected_with_the_project_as_items() {
         ("get_file_summary".to_owned(), json!({"file_path": "src/ledger.py"})),
         ("get_symbol_body".to_owned(), json!({"file_path": "src/ledger.py", "symbol_name": "total"})),
     ];
-    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    let results = compare(&rel, policy(&data, &startup), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
     assert!(results[1].to_string().contains("src/app.js"), "the project was indexed: {}", results[1]);
 }
 
@@ -717,7 +719,9 @@ fn database_mcp_sqlite_matches_unprotected_with_the_database_as_an_item() {
         .status()
         .is_ok_and(|s| s.success());
     assert!(made, "creating the database");
-    let rel = lay_out(dir.path(), "dbsqlite", &db.to_string_lossy());
+    let rel = lay_out(dir.path(), "dbsqlite", "");
+    // The manifest's `{item:db}` placeholder, filled by the deployment.
+    let startup = format!("[startup_items]\ndb = \"{}\"\n", db.display());
     let calls = vec![
         ("search_objects".to_owned(), json!({})),
         ("search_objects".to_owned(), json!({"table": "customers"})),
@@ -726,7 +730,7 @@ fn database_mcp_sqlite_matches_unprotected_with_the_database_as_an_item() {
         ("execute_sql".to_owned(), json!({"sql": "SELECT * FROM nowhere"})),
         ("execute_sql".to_owned(), json!({"sql": "DELETE FROM customers"})),
     ];
-    let results = compare(&rel, policy(&data, ""), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
+    let results = compare(&rel, policy(&data, &startup), &dir.path().join("home"), &calls, Some("projx"), |_, v| v);
     assert!(results[2].to_string().contains("city0"), "the query ran: {}", results[2]);
 }
 
