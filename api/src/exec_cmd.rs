@@ -32,6 +32,10 @@ pub struct RunTarget {
     /// or ./germline-data/triggers.jsonl].
     #[arg(long)]
     pub trigger_log: Option<PathBuf>,
+    /// Ready copies kept per germline (default: the policy's `[limits] pool`, else 2);
+    /// 0 forks the copies of each call as it comes.
+    #[arg(long)]
+    pub pool: Option<usize>,
 }
 
 /// `germline call`.
@@ -242,7 +246,10 @@ pub fn refused_as_suppressed(outcome: &CallOutcome) -> bool {
 }
 
 pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
-    let policy = Policy::load(&target.policy)?;
+    let mut policy = Policy::load(&target.policy)?;
+    if let Some(n) = target.pool {
+        policy.limits.pool = n;
+    }
     let python = PythonRuntime::discover(&home()).context("finding the Python tool host")?;
     let release = absolute(&target.release)?;
     let id = release_id(&release)?;

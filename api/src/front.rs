@@ -45,6 +45,10 @@ pub struct WrapArgs {
     /// `germline` (default), `nosplit` or `sig-pin`.
     #[arg(long, default_value = "germline")]
     pub runtime: RuntimeKind,
+    /// Ready copies kept per germline (default: the policy's `[limits] pool`, else 2);
+    /// 0 forks the copies of each call as it comes.
+    #[arg(long)]
+    pub pool: Option<usize>,
     /// Serve Streamable HTTP on this address (IP and port; path `/mcp`) instead of stdio.
     #[arg(long)]
     pub listen: Option<String>,
@@ -313,7 +317,10 @@ fn release_dir(target: &[String]) -> anyhow::Result<PathBuf> {
 /// `germline wrap`.
 pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
     let release = release_dir(&args.target)?;
-    let policy = load_policy(args.policy.as_deref())?;
+    let mut policy = load_policy(args.policy.as_deref())?;
+    if let Some(n) = args.pool {
+        policy.limits.pool = n;
+    }
     // The HTTP front's settings are checked before the release starts.
     let listen = match &args.listen {
         Some(addr) => Some((http::listen_address(addr, args.listen_non_loopback)?, guard_config(&args)?)),

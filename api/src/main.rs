@@ -1,6 +1,7 @@
 //! The `germline` binary: CLI, HTTP API and MCP front.
 
 mod bench;
+mod bench_load;
 mod bench_verify;
 mod demo;
 mod exec_cmd;

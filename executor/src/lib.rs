@@ -25,6 +25,7 @@ pub mod manifest;
 pub mod mcp;
 pub mod outside;
 pub mod policy;
+pub mod pool;
 pub mod profile;
 pub mod runtime;
 pub mod seccomp;

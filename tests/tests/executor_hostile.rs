@@ -296,6 +296,46 @@ fn two_live_copies_cannot_exchange_a_byte() {
     }
 }
 
+/// The same channels between copies of one germline under the pool: the receiving copy
+/// is made (and waits, stopped) while the sending copy holds the item, and serves the next
+/// call. Unprotected, the one long-lived process carries the item over; under germline not
+/// one byte crosses.
+#[test]
+fn a_pooled_copy_gets_nothing_from_the_copy_that_ran_while_it_waited() {
+    for kind in [RuntimeKind::SigPin, RuntimeKind::Germline] {
+        let w = World::new();
+        let mut oracle = Oracle::new();
+        let hr = oracle.plant(&["hr"]);
+        let secret = w.item("hr", "secret.txt", hr.as_str());
+        let shared = w.dir.path().join("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        let rel = w.release("chan", "", CHANNELS);
+        let tag = format!("{:06x}", std::process::id() & 0xffffff);
+        let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[limits]\npool = 2\n");
+        let mut rt = w.start(kind, &rel, policy).unwrap();
+        if let Runtime::Germline(g) = &mut rt {
+            assert_eq!(g.wait_pool_ready(2, Duration::from_secs(60)).unwrap(), 2, "two copies wait in the pool");
+        }
+        let send_req =
+            request("send", json!({"document": secret, "tag": tag, "shared": shared, "rounds": 10}), &[&secret]);
+        let mut recv_req = request("receive", json!({"tag": tag, "shared": shared, "rounds": 5}), &[]);
+        recv_req.consumers = vec!["public".into()];
+        let sent = rt.call(&send_req);
+        let got = rt.call(&recv_req);
+        assert!(sent.error.is_none() && got.error.is_none(), "{kind:?}: {:?} {:?}", sent.error, got.error);
+        let text = result_text(&got);
+        let leaked = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
+        match kind {
+            RuntimeKind::SigPin => assert!(leaked, "mechanism off: the secret carries over ({text})"),
+            _ => {
+                assert!(!leaked, "germline: {text}");
+                let channels: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                assert_eq!(channels, json!({}), "germline: nothing at all crossed ({text})");
+            }
+        }
+    }
+}
+
 #[test]
 fn mounts_are_refused_inside_copies() {
     let w = World::new();
