@@ -141,11 +141,8 @@ impl Guard {
     }
 
     fn new_session(&self) -> Result<String, Refusal> {
-        let mut seed = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
-            .map_err(|_| Refusal(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session id"))?;
-        let id = hex::encode(seed);
+        let id =
+            random_id().map_err(|_| Refusal(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session id"))?;
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if sessions.len() >= MAX_SESSIONS {
             return Err(Refusal(StatusCode::SERVICE_UNAVAILABLE, "too many sessions: delete one first"));
@@ -157,6 +154,13 @@ impl Guard {
     fn end_session(&self, id: &str) {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
     }
+}
+
+/// A fresh session id: 16 random bytes, hex.
+pub(crate) fn random_id() -> std::io::Result<String> {
+    let mut seed = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))?;
+    Ok(hex::encode(seed))
 }
 
 /// The guard is always on in release builds; debug builds (tests) may turn it off with

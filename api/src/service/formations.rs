@@ -15,7 +15,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use germline_executor::call::{CallOutcome, CallRequest};
-use germline_executor::dispatch::{Fence, FormationHost, HostedRelease, ReleaseRunner};
+use germline_executor::dispatch::{
+    call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, Session,
+};
 use germline_executor::ExecutorError;
 use germline_model::{FormationEntry, Lifecycle, ReleaseHash, ReleaseName, Sha256Digest};
 use serde::{Deserialize, Serialize};
@@ -132,16 +134,19 @@ pub struct FormationView {
     id: String,
     /// Snapshot id (SHA-256 of the snapshot's canonical JSON).
     snapshot: String,
+    /// Ledger index of the snapshot's entry.
+    snapshot_entry: u64,
     /// The record as stored in the ledger: snapshot (name, version, release, descriptor
     /// digests), tool, argument digest, policy, time, epoch, contract, captured successors.
     #[schema(value_type = Object)]
     record: Value,
 }
 
-fn formation_view(f: &FormationEntry) -> FormationView {
+fn formation_view(f: &FormationEntry, snapshot: &Session) -> FormationView {
     FormationView {
         id: f.id.to_hex(),
-        snapshot: f.record.snapshot.id().to_hex(),
+        snapshot: snapshot.id.to_hex(),
+        snapshot_entry: snapshot.entry,
         record: serde_json::to_value(&f.record).unwrap_or(Value::Null),
     }
 }
@@ -176,6 +181,14 @@ fn lifecycle_view(l: &Lifecycle) -> LifecycleView {
         current: l.current.map(|c| c.to_hex()),
         releases: serde_json::to_value(&l.releases).unwrap_or(Value::Null),
     }
+}
+
+fn parse_name(s: &str) -> Result<ReleaseName, ApiError> {
+    ReleaseName::new(s).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+fn parse_digest(s: &str) -> Result<Sha256Digest, ApiError> {
+    s.parse().map_err(|e: germline_model::ModelError| ApiError::BadRequest(e.to_string()))
 }
 
 fn executor_error(e: ExecutorError) -> ApiError {
@@ -218,24 +231,22 @@ pub async fn form(
     body: Result<Json<FormationBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<FormationView>), ApiError> {
     let body = body?.0;
-    let name = ReleaseName::new(&body.release).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let want = match &body.snapshot {
-        Some(s) => Some(s.parse::<Sha256Digest>().map_err(|e| ApiError::BadRequest(e.to_string()))?),
-        None => None,
-    };
+    let name = parse_name(&body.release)?;
+    let want = body.snapshot.as_deref().map(parse_digest).transpose()?;
     let req = CallBody::new(body.tool, body.arguments, body.items, body.consumers).into_request()?;
-    let f = blocking(&st, move |st| {
-        let (_, snapshot) = st.formations.list_tools(&name).map_err(executor_error)?;
-        if want.is_some_and(|w| w != snapshot.id()) {
+    let view = blocking(&st, move |st| {
+        let (_, session) = st.formations.list_tools(&name).map_err(executor_error)?;
+        if want.is_some_and(|w| w != session.id) {
             return Err(ApiError::Refused(format!(
                 "the tools of {name} changed since snapshot {}: list them again and re-form the call",
                 want.map(|w| w.short()).unwrap_or_default()
             )));
         }
-        st.formations.form(&snapshot, &req).map_err(executor_error)
+        let f = st.formations.form(&session.snapshot, &req).map_err(executor_error)?;
+        Ok(formation_view(&f, &session))
     })
     .await?;
-    Ok((StatusCode::CREATED, Json(formation_view(&f))))
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 #[utoipa::path(post, path = "/v1/formations/{id}/dispatch", tag = "formations",
@@ -252,8 +263,7 @@ pub async fn dispatch(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<CallResponse>, ApiError> {
-    let id: Sha256Digest =
-        id?.0.parse().map_err(|e: germline_model::ModelError| ApiError::BadRequest(e.to_string()))?;
+    let id = parse_digest(&id?.0)?;
     let (o, latency) = blocking(&st, move |st| {
         let t0 = Instant::now();
         let o = st.formations.dispatch(&id, None).map_err(executor_error)?;
@@ -280,8 +290,7 @@ pub async fn lifecycle(
     body: Result<Json<LifecycleBody>, JsonRejection>,
 ) -> Result<Json<LifecycleView>, ApiError> {
     let body = body?.0;
-    let hash: ReleaseHash =
-        hash?.0.parse().map_err(|e: germline_model::ModelError| ApiError::BadRequest(e.to_string()))?;
+    let hash = super::routes::parse_hash(&hash?.0)?;
     let view = blocking(&st, move |st| {
         let hosted = st
             .formations
@@ -326,7 +335,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 #[derive(Clone)]
 struct McpSession {
     name: ReleaseName,
-    session: Option<germline_executor::dispatch::Session>,
+    session: Option<Session>,
 }
 
 /// The service's MCP sessions, by id.
@@ -377,7 +386,7 @@ pub async fn mcp(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let msg = body?.0;
-    let name = ReleaseName::new(&name?.0).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let name = parse_name(&name?.0)?;
     let Value::Object(msg) = msg else {
         return Err(ApiError::BadRequest("expected one JSON-RPC object (no batches)".into()));
     };
@@ -386,11 +395,8 @@ pub async fn mcp(
     let params = msg.get("params").cloned().unwrap_or(Value::Null);
     if method.as_deref() == Some("initialize") {
         let Some(id) = id else { return Ok(StatusCode::ACCEPTED.into_response()) };
-        let mut seed = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
-            .map_err(|_| ApiError::Internal("no randomness for a session id".into()))?;
-        let sid = hex::encode(seed);
+        let sid =
+            crate::front::http::random_id().map_err(|_| ApiError::Internal("no randomness for a session id".into()))?;
         {
             let mut sessions = st.mcp_sessions.lock();
             if sessions.len() >= MAX_MCP_SESSIONS {
@@ -428,7 +434,8 @@ pub async fn mcp(
             let n = name.clone();
             let listed = blocking(&st, move |st| Ok(st.formations.open_session(&n).map_err(|e| e.to_string()))).await?;
             match listed {
-                Ok((tools, s)) => {
+                Ok((mut tools, s)) => {
+                    s.attach_to(&mut tools);
                     if let Some(m) = st.mcp_sessions.lock().get_mut(&sid) {
                         m.session = Some(s);
                     }
@@ -438,26 +445,28 @@ pub async fn mcp(
             }
         }
         "tools/call" => {
-            let Some(s) = session.session else {
-                return Ok(Json(rpc_err(
-                    &id,
-                    INVALID_REQUEST,
-                    "list the tools first: calls bind to the tools this session saw",
-                ))
-                .into_response());
+            let parsed = call_params(&params).map_err(str::to_owned).and_then(|c| Ok((c, named_snapshot(&params)?)));
+            let ((tool, arguments), named) = match parsed {
+                Ok(p) => p,
+                Err(e) => return Ok(Json(rpc_err(&id, INVALID_PARAMS, &e)).into_response()),
             };
-            let tool = params.get("name").and_then(Value::as_str).map(str::to_owned);
-            let arguments = match params.get("arguments") {
-                None | Some(Value::Null) => Some(serde_json::Map::new()),
-                Some(Value::Object(m)) => Some(m.clone()),
-                Some(_) => None,
-            };
-            let (Some(tool), Some(arguments)) = (tool, arguments) else {
-                return Ok(Json(rpc_err(&id, INVALID_PARAMS, "tools/call needs a tool name and object arguments"))
-                    .into_response());
-            };
+            if named.is_none() && session.session.is_none() {
+                let e = "list the tools first: calls bind to the tools this session saw";
+                return Ok(Json(rpc_err(&id, INVALID_REQUEST, e)).into_response());
+            }
             let req = CallRequest { tool, arguments, items: Vec::new(), consumers: Vec::new() };
-            match blocking(&st, move |st| Ok(st.formations.session_call(&s, &req).map_err(|e| e.to_string()))).await? {
+            let ran = blocking(&st, move |st| {
+                let call = || {
+                    let s = match (named, session.session) {
+                        (Some(named), _) => st.formations.resume_session(&named).and_then(|s| same_name(s, &name))?,
+                        (None, Some(s)) => s,
+                        (None, None) => unreachable!("checked above"),
+                    };
+                    st.formations.session_call(&s, &req)
+                };
+                Ok(call().map_err(|e| e.to_string()))
+            });
+            match ran.await? {
                 Ok(o) => match (o.result, o.error) {
                     (Some(result), _) => rpc_ok(&id, result),
                     (None, e) => rpc_err(&id, NOT_RUN, &e.unwrap_or_else(|| "the call produced no result".into())),
@@ -468,4 +477,13 @@ pub async fn mcp(
         other => rpc_err(&id, METHOD_NOT_FOUND, &format!("Method not found: {other}")),
     };
     Ok(Json(answer).into_response())
+}
+
+/// A resumed session must have listed the tools of the endpoint's release name.
+fn same_name(s: Session, name: &ReleaseName) -> Result<Session, ExecutorError> {
+    if s.snapshot.name == *name {
+        Ok(s)
+    } else {
+        Err(ExecutorError::Formation(format!("snapshot {} is of {}, not {name}", s.id.short(), s.snapshot.name)))
+    }
 }

@@ -441,7 +441,7 @@ fn plain_text(s: &str, max: usize) -> bool {
     !s.is_empty() && s.chars().count() <= max && !s.chars().any(char::is_control)
 }
 
-fn parse_hash(s: &str) -> Result<ReleaseHash, ApiError> {
+pub(super) fn parse_hash(s: &str) -> Result<ReleaseHash, ApiError> {
     let hex_part = s.strip_prefix("sha256:").unwrap_or(s);
     if hex_part.len() != 64 || !hex_part.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::BadRequest(format!("{s:?} is not a release hash (64 hex digits)")));
