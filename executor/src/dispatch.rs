@@ -379,6 +379,17 @@ impl FormationHost {
         Ok(release)
     }
 
+    /// The release in `dir` (under `hash`, or its directory's hash), attached when the log
+    /// admitted it before, admitted (and recorded) otherwise.
+    pub fn register(&self, dir: &Path, hash: Option<ReleaseHash>) -> Result<Arc<HostedRelease>, ExecutorError> {
+        let release = match self.attach(dir, hash) {
+            Ok(r) => r,
+            Err(ExecutorError::Lifecycle(_)) => self.admit_as(dir, hash)?,
+            Err(e) => return Err(e),
+        };
+        self.release(&release).ok_or_else(|| ExecutorError::internal("a registered release is not attached"))
+    }
+
     /// New formations of its name use `release`.
     pub fn promote(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
         self.change(LifecycleAction::Promote { release: *release })

@@ -265,9 +265,10 @@ async fn mcp_post(State(st): State<AppState>, headers: HeaderMap, body: Body) ->
         }
     };
     let front = st.front.clone();
+    let key = session.clone().unwrap_or_default();
     let handled = tokio::task::spawn_blocking(move || {
         let mut f = front.lock().unwrap_or_else(|p| p.into_inner());
-        f.handle_bytes(&bytes)
+        f.handle_bytes(&key, &bytes)
     })
     .await;
     let opened = matches!(&handled, Ok(Some(v)) if initialize && v.get("result").is_some());
@@ -316,6 +317,7 @@ async fn mcp_delete(State(st): State<AppState>, headers: HeaderMap) -> Response 
     match st.guard.check_session(&headers) {
         Ok(Some(id)) => {
             st.guard.end_session(&id);
+            st.front.lock().unwrap_or_else(|p| p.into_inner()).end_session(&id);
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(None) => StatusCode::NO_CONTENT.into_response(),

@@ -85,15 +85,9 @@ pub fn register(host: &FormationHost, releases: &Releases) -> anyhow::Result<()>
 
 /// Registers one admitted release (see [`register`]).
 pub fn register_one(host: &FormationHost, dir: &std::path::Path, hash: ReleaseHash) -> anyhow::Result<()> {
-    if host.attach(dir, Some(hash)).is_ok() {
-        return Ok(());
-    }
-    host.admit_as(dir, Some(hash))?;
-    let name = host.release(&hash).map(|h| h.name.clone());
-    if let Some(name) = name {
-        if host.lifecycle(&name).is_some_and(|l| l.current.is_none()) {
-            host.promote(&hash)?;
-        }
+    let hosted = host.register(dir, Some(hash))?;
+    if host.lifecycle(&hosted.name).is_some_and(|l| l.current.is_none()) {
+        host.promote(&hash)?;
     }
     Ok(())
 }
