@@ -515,9 +515,12 @@ impl FormationHost {
             .lifecycles
             .get(&snapshot.name)
             .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", snapshot.name)))?;
-        if !l.is_live(&snapshot.release) {
+        // A session may have seen a release retired since: its calls are still formed on
+        // what it saw, and the fence decides where they may run.
+        let seen = lock(&self.snapshots).contains_key(&snapshot.id());
+        if l.version(&snapshot.release) != Some(snapshot.version.as_str()) || !(seen || l.is_live(&snapshot.release)) {
             return Err(ExecutorError::Formation(format!(
-                "snapshot of {} {} ({}): that release is retired or was never admitted; list the tools again",
+                "snapshot of {} {} ({}): no tools/list of that release was answered here; list the tools again",
                 snapshot.name,
                 snapshot.version,
                 short(&snapshot.release)

@@ -186,7 +186,7 @@ pub(crate) mod tests {
         ledger.append_lifecycle(&ev).expect("append");
         ledger.append_formation(&formation(ReleaseHash::of_bytes(b"x"), 3)).expect("append");
         let p = problems(&ledger);
-        assert!(has(&p, "expected epoch 4") && has(&p, "not a live release"), "{p:?}");
+        assert!(has(&p, "expected epoch 4") && has(&p, "not an admitted release"), "{p:?}");
     }
 
     /// Snapshots and dispatch records are verified in log order: a log in order verifies;

@@ -726,14 +726,21 @@ pub struct FcdAudit {
 }
 
 impl FcdAudit {
-    /// The live lifecycle of `name` with `release` at `version`, or why not.
-    fn live(&self, name: &ReleaseName, release: &ReleaseHash, version: &str) -> Result<&Lifecycle, String> {
+    /// The lifecycle of `name` with `release` admitted at `version` (and not retired, if
+    /// `live`), or why not.
+    fn admitted(
+        &self,
+        name: &ReleaseName,
+        release: &ReleaseHash,
+        version: &str,
+        live: bool,
+    ) -> Result<&Lifecycle, String> {
         let l = self.lifecycles.get(name).ok_or_else(|| format!("{name} was never admitted"))?;
-        if !l.is_live(release) {
+        if live && !l.is_live(release) {
             return Err(format!("{} is not a live release of {name}", short_hash(release)));
         }
         if l.version(release) != Some(version) {
-            return Err(format!("{} is not version {version} of {name}", short_hash(release)));
+            return Err(format!("{} is not an admitted release of {name} at version {version}", short_hash(release)));
         }
         Ok(l)
     }
@@ -762,7 +769,7 @@ impl FcdAudit {
             FcdRecord::Snapshot(s) => {
                 s.check().map_err(|e| e.to_string())?;
                 let snap = &s.snapshot;
-                self.live(&snap.name, &snap.release, &snap.version)?;
+                self.admitted(&snap.name, &snap.release, &snap.version, true)?;
                 if let Some(first) = self.snapshots.insert(s.id, index) {
                     return Err(format!("snapshot {} recorded twice (first at entry {first})", s.id.short()));
                 }
@@ -771,7 +778,9 @@ impl FcdAudit {
             FcdRecord::Formation(f) => {
                 f.check().map_err(|e| e.to_string())?;
                 let r = &f.record;
-                let l = self.live(&r.snapshot.name, &r.snapshot.release, &r.snapshot.version)?;
+                // A session that saw a release retired since may still form calls on its
+                // snapshot: the fence decides where they may run.
+                let l = self.admitted(&r.snapshot.name, &r.snapshot.release, &r.snapshot.version, false)?;
                 if r.epoch != l.epoch {
                     return Err(format!("formed at epoch {} but the log is at epoch {}", r.epoch, l.epoch));
                 }
@@ -805,7 +814,7 @@ impl FcdAudit {
                 if let Some(first) = self.dispatches.get(&d.formation) {
                     return Err(format!("formation {id} dispatched twice (first at entry {first})"));
                 }
-                let l = self.live(&r.snapshot.name, &d.release, &d.version)?;
+                let l = self.admitted(&r.snapshot.name, &d.release, &d.version, true)?;
                 if d.epoch != l.epoch {
                     return Err(format!("dispatched at epoch {} but the log is at epoch {}", d.epoch, l.epoch));
                 }

@@ -160,8 +160,15 @@ fn after_retirement_the_captured_successor_runs_and_an_uncaptured_one_does_not()
     let e = c.host.dispatch(&g.id, None).expect_err("installed after formation").to_string();
     assert!(e.contains("repohost 1.2.0") && e.contains("not captured"), "{e}");
     assert_eq!(received(&c.sink), vec![true]);
-    // Forming against the retired source's snapshot is refused outright.
-    assert!(c.host.form(&session.snapshot, &omitted()).is_err());
+    // A session that saw the retired source still forms on what it saw: successors are
+    // captured at this formation (1.2, private by default like 1.0; 1.1 not), and the
+    // captured one runs, the source being retired.
+    let h = c.host.form(&session.snapshot, &omitted()).expect("formed on the retired source's snapshot");
+    let captured: Vec<ReleaseHash> = h.record.successors.iter().map(|s| s.release).collect();
+    assert!(captured.contains(&v12) && !captured.contains(&c.v11), "{captured:?}");
+    let o = c.host.dispatch(&h.id, None).expect("captured successor runs");
+    assert!(o.error.is_none(), "{:?}", o.error);
+    assert_eq!(received(&c.sink), vec![true, true]);
 }
 
 #[test]
@@ -231,4 +238,50 @@ fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
     let e = host.dispatch(&g.id, None).expect_err("tampered").to_string();
     assert!(e.contains("arguments differ"), "{e}");
     assert_eq!(received(&sink), vec![true]);
+}
+
+/// A formation runs at most once, across restarts: its dispatch record is in the ledger
+/// before its copies fork, so the host reopened on the same ledger refuses it (even with
+/// the call supplied again), naming the earlier dispatch. The ledger verifies.
+#[test]
+fn a_formation_that_ran_is_refused_after_a_restart_naming_its_dispatch() {
+    let world = World::new();
+    let sink = Sink::start(SinkBehaviour::default());
+    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let py = python(&world.dir.path().join("home"));
+    let ledger_dir = world.dir.path().join("ledger");
+    let open = || {
+        Arc::new(
+            germline_ledger::Ledger::open(
+                &ledger_dir,
+                germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() },
+            )
+            .expect("ledger"),
+        )
+    };
+    let dir = repohost_release(&world.dir.path().join("r"), "1.0.0", true);
+    let (f, at) = {
+        let host = FormationHost::open(open(), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
+        let v10 = host.admit(&dir).expect("admit");
+        host.promote(&v10).expect("promote");
+        let (_, s) = host.open_session(&name()).expect("list");
+        let f = host.form(&s.snapshot, &omitted()).expect("form");
+        let o = host.dispatch(&f.id, None).expect("runs");
+        assert!(o.error.is_none(), "{:?}", o.error);
+        (f.clone(), host.dispatch_entry(&f.id).expect("dispatch recorded"))
+    };
+    let ledger = open();
+    let host = FormationHost::open(ledger.clone(), RuntimeKind::Germline, policy, py).expect("reopened host");
+    host.attach(&dir, None).expect("attach");
+    let e = host.dispatch(&f.id, Some(&omitted())).expect_err("ran before the restart").to_string();
+    eprintln!("after the restart: {e}");
+    assert!(
+        e.contains(&f.id.short()) && e.contains(&format!("already ran (dispatch recorded at log entry {at})")),
+        "{e}"
+    );
+    assert_eq!(received(&sink), vec![true], "the call ran once");
+    drop(host);
+    let report = ledger.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!((report.snapshots, report.formations, report.dispatches), (1, 1, 1));
 }
