@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use germline_executor::call::{attach_label, CallOutcome, CallRequest, LABEL_META_KEY};
 use germline_executor::dispatch::{
-    call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, Session,
+    call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, RunResult, Session,
 };
 use germline_executor::germline::PythonRuntime;
 use germline_executor::manifest::{Manifest, MANIFEST_FILE};
@@ -447,16 +447,10 @@ impl ReleaseRunner for FrontRunner {
         Ok(listed.0)
     }
 
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError> {
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
         let host = self.host(release)?;
         let mut h = lock(&host);
-        fence(h.rt.release())?;
-        h.call(req).map_err(|e| ExecutorError::Call(format!("{e:#}")))
+        h.fenced_call(req, fence)
     }
 
     fn stop(&self, release: &HostedRelease) {

@@ -164,7 +164,9 @@ fn a_stale_wrap_session_is_fenced_after_a_rollout_and_drifts_with_the_fence_off(
         }
         let why = refusal(&r);
         assert!(
-            why.contains("formed on repohost 1.0.0") && why.contains("would run on repohost 1.1.0") && why.contains("not captured"),
+            why.contains("formed on repohost 1.0.0")
+                && why.contains("would run on repohost 1.1.0")
+                && why.contains("not captured"),
             "{why}"
         );
         // private: true is private on 1.1 too: captured, but 1.0 keeps priority while it lives.

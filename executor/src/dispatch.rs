@@ -64,6 +64,9 @@ fn short(r: &ReleaseHash) -> String {
 /// compute none, which are then taken to be the release they were started for).
 pub type Fence<'a> = dyn FnMut(Option<ReleaseHash>) -> Result<FenceGrant, ExecutorError> + 'a;
 
+/// What a [`ReleaseRunner`] answers for a call: its outcome, or why it did not run.
+pub type RunResult = Result<CallOutcome, ExecutorError>;
+
 /// Owns the releases' runtimes: lists tools and runs calls for the host. `run` must call
 /// `fence` with the release of the runtime that will run the call, immediately before
 /// `Runtime::call`, and run nothing when it fails.
@@ -71,12 +74,7 @@ pub trait ReleaseRunner: Send + Sync {
     /// `tools/list` of `release`.
     fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError>;
     /// Runs `req` on `release` behind `fence`.
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError>;
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult;
     /// `release` was retired: stop its runtime.
     fn stop(&self, release: &HostedRelease);
 }
@@ -120,12 +118,7 @@ impl ReleaseRunner for LocalRunner {
         self.with_runtime(release, |rt| rt.list_tools())
     }
 
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError> {
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
         self.with_runtime(release, |rt| {
             fence(rt.release())?;
             Ok(rt.call(req))
@@ -483,16 +476,10 @@ impl FormationHost {
     /// Resumes a session that names the snapshot it saw (a client reconnecting): the
     /// snapshot is read back from the log and checked against its id.
     pub fn resume_session(&self, id: &Sha256Digest) -> Result<Session, ExecutorError> {
-        let entry = lock(&self.snapshots)
-            .get(id)
-            .copied()
-            .ok_or_else(|| ExecutorError::Formation(format!("no snapshot {} was recorded here", id.short())))?;
+        let entry = logged(&self.snapshots, "snapshot", id)?;
         let stored = self.log.snapshot_at(entry).map_err(ExecutorError::Formation)?;
-        if stored.id != *id || stored.check().is_err() {
-            return Err(ExecutorError::Formation(format!(
-                "the stored snapshot {} does not hash to its id (substituted or altered)",
-                id.short()
-            )));
+        if !stored.is(id) {
+            return Err(substituted("snapshot", id));
         }
         Ok(Session { snapshot: stored.snapshot, id: *id, entry })
     }
@@ -574,16 +561,10 @@ impl FormationHost {
     pub fn dispatch(&self, id: &Sha256Digest, req: Option<&CallRequest>) -> Result<CallOutcome, ExecutorError> {
         let st = self.read();
         self.not_dispatched(id, &lock(&self.dispatched))?;
-        let index = lock(&self.formations)
-            .get(id)
-            .copied()
-            .ok_or_else(|| ExecutorError::Formation(format!("no formation {}", id.short())))?;
+        let index = logged(&self.formations, "formation", id)?;
         let entry = self.log.formation_at(index).map_err(ExecutorError::Formation)?;
-        if entry.id != *id || entry.check().is_err() {
-            return Err(ExecutorError::Formation(format!(
-                "the stored record of formation {} does not hash to its id (substituted or altered)",
-                id.short()
-            )));
+        if !entry.is(id) {
+            return Err(substituted("record of formation", id));
         }
         let pending = self.load_pending(id);
         let req = req
@@ -682,6 +663,18 @@ pub fn final_hop_fence_check(
             short(&running),
         ))
     })
+}
+
+/// The log index of record `id` (a snapshot or formation recorded here).
+fn logged(index: &Mutex<BTreeMap<Sha256Digest, u64>>, what: &str, id: &Sha256Digest) -> Result<u64, ExecutorError> {
+    lock(index).get(id).copied().ok_or_else(|| ExecutorError::Formation(format!("no {what} {}", id.short())))
+}
+
+fn substituted(what: &str, id: &Sha256Digest) -> ExecutorError {
+    ExecutorError::Formation(format!(
+        "the stored {what} {} does not hash to its id (substituted or altered)",
+        id.short()
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -220,6 +220,11 @@ impl SnapshotEntry {
     pub fn check(&self) -> Result<(), ModelError> {
         id_matches(self.snapshot.id(), self.id)
     }
+
+    /// Whether this is snapshot `id`, read back unaltered.
+    pub fn is(&self, id: &Sha256Digest) -> bool {
+        self.id == *id && self.check().is_ok()
+    }
 }
 
 fn id_matches(computed: Sha256Digest, stored: Sha256Digest) -> Result<(), ModelError> {
@@ -348,6 +353,11 @@ impl FormationEntry {
     /// Checks the stored id against the record.
     pub fn check(&self) -> Result<(), ModelError> {
         id_matches(self.record.id(), self.id)
+    }
+
+    /// Whether this is formation `id`, read back unaltered.
+    pub fn is(&self, id: &Sha256Digest) -> bool {
+        self.id == *id && self.check().is_ok()
     }
 }
 

@@ -14,9 +14,9 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use germline_executor::call::{CallOutcome, CallRequest};
+use germline_executor::call::CallRequest;
 use germline_executor::dispatch::{
-    call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, Session,
+    call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, RunResult, Session,
 };
 use germline_executor::ExecutorError;
 use germline_model::{FormationEntry, Lifecycle, ReleaseHash, ReleaseName, Sha256Digest};
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, Guarded, JsonBody};
 use super::releases::Releases;
 use super::routes::{CallBody, CallResponse};
 use super::AppState;
@@ -54,15 +54,9 @@ impl ReleaseRunner for ServiceRunner {
         self.with_host(release, |h| h.rt.list_tools())
     }
 
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError> {
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
         self.with_host(release, |h| {
-            fence(h.rt.release())?;
-            let outcome = h.call(req).map_err(|e| ExecutorError::Call(format!("{e:#}")))?;
+            let outcome = h.fenced_call(req, fence)?;
             if let Err(e) = h.after_call(req, &outcome) {
                 tracing::error!("recording the formed call in the ledger: {e:#}");
             }
@@ -213,13 +207,10 @@ async fn blocking<T: Send + 'static>(
 #[utoipa::path(post, path = "/v1/formations", tag = "formations", request_body = FormationBody,
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 201, description = "The call is formed and pending", body = FormationView),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
-        (status = 409, description = "No current release of that name, a stale snapshot, or an unknown tool", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 409, description = "No current release of that name, a stale snapshot, or an unknown tool", body = ErrorBody)))]
 pub async fn form(
     State(st): State<AppState>,
     body: Result<Json<FormationBody>, JsonRejection>,
@@ -247,12 +238,11 @@ pub async fn form(
     params(("id" = String, Path, description = "Formation id (64 lower-case hex digits)", pattern = "^[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
+        Guarded,
         (status = 200, description = "The formed call ran (a tool failure is in `error`)", body = CallResponse),
         (status = 400, description = "Not a formation id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 404, description = "No such formation", body = ErrorBody),
-        (status = 409, description = "The final-hop fence refused it (the error names formation, release and reason); nothing ran", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 409, description = "The final-hop fence refused it (the error names formation, release and reason); nothing ran", body = ErrorBody)))]
 pub async fn dispatch(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -271,13 +261,11 @@ pub async fn dispatch(
     params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 200, description = "The change is recorded; the name's lifecycle now", body = LifecycleView),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 404, description = "Release not admitted here", body = ErrorBody),
-        (status = 409, description = "The change is not allowed now", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 409, description = "The change is not allowed now", body = ErrorBody)))]
 pub async fn lifecycle(
     State(st): State<AppState>,
     hash: Result<Path<String>, PathRejection>,
@@ -364,14 +352,11 @@ const NOT_RUN: i64 = -32000;
         ("Mcp-Session-Id" = Option<String>, Header, description = "The session `initialize` returned (every message but initialize)")),
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 200, description = "The JSON-RPC response (a refused or fenced call is error -32000 naming formation, release and reason)", body = Object),
         (status = 202, description = "A notification was accepted"),
-        (status = 400, description = "Not a release name or not a JSON object", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
-        (status = 404, description = "Unknown or ended session: initialize again", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down, or too many sessions", body = ErrorBody)))]
+        (status = 404, description = "Unknown or ended session: initialize again", body = ErrorBody)))]
 pub async fn mcp(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
