@@ -373,6 +373,10 @@ impl Front {
             Ok(s) => s,
             Err(e) => return (Err(e), Label::empty()),
         };
+        if !bound.snapshot.tools.contains_key(&tool) {
+            // What the server itself answers for a tool it does not have.
+            return (Err((INVALID_PARAMS, format!("Unknown tool: {tool}"))), Label::empty());
+        }
         let req = CallRequest { tool, arguments, items: Vec::new(), consumers: vec![self.consumer.clone()] };
         let outcome = match self.formations.session_call(&bound, &req) {
             Ok(o) => o,

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use germline_executor::dispatch::FormationHost;
+use germline_executor::policy::Policy;
 use germline_executor::runtime::RuntimeKind;
 use germline_model::{FormationLog, MemoryFormationLog, ReleaseHash, ReleaseName};
 use germline_tests::fcd::{repohost_release, REPO_HOST};
@@ -30,10 +31,22 @@ fn name() -> ReleaseName {
     ReleaseName::new("repohost").expect("name")
 }
 
-fn case(kind: RuntimeKind) -> Case {
+/// A world, the repository host's sink and a policy that clears it.
+fn sink_world() -> (World, Sink, Policy) {
     let world = World::new();
     let sink = Sink::start(SinkBehaviour::default());
     let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    (world, sink, policy)
+}
+
+/// The ledger in `dir` (a restarted host opens it again).
+fn ledger_at(dir: &std::path::Path) -> Arc<germline_ledger::Ledger> {
+    let config = germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() };
+    Arc::new(germline_ledger::Ledger::open(dir, config).expect("ledger"))
+}
+
+fn case(kind: RuntimeKind) -> Case {
+    let (world, sink, policy) = sink_world();
     let log: Arc<dyn FormationLog> = Arc::new(MemoryFormationLog::default());
     let host = FormationHost::open(log, kind, policy, python(&world.dir.path().join("home"))).expect("host");
     let root = world.dir.path().join("releases");
@@ -173,9 +186,7 @@ fn after_retirement_the_captured_successor_runs_and_an_uncaptured_one_does_not()
 
 #[test]
 fn a_formation_is_bound_to_its_arguments_and_its_stored_record() {
-    let world = World::new();
-    let sink = Sink::start(SinkBehaviour::default());
-    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let (world, sink, policy) = sink_world();
     let log = Arc::new(MemoryFormationLog::default());
     let host = FormationHost::open(log.clone(), RuntimeKind::Germline, policy, python(&world.dir.path().join("home")))
         .expect("host");
@@ -202,22 +213,13 @@ fn a_formation_is_bound_to_its_arguments_and_its_stored_record() {
 
 #[test]
 fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
-    let world = World::new();
-    let sink = Sink::start(SinkBehaviour::default());
-    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let (world, sink, policy) = sink_world();
     let py = python(&world.dir.path().join("home"));
     let (ledger_dir, pending) = (world.dir.path().join("ledger"), world.dir.path().join("pending"));
-    let open = || {
-        germline_ledger::Ledger::open(
-            &ledger_dir,
-            germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() },
-        )
-        .expect("ledger")
-    };
+    let open = || ledger_at(&ledger_dir);
     let dir = repohost_release(&world.dir.path().join("r"), "1.0.0", true);
     let (f, g) = {
-        let host =
-            FormationHost::open(Arc::new(open()), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
+        let host = FormationHost::open(open(), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
         host.keep_pending_in(&pending).expect("pending dir");
         let v10 = host.admit(&dir).expect("admit");
         host.promote(&v10).expect("promote");
@@ -230,7 +232,7 @@ fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
     let stored = pending.join(format!("{}.json", g.id.to_hex()));
     let text = std::fs::read_to_string(&stored).expect("stored call");
     std::fs::write(&stored, text.replace("\"other\"", "\"other\",\"private\":false")).expect("tamper");
-    let host = FormationHost::open(Arc::new(open()), RuntimeKind::Germline, policy, py).expect("reopened host");
+    let host = FormationHost::open(open(), RuntimeKind::Germline, policy, py).expect("reopened host");
     host.keep_pending_in(&pending).expect("pending dir");
     host.attach(&dir, None).expect("attach");
     let o = host.dispatch(&f.id, None).expect("runs after the restart");
@@ -245,20 +247,10 @@ fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
 /// the call supplied again), naming the earlier dispatch. The ledger verifies.
 #[test]
 fn a_formation_that_ran_is_refused_after_a_restart_naming_its_dispatch() {
-    let world = World::new();
-    let sink = Sink::start(SinkBehaviour::default());
-    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let (world, sink, policy) = sink_world();
     let py = python(&world.dir.path().join("home"));
     let ledger_dir = world.dir.path().join("ledger");
-    let open = || {
-        Arc::new(
-            germline_ledger::Ledger::open(
-                &ledger_dir,
-                germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() },
-            )
-            .expect("ledger"),
-        )
-    };
+    let open = || ledger_at(&ledger_dir);
     let dir = repohost_release(&world.dir.path().join("r"), "1.0.0", true);
     let (f, at) = {
         let host = FormationHost::open(open(), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");

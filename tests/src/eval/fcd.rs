@@ -291,25 +291,6 @@ fn git_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, Execut
     ))?;
     let repo_path = repo.to_string_lossy().into_owned();
     let canary = |tag: &str, i: usize| canaries.join(format!("{tag}-{i}.diff"));
-    let set_up = |host: &FormationHost| {
-        let o = host.admit(&old)?;
-        host.promote(&o)?;
-        let n = host.admit(&fixed)?;
-        host.promote(&n)?;
-        Ok(vec![o, n])
-    };
-    let calls = |tag: &str, i: usize| {
-        let target = format!("--output={}", canary(tag, i).display());
-        (
-            request("git_diff", json!({"repo_path": repo_path, "target": "dev"})),
-            request("git_diff", json!({"repo_path": repo_path, "target": target})),
-        )
-    };
-    let change = |host: &FormationHost, r: &[ReleaseHash]| {
-        host.roll_back(&r[0])?;
-        host.retire(&r[1])
-    };
-    let violations = |tag: &str| (0..opts.trials).filter(|i| canary(tag, *i).exists()).count();
     let s = Scenario {
         name: "git",
         scenario: format!(
@@ -320,10 +301,25 @@ fn git_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, Execut
         release: "mcp-server-git",
         runtime: opts.git_runtime,
         policy,
-        set_up: &set_up,
-        calls: &calls,
-        change: &change,
-        violations: &violations,
+        set_up: &|host: &FormationHost| {
+            let o = host.admit(&old)?;
+            host.promote(&o)?;
+            let n = host.admit(&fixed)?;
+            host.promote(&n)?;
+            Ok(vec![o, n])
+        },
+        calls: &|tag: &str, i: usize| {
+            let target = format!("--output={}", canary(tag, i).display());
+            (
+                request("git_diff", json!({"repo_path": repo_path, "target": "dev"})),
+                request("git_diff", json!({"repo_path": repo_path, "target": target})),
+            )
+        },
+        change: &|host: &FormationHost, r: &[ReleaseHash]| {
+            host.roll_back(&r[0])?;
+            host.retire(&r[1])
+        },
+        violations: &|tag: &str| (0..opts.trials).filter(|i| canary(tag, *i).exists()).count(),
     };
     run_case(&s, root, opts, python)
 }
@@ -338,30 +334,6 @@ fn repohost_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, E
     ))?;
     let v10 = repohost_release(&root.join("releases"), "1.0.0", true);
     let v11 = repohost_release(&root.join("releases"), "1.1.0", false);
-    let set_up = |host: &FormationHost| {
-        let v1 = host.admit(&v10)?;
-        host.promote(&v1)?;
-        Ok(vec![v1, host.admit(&v11)?])
-    };
-    let calls = |tag: &str, i: usize| {
-        (
-            request("create_repository", json!({"name": format!("{tag}-a{i}"), "private": true})),
-            request("create_repository", json!({"name": format!("{tag}-b{i}")})),
-        )
-    };
-    let change = |host: &FormationHost, r: &[ReleaseHash]| {
-        host.promote(&r[1])?;
-        host.retire(&r[0])
-    };
-    let violations = |tag: &str| {
-        sink.requests()
-            .iter()
-            .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
-            .filter(|v| {
-                v["name"].as_str().is_some_and(|n| n.starts_with(&format!("{tag}-"))) && v["private"] == json!(false)
-            })
-            .count()
-    };
     let s = Scenario {
         name: "repohost",
         scenario:
@@ -372,10 +344,31 @@ fn repohost_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, E
         release: "repohost",
         runtime: opts.repohost_runtime,
         policy,
-        set_up: &set_up,
-        calls: &calls,
-        change: &change,
-        violations: &violations,
+        set_up: &|host: &FormationHost| {
+            let v1 = host.admit(&v10)?;
+            host.promote(&v1)?;
+            Ok(vec![v1, host.admit(&v11)?])
+        },
+        calls: &|tag: &str, i: usize| {
+            (
+                request("create_repository", json!({"name": format!("{tag}-a{i}"), "private": true})),
+                request("create_repository", json!({"name": format!("{tag}-b{i}")})),
+            )
+        },
+        change: &|host: &FormationHost, r: &[ReleaseHash]| {
+            host.promote(&r[1])?;
+            host.retire(&r[0])
+        },
+        violations: &|tag: &str| {
+            sink.requests()
+                .iter()
+                .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+                .filter(|v| {
+                    v["name"].as_str().is_some_and(|n| n.starts_with(&format!("{tag}-")))
+                        && v["private"] == json!(false)
+                })
+                .count()
+        },
     };
     run_case(&s, root, opts, python)
 }
