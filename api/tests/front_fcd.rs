@@ -6,7 +6,10 @@
 //! retired: its directory removed); with the fence off (test builds only) the same call
 //! creates a public repository on the loopback repository host.
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
@@ -24,34 +27,31 @@ fn python() -> PathBuf {
 
 /// `germline wrap` over stdio; killed when the test ends, pass or fail.
 struct Wrap {
-    child: Child,
+    _child: Killed,
     input: ChildStdin,
     replies: Receiver<Value>,
     next_id: u64,
 }
 
-impl Drop for Wrap {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `germline wrap --policy DIR/policy.toml EXTRA -- LINK` with the test's home and data.
+fn wrap_command(dir: &Path, link: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_germline"));
+    cmd.args(["wrap", "--policy"])
+        .arg(dir.join("policy.toml"))
+        .args(extra)
+        .arg("--")
+        .arg(link)
+        .env("GERMLINE_HOME", dir.join("home"))
+        .env("GERMLINE_DATA_DIR", dir.join("data"))
+        .env("GERMLINE_PYTHON", python())
+        .env_remove("GERMLINE_DISPATCH_POLICY");
+    cmd
 }
 
 impl Wrap {
     fn start(dir: &Path, link: &Path, fence: bool) -> Wrap {
-        let policy = dir.join("policy.toml");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_germline"));
-        cmd.args(["wrap", "--policy"])
-            .arg(&policy)
-            .arg("--")
-            .arg(link)
-            .env("GERMLINE_HOME", dir.join("home"))
-            .env("GERMLINE_DATA_DIR", dir.join("data"))
-            .env("GERMLINE_PYTHON", python())
-            .env_remove("GERMLINE_DISPATCH_POLICY")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        let mut cmd = wrap_command(dir, link, &[]);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         if !fence {
             cmd.env("GERMLINE_TEST_FENCE_OFF", "1");
         }
@@ -68,7 +68,7 @@ impl Wrap {
                 }
             }
         });
-        let mut w = Wrap { child, input, replies, next_id: 0 };
+        let mut w = Wrap { _child: Killed(child), input, replies, next_id: 0 };
         let init = w.rpc("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}}));
         assert!(init["result"]["serverInfo"].is_object(), "{init}");
         w
@@ -203,5 +203,78 @@ fn a_stale_wrap_session_is_fenced_after_a_rollout_and_drifts_with_the_fence_off(
         eprintln!("{text}");
         assert!(out.status.success() && text.contains("OK"), "{text}");
         assert!(text.contains("snapshots 2 dispatches 2"), "{text}");
+    }
+}
+
+/// One JSON-RPC message to the HTTP front: the `Mcp-Session-Id` it set and its answer.
+fn post(addr: &str, session: Option<&str>, msg: &Value) -> (Option<String>, Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(240))).expect("timeout");
+    let body = msg.to_string();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if let Some(id) = session {
+        req.push_str(&format!("mcp-session-id: {id}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("answer");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let sid =
+        head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id:").map(|v| v.trim().to_owned()));
+    (sid, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Over Streamable HTTP each session binds to the snapshot it saw: a session that listed
+/// before the rollout is fenced, one that listed after it runs on 1.1.
+#[test]
+fn http_wrap_sessions_each_bind_to_the_snapshot_they_saw() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let (sink, link, _v10, v11) = world(dir);
+    let child = wrap_command(dir, &link, &["--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("germline wrap --listen");
+    let mut front = Killed(child);
+    let url = common::front_url(&mut front.0);
+    let addr = url.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
+    let rpc = |sid: Option<&str>, id: u64, method: &str, params: Value| {
+        post(&addr, sid, &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    };
+    let open = |id: u64| {
+        let (sid, init) = rpc(None, id, "initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}}));
+        assert!(init["result"].is_object(), "{init}");
+        let sid = sid.expect("session id");
+        let listed = rpc(Some(&sid), id + 1, "tools/list", json!({})).1;
+        (sid, snapshot_of(&listed))
+    };
+    let (early, seen_early) = open(1);
+    flip(&link, &v11);
+    let (late, seen_late) = open(3);
+    assert_ne!(seen_early["id"], seen_late["id"], "the sessions saw different releases");
+    let call = json!({"name": "create_repository", "arguments": {"name": "notes"}});
+    let why = refusal(&rpc(Some(&early), 5, "tools/call", call.clone()).1);
+    assert!(why.contains("formed on repohost 1.0.0") && why.contains("not captured"), "{why}");
+    assert_eq!(received(&sink), Vec::<bool>::new(), "nothing ran");
+    let ran = rpc(Some(&late), 6, "tools/call", call).1;
+    assert!(ran["result"]["content"].is_array(), "{ran}");
+    assert_eq!(received(&sink), vec![false], "formed on 1.1, run on 1.1");
+}
+
+/// Kills the front when the test ends, pass or fail.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
