@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::Killed;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -237,14 +239,7 @@ fn http_wrap_sessions_each_bind_to_the_snapshot_they_saw() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let (sink, link, _v10, v11) = world(dir);
-    let child = wrap_command(dir, &link, &["--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("germline wrap --listen");
-    let mut front = Killed(child);
-    let url = common::front_url(&mut front.0);
+    let (_front, url) = common::http_front(&mut wrap_command(dir, &link, &["--listen", "127.0.0.1:0"]));
     let addr = url.trim_start_matches("http://").trim_end_matches("/mcp").to_owned();
     let rpc = |sid: Option<&str>, id: u64, method: &str, params: Value| {
         post(&addr, sid, &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
@@ -267,14 +262,4 @@ fn http_wrap_sessions_each_bind_to_the_snapshot_they_saw() {
     let ran = rpc(Some(&late), 6, "tools/call", call).1;
     assert!(ran["result"]["content"].is_array(), "{ran}");
     assert_eq!(received(&sink), vec![false], "formed on 1.1, run on 1.1");
-}
-
-/// Kills the front when the test ends, pass or fail.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
