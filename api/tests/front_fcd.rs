@@ -8,18 +8,18 @@
 
 mod common;
 
-use common::Killed;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::Duration;
 
 use germline_tests::fcd::{repohost_release, REPO_HOST};
 use germline_tests::{Sink, SinkBehaviour};
 use serde_json::{json, Value};
+
+use common::Killed;
 
 fn python() -> PathBuf {
     std::env::var_os("GERMLINE_PYTHON")

@@ -6,13 +6,13 @@
 
 mod common;
 
-use common::Killed;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use common::Killed;
 
 const CANARY: &str = "CANARY-front-7f3a9c";
 const TOKEN: &str = "front-token-5d1e";

@@ -5,13 +5,13 @@
 
 mod common;
 
-use common::Killed;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
+
+use common::Killed;
 
 fn python() -> PathBuf {
     std::env::var_os("GERMLINE_PYTHON")
