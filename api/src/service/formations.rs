@@ -439,7 +439,9 @@ pub async fn mcp(
                     let s = match (named, session.session) {
                         (Some(named), _) => st.formations.resume_session(&named).and_then(|s| same_name(s, &name))?,
                         (None, Some(s)) => s,
-                        (None, None) => unreachable!("checked above"),
+                        (None, None) => {
+                            return Err(ExecutorError::Formation("list the tools first".into()));
+                        }
                     };
                     st.formations.session_call(&s, &req)
                 };
