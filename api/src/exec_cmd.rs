@@ -162,6 +162,17 @@ impl Host {
         Ok(g.call(req))
     }
 
+    /// A formed call (DESIGN §8): `fence` is checked on this runtime's release right
+    /// before [`Host::call`] forks its copies; nothing runs when it refuses.
+    pub fn fenced_call(
+        &mut self,
+        req: &CallRequest,
+        fence: &mut germline_executor::dispatch::Fence<'_>,
+    ) -> germline_executor::dispatch::RunResult {
+        fence(self.rt.release())?;
+        self.call(req).map_err(|e| germline_executor::ExecutorError::Call(format!("{e:#}")))
+    }
+
     /// After the outcome is printed: verify triggers into witnesses, log them, and count
     /// the call's event.
     pub fn after_call(&mut self, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<AfterCall> {
