@@ -384,9 +384,12 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
         let (g, t) = time_calls(&mut gl, &req, 1)?;
         c.extend(g);
         timings.extend(t);
-        // A copy dies after its answer is returned: let that finish outside every
-        // measurement, so it does not land in the next round's bare or sig-pin call.
-        std::thread::sleep(Duration::from_millis(20));
+        // A copy dies after its answer is returned and the pool refills after the call:
+        // let both finish outside every measurement, so neither lands in the next round's
+        // calls (each germline call is taken from a full pool; sustained load is
+        // `--concurrency`). A release that is not pooled forks per call.
+        gl.wait_pool_ready(1, Duration::from_secs(30))?;
+        std::thread::sleep(Duration::from_millis(10));
     }
     let mut rows = vec![
         Row {

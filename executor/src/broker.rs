@@ -286,18 +286,25 @@ fn talk(
     // No timing line here: how long a copy takes to answer is its choice, and this
     // function does not know the copy's label (`run_copy` logs timings of unlabelled ones).
     client.initialize().map_err(phase("while the server initialized"))?;
-    let t3 = Instant::now();
-    timings.initialize = t3 - t2;
+    timings.initialize = t2.elapsed();
+    ask(&mut client, method, params, timings)
+}
+
+/// Sends the copy's one request and reads its answer (first byte and the rest timed).
+fn ask<R: std::io::BufRead, W: Write>(
+    client: &mut McpClient<R, W>,
+    method: &str,
+    params: Value,
+    timings: &mut CopyTimings,
+) -> Result<Value, ExecutorError> {
+    let t0 = Instant::now();
     let id = client.send_request(method, params).map_err(phase("while the server answered"))?;
     client.wait_readable().map_err(phase("while the server answered"))?;
-    let t4 = Instant::now();
-    timings.first_byte = t4 - t3;
+    let t1 = Instant::now();
+    timings.first_byte = t1 - t0;
     let reply = client.response(id).map_err(phase("while the server answered"))?;
-    timings.answer = t4.elapsed();
-    match reply {
-        Ok(result) => Ok(result),
-        Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
-    }
+    timings.answer = t1.elapsed();
+    reply.map_err(|err| ExecutorError::Copy(format!("tool error: {err}")))
 }
 
 /// [`talk`] for a pooled copy: twin inputs, view, slot, then the request.
@@ -332,18 +339,8 @@ fn talk_pooled(
         data_line.as_object_mut().map(|o| o.extend(m));
     }
     client.control(&data_line, false)?;
-    let t2 = Instant::now();
-    timings.preamble = t2 - t1;
-    let id = client.send_request(method, params).map_err(phase("while the server answered"))?;
-    client.wait_readable().map_err(phase("while the server answered"))?;
-    let t4 = Instant::now();
-    timings.first_byte = t4 - t2;
-    let reply = client.response(id).map_err(phase("while the server answered"))?;
-    timings.answer = t4.elapsed();
-    match reply {
-        Ok(result) => Ok(result),
-        Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
-    }
+    timings.preamble = t1.elapsed();
+    ask(&mut client, method, params, timings)
 }
 
 /// Names the phase a copy failed in (the error carries the copy's label like any other).

@@ -1,9 +1,9 @@
 //! Issue 15, points 1 and 2: pooled copies. A pooled copy is made, checked and past
 //! `initialize` with no data; a call gives it twin inputs, then its view, then its slot;
-//! it serves one group of one call and is killed. Deadline and limits hold for it as for
-//! a copy forked per call.
+//! it serves one group of one call and is killed. (Deadline and limits of pooled copies:
+//! `executor_hostile`, which runs those tests with the pool at 0 and at 2.)
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use germline_executor::call::GermlineRuntime;
 use germline_executor::runtime::{Runtime, RuntimeKind};
@@ -139,58 +139,4 @@ fn a_pooled_copy_reads_the_twin_clock_from_the_first_line_of_the_call() {
         );
         assert_eq!(v["d"][0] == v["d"][1], twin, "twin {twin}: datetime.now ({})", v["d"]);
     }
-}
-
-const HOGS: &str = r#"
-import subprocess
-def create_server():
-    m = FastMCP("hogs")
-    @m.tool()
-    def hang() -> str:
-        while True:
-            time.sleep(1)
-    @m.tool()
-    def spawn(n: int) -> str:
-        procs = []
-        try:
-            for _ in range(n):
-                procs.append(subprocess.Popen(["sleep", "5"]))
-        except Exception as e:
-            return "refused after %d: %s" % (len(procs), e.__class__.__name__)
-        finally:
-            for p in procs:
-                p.kill()
-        return "forked %d" % n
-    @m.tool()
-    def ok() -> str:
-        return "ok"
-    return m
-"#;
-
-/// A pooled copy is a live copy: killed at its deadline (counted from when the call took
-/// it, not from when it was made), held to the process limit, and the next call still
-/// gets a pooled copy.
-#[test]
-fn a_pooled_copy_is_killed_at_its_deadline_and_held_to_its_limits() {
-    let w = World::new();
-    let rel = w.release("hogs", "", HOGS);
-    let mut rt = pooled(&w, &rel, 2, "deadline_ms = 2000\nprocesses = 24\n");
-    // Idle in the pool for longer than the deadline: the deadline runs from the call.
-    std::thread::sleep(Duration::from_millis(2500));
-    let o = rt.call(&request("ok", json!({}), &[]));
-    assert_eq!(result_text(&o), "ok", "an idle pooled copy is not past its deadline ({:?})", o.error);
-    let t0 = Instant::now();
-    let o = rt.call(&request("hang", json!({}), &[]));
-    let took = t0.elapsed();
-    let err = o.error.unwrap_or_default();
-    assert!(err.contains("deadline of 2000 ms"), "{err}");
-    assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(10), "took {took:?}");
-    germline(&mut rt).wait_pool_ready(2, Duration::from_secs(60)).unwrap();
-    let spawned = result_text(&rt.call(&request("spawn", json!({"n": 60}), &[])));
-    assert!(spawned.starts_with("refused after"), "process limit: {spawned}");
-    let mut pin = w.start(RuntimeKind::SigPin, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
-    let unlimited = result_text(&pin.call(&request("spawn", json!({"n": 60}), &[])));
-    assert_eq!(unlimited, "forked 60", "mechanism off: no limit");
-    assert!(germline(&mut rt).pooling(), "the pool stays on");
-    assert_eq!(result_text(&rt.call(&request("ok", json!({}), &[]))), "ok");
 }
