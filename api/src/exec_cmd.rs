@@ -369,7 +369,15 @@ fn witness(
 
 pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
     let file = std::fs::File::open(&args.calls).with_context(|| format!("opening {}", args.calls.display()))?;
-    let mut host = Host::start(&args.target)?;
+    // A runtime that does not start is one JSON outcome on stdout, as for `call`, so a
+    // caller reading the session's lines sees why (not only on stderr).
+    let mut host = match Host::start(&args.target) {
+        Ok(h) => h,
+        Err(e) => {
+            print_outcome(&CallOutcome::failed(format!("{e:#}")))?;
+            return Ok(1);
+        }
+    };
     let mut failures = 0;
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("reading {}", args.calls.display()))?;

@@ -52,8 +52,11 @@ impl PythonRuntime {
     pub fn discover(shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
         let python = match std::env::var_os("GERMLINE_PYTHON") {
             Some(p) => PathBuf::from(p),
+            // Absolute, not resolved: a venv's `python` is a symlink to its base
+            // interpreter, and only the link's own path makes it the venv's (with its
+            // packages, the MCP SDK among them).
             None if Path::new(".venv/bin/python").exists() => {
-                PathBuf::from(".venv/bin/python").canonicalize().unwrap_or_default()
+                std::path::absolute(".venv/bin/python").map_err(ExecutorError::io("the path of .venv/bin/python"))?
             }
             None => PathBuf::from("python3"),
         };

@@ -18,6 +18,7 @@ pub mod dispatch;
 mod error;
 pub mod evidence;
 pub mod germline;
+pub mod host;
 pub mod http;
 pub mod ids;
 pub mod inspect;
