@@ -40,6 +40,20 @@ pub struct BenchArgs {
     /// Print the median of each phase of a copy's life (where a call's time goes).
     #[arg(long)]
     pub breakdown: bool,
+    /// Ready copies per germline for the pooled rows (at least 3, one per copy of the
+    /// largest case).
+    #[arg(long, default_value_t = 3)]
+    pub pool: usize,
+    /// Sustained load in the service path: this many concurrent clients calling
+    /// `--releases` admitted releases through `germline serve` (HTTP API).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Releases admitted for `--concurrency` (distinct germlines).
+    #[arg(long, default_value_t = 20)]
+    pub releases: usize,
+    /// Seconds of load for `--concurrency`.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
 }
 
 /// `germline bench <what>`.
@@ -91,6 +105,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(server) = &args.server {
         return run_server(server, args);
     }
+    if let Some(c) = args.concurrency {
+        return crate::bench_load::run(c, args.releases, args.seconds, args.pool);
+    }
     let dir = tempfile::tempdir().context("temporary directory")?;
     let rel = dir.path().join("noop");
     let data = dir.path().join("data");
@@ -116,24 +133,28 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
     let mut rows = Vec::new();
 
-    let cases: [(&str, &str, Vec<&Path>, usize); 3] = [
-        ("noop", "germline, 1 copy", vec![], 1),
-        ("noop2", "germline, 2 copies", vec![&x], 2),
-        ("noop3", "germline, 3 copies", vec![&x, &y], 3),
-    ];
-    let mut rt = Runtime::start(RuntimeKind::Germline, &rel, policy.clone(), python.clone())?;
-    for (tool, name, items, copies) in cases {
-        let req = CallRequest {
-            tool: tool.into(),
-            items: items.iter().map(|p| p.to_path_buf()).collect(),
-            ..Default::default()
-        };
-        let o = rt.call(&req);
-        anyhow::ensure!(o.error.is_none() && o.copies == copies, "{name}: {:?} ({} copies)", o.error, o.copies);
-        let (samples, timings) = time_calls(&mut rt, &req, args.calls)?;
-        rows.push(Row { name: name.into(), copies, samples, timings });
+    let cases: [(&str, &str, Vec<&Path>, usize); 3] =
+        [("noop", "1 copy", vec![], 1), ("noop2", "2 copies", vec![&x], 2), ("noop3", "3 copies", vec![&x, &y], 3)];
+    // From a full pool (each call waits, unmeasured, until the pool holds a copy per
+    // group: the latency a call sees when calls come slower than the pool refills), then
+    // with the pool off (fork per call). Sustained load is `--concurrency`.
+    for pool in [args.pool.max(3), 0] {
+        let mut policy = policy.clone();
+        policy.limits.pool = pool;
+        let mut rt = Runtime::start(RuntimeKind::Germline, &rel, policy, python.clone())?;
+        for (tool, name, items, copies) in &cases {
+            let req = CallRequest {
+                tool: (*tool).into(),
+                items: items.iter().map(|p| p.to_path_buf()).collect(),
+                ..Default::default()
+            };
+            let o = rt.call(&req);
+            anyhow::ensure!(o.error.is_none() && o.copies == *copies, "{name}: {:?} ({} copies)", o.error, o.copies);
+            let (samples, timings) = time_calls_pooled(&mut rt, &req, args.calls, if pool > 0 { *copies } else { 0 })?;
+            let how = if pool > 0 { "pooled" } else { "fork per call" };
+            rows.push(Row { name: format!("germline, {name}, {how}"), copies: *copies, samples, timings });
+        }
     }
-    drop(rt);
 
     let mut pin = Runtime::start(RuntimeKind::SigPin, &rel, policy.clone(), python.clone())?;
     let req = CallRequest { tool: "noop".into(), ..Default::default() };
@@ -211,9 +232,18 @@ fn alias_tools() -> String {
 type Timed = (Vec<Duration>, Vec<Vec<CopyTimings>>);
 
 fn time_calls(rt: &mut Runtime, req: &CallRequest, n: usize) -> anyhow::Result<Timed> {
+    time_calls_pooled(rt, req, n, 0)
+}
+
+/// [`time_calls`], each call after `ready` pooled copies are ready (not measured).
+fn time_calls_pooled(rt: &mut Runtime, req: &CallRequest, n: usize, ready: usize) -> anyhow::Result<Timed> {
     let mut out = Vec::with_capacity(n);
     let mut timings = Vec::new();
     for i in 0..n {
+        if ready > 0 {
+            let have = rt.wait_pool_ready(ready, Duration::from_secs(30))?;
+            anyhow::ensure!(have >= ready, "call {i}: the pool holds {have} ready copies, {ready} wanted");
+        }
         let t0 = Instant::now();
         let o = rt.call(req);
         out.push(t0.elapsed());
@@ -354,9 +384,12 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
         let (g, t) = time_calls(&mut gl, &req, 1)?;
         c.extend(g);
         timings.extend(t);
-        // A copy dies after its answer is returned: let that finish outside every
-        // measurement, so it does not land in the next round's bare or sig-pin call.
-        std::thread::sleep(Duration::from_millis(20));
+        // A copy dies after its answer is returned and the pool refills after the call:
+        // let both finish outside every measurement, so neither lands in the next round's
+        // calls (each germline call is taken from a full pool; sustained load is
+        // `--concurrency`). A release that is not pooled forks per call.
+        gl.wait_pool_ready(1, Duration::from_secs(30))?;
+        std::thread::sleep(Duration::from_millis(10));
     }
     let mut rows = vec![
         Row {

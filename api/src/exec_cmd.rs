@@ -32,6 +32,10 @@ pub struct RunTarget {
     /// or ./germline-data/triggers.jsonl].
     #[arg(long)]
     pub trigger_log: Option<PathBuf>,
+    /// Ready copies kept per germline (default: the policy's `[limits] pool`, else 2);
+    /// 0 forks the copies of each call as it comes.
+    #[arg(long)]
+    pub pool: Option<usize>,
 }
 
 /// `germline call`.
@@ -158,6 +162,17 @@ impl Host {
         Ok(g.call(req))
     }
 
+    /// A formed call (DESIGN §8): `fence` is checked on this runtime's release right
+    /// before [`Host::call`] forks its copies; nothing runs when it refuses.
+    pub fn fenced_call(
+        &mut self,
+        req: &CallRequest,
+        fence: &mut germline_executor::dispatch::Fence<'_>,
+    ) -> germline_executor::dispatch::RunResult {
+        fence(self.rt.release())?;
+        self.call(req).map_err(|e| germline_executor::ExecutorError::Call(format!("{e:#}")))
+    }
+
     /// After the outcome is printed: verify triggers into witnesses, log them, and count
     /// the call's event.
     pub fn after_call(&mut self, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<AfterCall> {
@@ -242,7 +257,10 @@ pub fn refused_as_suppressed(outcome: &CallOutcome) -> bool {
 }
 
 pub fn start(target: &RunTarget) -> anyhow::Result<Runtime> {
-    let policy = Policy::load(&target.policy)?;
+    let mut policy = Policy::load(&target.policy)?;
+    if let Some(n) = target.pool {
+        policy.limits.pool = n;
+    }
     let python = PythonRuntime::discover(&home()).context("finding the Python tool host")?;
     let release = absolute(&target.release)?;
     let id = release_id(&release)?;
@@ -351,7 +369,15 @@ fn witness(
 
 pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
     let file = std::fs::File::open(&args.calls).with_context(|| format!("opening {}", args.calls.display()))?;
-    let mut host = Host::start(&args.target)?;
+    // A runtime that does not start is one JSON outcome on stdout, as for `call`, so a
+    // caller reading the session's lines sees why (not only on stderr).
+    let mut host = match Host::start(&args.target) {
+        Ok(h) => h,
+        Err(e) => {
+            print_outcome(&CallOutcome::failed(format!("{e:#}")))?;
+            return Ok(1);
+        }
+    };
     let mut failures = 0;
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.with_context(|| format!("reading {}", args.calls.display()))?;

@@ -1,8 +1,10 @@
 //! The `germline` binary: CLI, HTTP API and MCP front.
 
 mod bench;
+mod bench_load;
 mod bench_verify;
 mod demo;
+mod doctor;
 mod exec_cmd;
 mod service;
 mod verify_cmd;
@@ -46,6 +48,9 @@ enum Command {
     Verify(verify_cmd::VerifyArgs),
     /// Measure per-call latency: germline with 1, 2 and 3 copies, sig-pin, fresh process.
     Bench(bench::BenchArgs),
+    /// What this host lets germline enforce (namespaces, Landlock, seccomp, cgroups, copy
+    /// ids, the interpreter and its MCP SDK), and the fix for what it does not.
+    Doctor(doctor::DoctorArgs),
     // --- ledger commands ---
     /// The append-only evidence log: append, read, prove, verify, checkpoints, dampening.
     Ledger(germline_ledger::cli::LedgerArgs),
@@ -93,6 +98,10 @@ fn main() -> anyhow::Result<()> {
         // --- ledger commands ---
         Command::Ledger(a) => germline_ledger::cli::run_ledger_command(&a)?,
         // --- end ledger commands ---
+        Command::Doctor(a) => {
+            doctor::run(&a)?;
+            0
+        }
         Command::Bench(a) => match a.what {
             Some(bench::BenchWhat::Ledger(l)) => {
                 germline_ledger::cli::run_bench_command(&germline_ledger::cli::BenchCommand::Ledger(l))?

@@ -128,10 +128,13 @@ impl AppState {
 pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let ledger = crate::exec_cmd::open_ledger_as(&config.data_dir, config.fleet.origin.clone())?;
-    let policy = match &config.policy {
+    let mut policy = match &config.policy {
         Some(p) => Policy::load(p).with_context(|| format!("policy {}", p.display()))?,
         None => Policy::parse(DEFAULT_POLICY)?,
     };
+    if let Some(n) = config.pool {
+        policy.limits.pool = n;
+    }
     let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
     let metrics = Arc::new(Metrics::new());
     let python_for_profiles = python.clone();

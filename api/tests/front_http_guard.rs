@@ -9,8 +9,10 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use common::Killed;
 
 const CANARY: &str = "CANARY-front-7f3a9c";
 const TOKEN: &str = "front-token-5d1e";
@@ -38,15 +40,6 @@ fn canary_release(dir: &Path) -> PathBuf {
     rel
 }
 
-/// Kills the front when the test ends, pass or fail.
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn wrap(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -65,14 +58,7 @@ fn wrap(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
 /// Starts `germline wrap --listen 127.0.0.1:0` and returns it with its address.
 fn front(dir: &Path, rel: &Path, env: &[(&str, &str)]) -> (Killed, SocketAddr) {
     let rel = rel.to_string_lossy();
-    let child = wrap(dir, &["--listen", "127.0.0.1:0", "--", &rel], env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("germline wrap --listen");
-    let mut front = Killed(child);
-    let url = common::front_url(&mut front.0);
+    let (front, url) = common::http_front(&mut wrap(dir, &["--listen", "127.0.0.1:0", "--", &rel], env));
     let addr = url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("front address");
     (front, addr)
 }

@@ -7,9 +7,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
+
+use common::Killed;
 
 fn python() -> PathBuf {
     std::env::var_os("GERMLINE_PYTHON")
@@ -64,15 +66,6 @@ fn client(args: &[&str], home: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("client summary")
 }
 
-/// Kills the front when the test ends, pass or fail.
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn sdk_clients_see_wrap_as_the_bare_server() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -88,14 +81,8 @@ fn sdk_clients_see_wrap_as_the_bare_server() {
     let mut stdio = client(&["stdio", germline, "wrap", "--", &rel_s], &home);
 
     let listen = ["--listen", "127.0.0.1:0", "--"].map(std::ffi::OsStr::new);
-    let child = wrap(&[&listen[..], &[rel.as_os_str()]].concat(), &home, &fresh_data_dir(&home))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("germline wrap --listen");
-    let mut front = Killed(child);
-    let url = common::front_url(&mut front.0);
+    let (_front, url) =
+        common::http_front(&mut wrap(&[&listen[..], &[rel.as_os_str()]].concat(), &home, &fresh_data_dir(&home)));
     let mut http = client(&["http", &url], &home);
 
     for (name, seen) in [("stdio", &mut stdio), ("http", &mut http)] {

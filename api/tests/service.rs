@@ -881,6 +881,9 @@ fn formed_calls_are_fenced_after_a_rollout_over_the_api() {
     let sid = sid.expect("session id");
     let (_, _, listed) = rpc(Some(&sid), 2, "tools/list", json!({}));
     assert_eq!(listed["result"]["tools"][0]["name"], "create_repository", "{listed}");
+    let seen = &listed["result"]["_meta"]["dev.germline/snapshot"];
+    assert_eq!(seen["id"], f["snapshot"], "the session saw the snapshot the formation was made on: {listed}");
+    assert_eq!(seen["entry"], f["snapshot_entry"], "recorded once: {listed}");
     let promoted = svc.post(&format!("/v1/releases/{h11}/lifecycle"), Some(&token), &json!({"action": "promote"}));
     assert_eq!(promoted.json()["current"], h11.as_str(), "{promoted:?}");
     let fenced = svc.post(&format!("/v1/formations/{id}/dispatch"), Some(&token), &json!({}));
@@ -917,8 +920,21 @@ fn formed_calls_are_fenced_after_a_rollout_over_the_api() {
     assert!(r.client_error(409) && r.json()["error"].as_str().unwrap().contains("retired"), "{r:?}");
     assert_eq!(sink.request_count(), 2);
     drop(svc);
+    // After a restart the formation that ran is refused, naming its dispatch record.
+    let svc = Service::start(dir, &format!("policy = \"{}\"\n", policy.display()));
+    let again =
+        svc.post(&format!("/v1/formations/{}/dispatch", fresh["id"].as_str().unwrap()), Some(&token), &json!({}));
+    assert!(again.client_error(409), "{again:?}");
+    let why = again.json()["error"].as_str().unwrap().to_owned();
+    assert!(why.contains("already ran (dispatch recorded at log entry"), "{why}");
+    assert_eq!(sink.request_count(), 2);
+    drop(svc);
     let verify = germline(&["ledger", "--data-dir", &dir.join("data").to_string_lossy(), "verify"], dir);
-    assert!(verify.contains("formations 4 lifecycle events 5") && verify.contains("OK"), "{verify}");
+    eprintln!("{verify}");
+    assert!(
+        verify.contains("formations 4 lifecycle events 5 snapshots 2 dispatches 2") && verify.contains("OK"),
+        "{verify}"
+    );
 }
 
 /// One MCP message to the service's `/v1/mcp/NAME`: status, the `Mcp-Session-Id` it set,

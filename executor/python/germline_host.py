@@ -486,6 +486,9 @@ def _run_copy(server):
     t1 = _real["perf_counter"]()
     rfile = chan.makefile("rb")
     preamble = json.loads(_read_line(rfile))
+    if preamble.get("pool"):
+        _run_pooled(server, chan, rfile)
+        return
     if preamble.get("twin") is None:
         # Twin inputs switched off (a test of what they do): real clock and entropy.
         _twin.active = False
@@ -510,6 +513,64 @@ def _run_copy(server):
     sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
     if preamble.get("trace"):
         print("copy: server loop starts after %.2f ms" % ((_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
+    _run_server(server)
+
+
+class _PooledStdin(io.RawIOBase):
+    """A pooled copy's stdin: the channel, less the broker's two control lines.
+
+    A pooled copy starts its server and answers `initialize` before it holds anything; a
+    call then arrives as `{"germline": "twin", ...}` (twin inputs: activated here, in the
+    thread that reads stdin, and acknowledged before the broker mounts the view), then
+    `{"germline": "data", ...}` (slot and environment) right before `tools/call`. Both are
+    handled before the next line reaches the server, so no release code of the call runs
+    before its twin inputs. Lines are passed on whole, in order.
+    """
+
+    def __init__(self, rfile, chan):
+        self._rfile = rfile
+        self._chan = chan
+        self._pending = b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, buf):
+        while not self._pending:
+            line = self._rfile.readline(64 << 20)
+            if not line:
+                return 0
+            if line.startswith(b'{"germline"'):
+                self._control(json.loads(line))
+                continue
+            self._pending = line
+        n = min(len(buf), len(self._pending))
+        buf[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def _control(self, msg):
+        if msg["germline"] == "twin":
+            if msg.get("twin") is None:
+                _twin.active = False
+            else:
+                _twin.counted_only = msg.get("twin_clock") == "counted"
+                _activate_twin(msg["twin"])
+            self._chan.sendall(b'{"germline":"ready"}\n')
+        elif msg["germline"] == "data":
+            import germline_slot
+
+            germline_slot._attach(msg.get("slot", {}), lambda: _connect_channel(SLOT_PORT))
+            for k, v in msg.get("env", {}).items():
+                os.environ[k] = v
+
+
+def _run_pooled(server, chan, rfile):
+    wfile = chan.makefile("wb")
+    _copy_io["channel"] = chan
+    _capture_stderr()
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(_PooledStdin(rfile, chan)), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
     _run_server(server)
 
 

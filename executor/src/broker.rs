@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use germline_model::{CallRecords, EgressDecision, HostName, OutputLabel};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::germline::CopyKiller;
 use crate::http::{self, HttpRequest};
 use crate::mcp::McpClient;
-use crate::outside::{CopyListeners, ViewGate};
+use crate::outside::{ViewGate, ViewMount};
 use crate::policy::Policy;
 use crate::timings::CopyTimings;
 use crate::wake::{Ready, Wake};
@@ -84,14 +84,52 @@ pub struct CopyResult {
     pub timings: CopyTimings,
 }
 
+/// How the broker reaches the copy's MCP server.
+pub enum Channel {
+    /// A copy forked for this call: the broker accepts its connection, checks its ids and
+    /// mounts its view (the gate), sends the preamble (twin inputs and slot), then
+    /// `initialize`.
+    Fresh {
+        /// The channel listener in the copy's network namespace.
+        listener: TcpListener,
+        /// Checks the copy's ids, then mounts its view.
+        gate: ViewGate,
+        /// Twin inputs and slot, sent before MCP starts.
+        preamble: Value,
+    },
+    /// A pooled copy, connected, checked and past `initialize` with no data: the broker
+    /// sends its twin inputs (and waits for them to be taken), mounts its view, then sends
+    /// its slot and environment right before the request.
+    Pooled {
+        /// The copy's MCP session.
+        channel: Box<PooledChannel>,
+        /// Twin inputs (`null`: switched off), and the twin clock's mode if not the default.
+        twin: Value,
+        /// The view to mount once the twin inputs are taken.
+        view: ViewMount,
+        /// Slot and environment.
+        data: Value,
+    },
+}
+
+/// A pooled copy's connected MCP session.
+pub struct PooledChannel {
+    /// The client, past `initialize`.
+    pub client: McpClient<BufReader<TcpStream>, TcpStream>,
+    /// The connection itself (for its timeouts).
+    pub conn: TcpStream,
+}
+
 /// Everything the broker needs to serve one copy.
 pub struct CopyJob<'a> {
     /// The copy's Plan group index.
     pub group_index: usize,
-    /// Listeners in the copy's network namespace.
-    pub listeners: CopyListeners,
-    /// Twin inputs and slot, sent before MCP starts.
-    pub preamble: Value,
+    /// The HTTP proxy listener in the copy's network namespace.
+    pub proxy: TcpListener,
+    /// The slot-write listener in the copy's network namespace.
+    pub slot: TcpListener,
+    /// The MCP channel.
+    pub channel: Channel,
     /// The MCP request to make after `initialize` (`tools/call` with arguments whose
     /// out-of-view items are blanked, or `tools/list`).
     pub method: &'a str,
@@ -118,7 +156,7 @@ struct CopyState {
 
 /// Serves one copy until it returns its tool result, fails, or runs out of time.
 pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResult {
-    let CopyJob { group_index, listeners, preamble, method, params, deadline, budget, policy, label, killer } = job;
+    let CopyJob { group_index, proxy, slot, channel, method, params, deadline, budget, policy, label, killer } = job;
     let max = policy.limits.max_message_bytes;
     let state =
         Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
@@ -168,16 +206,23 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     };
     let proxy = {
         let (wake, state, shared, policy) = (wake.clone(), state.clone(), shared.clone(), policy.clone());
-        let listener = listeners.proxy;
+        let listener = proxy;
         thread::spawn(move || proxy_loop(listener, &wake, group_index, &state, &shared, &policy, deadline))
     };
     let slots = {
         let (wake, writes) = (wake.clone(), slot_writes.clone());
-        let listener = listeners.slot;
+        let listener = slot;
         thread::spawn(move || slot_loop(listener, &wake, &writes, max))
     };
 
-    let result = talk(listeners.channel, listeners.gate, &wake, &preamble, method, params, deadline, max, &mut timings);
+    let result = match channel {
+        Channel::Fresh { listener, gate, preamble } => {
+            talk(listener, gate, &wake, &preamble, method, params, deadline, max, &mut timings)
+        }
+        Channel::Pooled { channel, twin, view, data } => {
+            talk_pooled(*channel, twin, view, data, method, params, deadline, &mut timings)
+        }
+    };
     let t_down = Instant::now();
     wake.wake();
     let _ = done_tx.send(());
@@ -240,28 +285,72 @@ fn talk(
     let mut client = McpClient::new(BufReader::new(conn), writer, max);
     // No timing line here: how long a copy takes to answer is its choice, and this
     // function does not know the copy's label (`run_copy` logs timings of unlabelled ones).
-    // Failures name the phase (the error carries the copy's label like any other).
-    let phase = |what: &'static str| {
-        move |e: ExecutorError| match e {
-            ExecutorError::Copy(why) => match why.split_once("; its stderr ended with:") {
-                Some((head, tail)) => ExecutorError::Copy(format!("{head} ({what}); its stderr ended with:{tail}")),
-                None => ExecutorError::Copy(format!("{why} ({what})")),
-            },
-            other => ExecutorError::Copy(format!("{other} ({what})")),
-        }
-    };
     client.initialize().map_err(phase("while the server initialized"))?;
-    let t3 = Instant::now();
-    timings.initialize = t3 - t2;
+    timings.initialize = t2.elapsed();
+    ask(&mut client, method, params, timings)
+}
+
+/// Sends the copy's one request and reads its answer (first byte and the rest timed).
+fn ask<R: std::io::BufRead, W: Write>(
+    client: &mut McpClient<R, W>,
+    method: &str,
+    params: Value,
+    timings: &mut CopyTimings,
+) -> Result<Value, ExecutorError> {
+    let t0 = Instant::now();
     let id = client.send_request(method, params).map_err(phase("while the server answered"))?;
     client.wait_readable().map_err(phase("while the server answered"))?;
-    let t4 = Instant::now();
-    timings.first_byte = t4 - t3;
+    let t1 = Instant::now();
+    timings.first_byte = t1 - t0;
     let reply = client.response(id).map_err(phase("while the server answered"))?;
-    timings.answer = t4.elapsed();
-    match reply {
-        Ok(result) => Ok(result),
-        Err(err) => Err(ExecutorError::Copy(format!("tool error: {err}"))),
+    timings.answer = t1.elapsed();
+    reply.map_err(|err| ExecutorError::Copy(format!("tool error: {err}")))
+}
+
+/// [`talk`] for a pooled copy: twin inputs, view, slot, then the request.
+#[allow(clippy::too_many_arguments)]
+fn talk_pooled(
+    channel: PooledChannel,
+    twin: Value,
+    view: ViewMount,
+    data: Value,
+    method: &str,
+    params: Value,
+    deadline: Instant,
+    timings: &mut CopyTimings,
+) -> Result<Value, ExecutorError> {
+    let t1 = Instant::now();
+    let PooledChannel { mut client, conn } = channel;
+    let remaining = deadline.saturating_duration_since(t1).max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    let mut twin_line = json!({"germline": "twin"});
+    if let Value::Object(m) = twin {
+        twin_line.as_object_mut().map(|o| o.extend(m));
+    }
+    // Twin inputs are taken before the view exists: nothing of the call's data is there
+    // for release code to read with the real clock.
+    client
+        .control(&twin_line, true)
+        .map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
+    view.mount()?;
+    let mut data_line = json!({"germline": "data"});
+    if let Value::Object(m) = data {
+        data_line.as_object_mut().map(|o| o.extend(m));
+    }
+    client.control(&data_line, false)?;
+    timings.preamble = t1.elapsed();
+    ask(&mut client, method, params, timings)
+}
+
+/// Names the phase a copy failed in (the error carries the copy's label like any other).
+fn phase(what: &'static str) -> impl Fn(ExecutorError) -> ExecutorError {
+    move |e: ExecutorError| match e {
+        ExecutorError::Copy(why) => match why.split_once("; its stderr ended with:") {
+            Some((head, tail)) => ExecutorError::Copy(format!("{head} ({what}); its stderr ended with:{tail}")),
+            None => ExecutorError::Copy(format!("{why} ({what})")),
+        },
+        other => ExecutorError::Copy(format!("{other} ({what})")),
     }
 }
 

@@ -13,14 +13,15 @@ use germline_model::{
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::broker::{serve_copy, CallShared, CopyJob, CopyResult, EgressEvent, ReplayState};
+use crate::broker::{serve_copy, CallShared, Channel, CopyJob, CopyResult, EgressEvent, ReplayState};
 use crate::cgroup::CgroupLimits;
 use crate::confine::{ResourceLimits, SandboxSwitches};
 use crate::evidence::{encode_replies, fresh_secret, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
-use crate::outside::{prepare_copy, CopyFile, FileMeta};
+use crate::outside::{prepare_copy, CopyFile, FileMeta, ViewMount};
 use crate::policy::Policy;
+use crate::pool::{CopyPool, ReadyCopy, Taken};
 use crate::seccomp::SeccompPolicy;
 use crate::ExecutorError;
 
@@ -367,7 +368,11 @@ pub fn release_dir_hash(dir: &Path) -> Result<ReleaseHash, ExecutorError> {
 
 /// A release running under germline: its germline, its slots, its policy.
 pub struct GermlineRuntime {
-    germline: Option<Germline>,
+    /// The germline, inside the pool of copies made from it (started again after a
+    /// refusal or a filter change, at the next call).
+    pool: Option<CopyPool>,
+    /// Ready copies kept per germline (0: fork per call; see [`crate::pool`]).
+    pool_size: usize,
     spec: GermlineSpec,
     /// The release's manifest.
     pub manifest: Manifest,
@@ -456,6 +461,20 @@ impl GermlineRuntime {
             seccomp: SeccompPolicy::germline(),
             env: crate::germline::startup_environment(&manifest, &policy)?,
         };
+        if policy.limits.pool > crate::policy::MAX_POOL {
+            return Err(ExecutorError::Policy(format!(
+                "limits: pool = {} is more than {} copies per germline",
+                policy.limits.pool,
+                crate::policy::MAX_POOL
+            )));
+        }
+        let pool_size = match pooling_blocked(&manifest, &policy) {
+            Some(why) if policy.limits.pool > 0 => {
+                tracing::info!(release = %release, "copies are made per call, not pooled: {why}");
+                0
+            }
+            _ => policy.limits.pool,
+        };
         let germline = Germline::start(&spec)?;
         tracing::info!(
             release = %release,
@@ -467,8 +486,10 @@ impl GermlineRuntime {
             policy.limits.deadline.as_millis()
         );
         tracing::info!(release = %release, "germline ready in {:?}", germline.start_time);
+        let max_message = policy.limits.max_message_bytes;
         Ok(GermlineRuntime {
-            germline: Some(germline),
+            pool: Some(CopyPool::new(Box::new(germline), pool_size, max_message)),
+            pool_size,
             spec,
             manifest,
             policy,
@@ -500,7 +521,7 @@ impl GermlineRuntime {
                 if let ExecutorError::GermlineRefused { check, .. } = &e {
                     self.refused = Some(e.to_string());
                     self.refused_by_check = e.is_refusal().then_some(*check);
-                    self.germline = None;
+                    self.pool = None;
                     return CallOutcome::refused(e);
                 }
                 CallOutcome::failed(e)
@@ -510,6 +531,7 @@ impl GermlineRuntime {
 
     fn call_inner(&mut self, req: &CallRequest) -> Result<CallOutcome, ExecutorError> {
         let prepared = PreparedCall::new(req, &self.manifest, &self.policy)?;
+        let _call = self.pool()?.begin_call();
         let plan = match self.splitting {
             Splitting::Plan => plan_groups(&prepared.plan_input)?,
             Splitting::None => single_group_plan(&prepared.plan_input),
@@ -520,13 +542,12 @@ impl GermlineRuntime {
         let twin = TwinInputs::fresh()?;
         let mut outcome = CallOutcome { copies: plan.groups.len(), ..Default::default() };
         let mut per_consumer: BTreeMap<String, ConsumerResult> = BTreeMap::new();
-        let budget = self.policy.limits.deadline;
         let mut runs: Vec<GroupRun> = Vec::new();
 
         for (gi, group) in plan.groups.iter().enumerate() {
             let key = SlotKey::new(self.release, &self.policy.user, group.horizon.clone())?;
             let slot = self.slots.get(&key);
-            let mut run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared, budget)?;
+            let mut run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared)?;
             outcome.timings.push(std::mem::take(&mut run.timings));
             let (result, label, writes) = (run.result, run.label, run.slot_writes);
             let copy_label = label.label();
@@ -705,26 +726,9 @@ impl GermlineRuntime {
         let plan = single_group_plan(&input);
         let shared =
             Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())?, replay: None }));
-        let twin = TwinInputs::fresh()?;
-        let budget = self.policy.limits.deadline;
-        let germline = self.germline_mut()?;
-        let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
-        copy.channel_ready()?;
-        let job = CopyJob {
-            group_index: 0,
-            listeners,
-            preamble: json!({"twin": twin, "slot": {}}),
-            method,
-            params: json!({}),
-            deadline: Instant::now() + budget,
-            budget,
-            policy: &self.policy,
-            label: OutputLabel::new(view_label, Label::empty()),
-            killer: copy.killer()?,
-        };
-        let r = serve_copy(job, &shared);
-        copy.kill()?;
+        let inputs = CopyInputs { files, twin: json!(TwinInputs::fresh()?), slot: json!({}), counted_clock: false };
+        let label = OutputLabel::new(view_label, Label::empty());
+        let r = self.serve_one(0, inputs, method, json!({}), label, &shared)?;
         r.result.map_err(ExecutorError::Copy)
     }
 
@@ -766,28 +770,12 @@ impl GermlineRuntime {
             records: CallRecords::new(&plan, &BTreeMap::new())?,
             replay: Some(replay),
         }));
-        let budget = self.policy.limits.deadline;
-        let roots = self.policy.data_roots();
-        let germline = self.germline_mut()?;
-        let copy = germline.fork_copy()?;
-        let listeners = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_deref())?;
-        copy.channel_ready()?;
-        let job = CopyJob {
-            group_index: 0,
-            listeners,
-            preamble: json!({"twin": ev.twin, "slot": ev.slot}),
-            method: "tools/call",
-            params: json!({"name": ev.tool, "arguments": arguments}),
-            deadline: Instant::now() + budget,
-            budget,
-            policy: &self.policy,
-            label: OutputLabel::new(Label::empty(), Label::empty()),
-            killer: copy.killer()?,
-        };
+        let inputs = CopyInputs { files, twin: json!(ev.twin), slot: json!(ev.slot), counted_clock: false };
+        let params = json!({"name": ev.tool, "arguments": arguments});
+        let label = OutputLabel::new(Label::empty(), Label::empty());
         // Whether the replayed copy answered is its choice (a probe holds the items the
         // trigger's copy saw): not logged, not even as a bare line.
-        let r = serve_copy(job, &shared);
-        copy.kill()?;
+        let r = self.serve_one(0, inputs, "tools/call", params, label, &shared)?;
         if r.result.is_err() && output_reduction_off() {
             tracing::debug!("replayed copy ended without a result");
         }
@@ -802,14 +790,113 @@ impl GermlineRuntime {
             tracing::warn!(release = %self.release, "the germline runs without the seccomp allowlist (tests only)");
         }
         self.spec.seccomp = seccomp;
-        self.germline = None;
+        self.pool = None;
     }
 
-    fn germline_mut(&mut self) -> Result<&mut Germline, ExecutorError> {
-        if self.germline.is_none() {
-            self.germline = Some(Germline::start(&self.spec)?);
+    /// The pool of copies, starting the germline first if it is not running.
+    fn pool(&mut self) -> Result<&CopyPool, ExecutorError> {
+        if self.pool.is_none() {
+            let germline = Germline::start(&self.spec)?;
+            self.pool = Some(CopyPool::new(Box::new(germline), self.pool_size, self.policy.limits.max_message_bytes));
         }
-        self.germline.as_mut().ok_or_else(|| ExecutorError::internal("germline"))
+        self.pool.as_ref().ok_or_else(|| ExecutorError::internal("pool"))
+    }
+
+    /// Copies ready for calls right now, after waiting (at most `timeout`) for `n`; for
+    /// tests and the bench, which measure calls on a full pool.
+    pub fn wait_pool_ready(&mut self, n: usize, timeout: Duration) -> Result<usize, ExecutorError> {
+        Ok(self.pool()?.wait_ready(n, timeout))
+    }
+
+    /// Whether calls take pooled copies (false: fork per call, by setting or because the
+    /// release's server needs its data to start).
+    pub fn pooling(&mut self) -> bool {
+        self.pool().map(CopyPool::pooling).unwrap_or(false)
+    }
+
+    /// Runs one copy for group `gi`: takes it from the pool (or has one made), gives it
+    /// `inputs` — before its server starts for a fresh copy; twin inputs, then view, then
+    /// slot for a pooled one — asks `method`, and gives it back to be killed.
+    fn serve_one(
+        &mut self,
+        gi: usize,
+        inputs: CopyInputs,
+        method: &str,
+        params: Value,
+        label: OutputLabel,
+        shared: &Arc<Mutex<CallShared>>,
+    ) -> Result<CopyResult, ExecutorError> {
+        let budget = self.policy.limits.deadline;
+        let deadline = Instant::now() + budget;
+        let roots = self.policy.data_roots();
+        let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
+        let taken = self.pool()?.take()?;
+        let t_setup = Instant::now();
+        let CopyInputs { files, twin, slot, counted_clock } = inputs;
+        let pooled = matches!(taken, Taken::Pooled(_));
+        let (copy, job_parts) = match taken {
+            Taken::Pooled(r) => {
+                let ReadyCopy { copy, proxy, slot: slot_listener, channel } = *r;
+                let mut twin_part = json!({"twin": twin});
+                if counted_clock {
+                    twin_part["twin_clock"] = json!("counted");
+                }
+                let view = ViewMount { pid: copy.pid, roots, files };
+                let channel =
+                    Channel::Pooled { channel: Box::new(channel), twin: twin_part, view, data: json!({"slot": slot}) };
+                let resumed = copy.resume();
+                (copy, resumed.map(|()| (proxy, slot_listener, channel)))
+            }
+            Taken::Fresh(copy) => {
+                let set_up = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_deref())
+                    .and_then(|l| copy.channel_ready().map(|()| l));
+                let mut preamble = json!({"twin": twin, "slot": slot, "trace": trace});
+                if counted_clock {
+                    preamble["twin_clock"] = json!("counted");
+                }
+                let parts =
+                    set_up.map(|l| (l.proxy, l.slot, Channel::Fresh { listener: l.channel, gate: l.gate, preamble }));
+                (copy, parts)
+            }
+        };
+        let pool = self.pool.as_ref().ok_or_else(|| ExecutorError::internal("pool"))?;
+        match job_parts.and_then(|p| copy.killer().map(|k| (p, k))) {
+            Ok((p, killer)) => {
+                let (proxy, slot_listener, channel) = p;
+                let job = CopyJob {
+                    group_index: gi,
+                    proxy,
+                    slot: slot_listener,
+                    channel,
+                    method,
+                    params,
+                    deadline,
+                    budget,
+                    policy: &self.policy,
+                    label,
+                    killer,
+                };
+                let outside = t_setup.elapsed();
+                let mut r = serve_copy(job, shared);
+                let t_kill = Instant::now();
+                let mut copy = copy;
+                // A pooled copy was made off this call's path: its fork phases are not the call's.
+                let fork = if pooled { Default::default() } else { std::mem::take(&mut copy.timings) };
+                pool.give_back(copy);
+                r.timings.teardown += t_kill.elapsed();
+                r.timings.reap = fork.reap;
+                r.timings.checks_before = fork.checks_before;
+                r.timings.cgroup = fork.cgroup;
+                r.timings.fork = fork.fork;
+                r.timings.checks_after = fork.checks_after;
+                r.timings.outside = outside;
+                Ok(r)
+            }
+            Err(e) => {
+                pool.give_back(copy);
+                Err(e)
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
@@ -821,12 +908,7 @@ impl GermlineRuntime {
         slot: &Slot,
         twin: &TwinInputs,
         shared: &Arc<Mutex<CallShared>>,
-        budget: Duration,
     ) -> Result<CopyResult, ExecutorError> {
-        let deadline = Instant::now() + budget;
-        let germline = self.germline_mut()?;
-        let mut copy = germline.fork_copy()?;
-        let t_setup = Instant::now();
         let files: Vec<CopyFile> = prepared
             .files
             .iter()
@@ -839,45 +921,19 @@ impl GermlineRuntime {
                 }
             })
             .collect();
-        let listeners = prepare_copy(copy.pid, copy.ids(), &self.policy.data_roots(), &files, copy.scratch.as_deref())?;
-        copy.channel_ready()?;
-        let outside = t_setup.elapsed();
         let arguments = prepared.arguments_for(&group.view);
         let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
-        let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         let twin = if self.evidence_switches.twin_inputs { json!(twin) } else { Value::Null };
-        let mut preamble = json!({"twin": twin, "slot": slot_values, "trace": trace});
-        if self.evidence_switches.counted_twin_clock {
-            preamble["twin_clock"] = json!("counted");
-        }
-        let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
-        let job = CopyJob {
-            group_index: gi,
-            listeners,
-            preamble,
-            method: "tools/call",
-            params: json!({"name": prepared.tool, "arguments": arguments}),
-            deadline,
-            budget,
-            policy: &self.policy,
-            label,
-            killer: copy.killer()?,
+        let inputs = CopyInputs {
+            files,
+            twin,
+            slot: Value::Object(slot_values),
+            counted_clock: self.evidence_switches.counted_twin_clock,
         };
-        let mut r = serve_copy(job, shared);
-        let t_kill = Instant::now();
-        let mut timings = std::mem::take(&mut r.timings);
-        let fork = std::mem::take(&mut copy.timings);
-        match self.germline.as_mut() {
-            Some(g) => g.retire(copy),
-            None => copy.kill()?,
-        }
-        timings.teardown += t_kill.elapsed();
-        timings.reap = fork.reap;
-        timings.checks_before = fork.checks_before;
-        timings.cgroup = fork.cgroup;
-        timings.fork = fork.fork;
-        timings.checks_after = fork.checks_after;
-        timings.outside = outside;
+        let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
+        let params = json!({"name": prepared.tool, "arguments": arguments});
+        let mut r = self.serve_one(gi, inputs, "tools/call", params, label, shared)?;
+        let timings = std::mem::take(&mut r.timings);
         // How long a copy ran is its choice: a timing line is written only for a copy whose
         // label is empty (a log reader is cleared for nothing; a labelled copy sleeping in
         // proportion to an item would spell it here to the microsecond).
@@ -893,6 +949,42 @@ impl GermlineRuntime {
         }
         Ok(r)
     }
+}
+
+/// What one copy is given besides its request.
+struct CopyInputs {
+    /// Its view's files (out-of-view items empty).
+    files: Vec<CopyFile>,
+    /// Twin inputs (`null`: switched off, tests only).
+    twin: Value,
+    /// Its slot's values.
+    slot: Value,
+    /// Tests only: the counted twin clock ([`EvidenceSwitches::counted_twin_clock`]).
+    counted_clock: bool,
+}
+
+/// Why a release's copies cannot be pooled, if they cannot: a server that opens data at
+/// start-up — a path under a data root on its command line or among its `main` arguments,
+/// or fixed paths its tools declare they read — would start without it in a pooled copy
+/// (which holds nothing until a call takes it), so its copies are made per call and get
+/// their view before the server starts.
+fn pooling_blocked(manifest: &Manifest, policy: &Policy) -> Option<String> {
+    use crate::manifest::Entry;
+    let roots = policy.data_roots();
+    let under_root = |s: &str| {
+        let p = s.strip_prefix("file://").unwrap_or(s);
+        p.starts_with('/') && roots.iter().any(|r| Path::new(p).starts_with(r))
+    };
+    let args: Vec<String> = match &manifest.entry {
+        Entry::Cli { args, .. } => args.clone(),
+        Entry::Main { args, .. } => args.iter().filter_map(|a| a.as_str().map(str::to_owned)).collect(),
+        Entry::Factory { .. } | Entry::Module { .. } => Vec::new(),
+    };
+    if let Some(a) = args.iter().find(|a| under_root(a) || a.split_once('=').is_some_and(|(_, v)| under_root(v))) {
+        return Some(format!("its start-up arguments name {a}, under a data root"));
+    }
+    let fixed = manifest.tools.iter().find(|(_, t)| t.read_paths.iter().any(|p| p.starts_with('/')));
+    fixed.map(|(name, _)| format!("tool {name} declares fixed paths it reads (start-up data)"))
 }
 
 /// Appends the call's trigger evidence, and syncs, so a trigger once reported is not

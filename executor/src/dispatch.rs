@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use germline_model::{
-    effect_fits, final_hop_fence, CapturedSuccessor, DispatchPolicy, FcdAudit, FcdRecord, FenceGrant, FormationEntry,
-    FormationLog, FormationRecord, FormationSnapshot, Lifecycle, LifecycleAction, ReleaseHash, ReleaseName,
-    Sha256Digest,
+    effect_fits, final_hop_fence, CapturedSuccessor, DispatchPolicy, DispatchRecord, FcdAudit, FcdRecord, FenceGrant,
+    FormationEntry, FormationLog, FormationRecord, FormationSnapshot, Lifecycle, LifecycleAction, ReleaseHash,
+    ReleaseName, Sha256Digest, SnapshotEntry,
 };
 use serde_json::Value;
 
@@ -64,6 +64,9 @@ fn short(r: &ReleaseHash) -> String {
 /// compute none, which are then taken to be the release they were started for).
 pub type Fence<'a> = dyn FnMut(Option<ReleaseHash>) -> Result<FenceGrant, ExecutorError> + 'a;
 
+/// What a [`ReleaseRunner`] answers for a call: its outcome, or why it did not run.
+pub type RunResult = Result<CallOutcome, ExecutorError>;
+
 /// Owns the releases' runtimes: lists tools and runs calls for the host. `run` must call
 /// `fence` with the release of the runtime that will run the call, immediately before
 /// `Runtime::call`, and run nothing when it fails.
@@ -71,12 +74,7 @@ pub trait ReleaseRunner: Send + Sync {
     /// `tools/list` of `release`.
     fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError>;
     /// Runs `req` on `release` behind `fence`.
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError>;
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult;
     /// `release` was retired: stop its runtime.
     fn stop(&self, release: &HostedRelease);
 }
@@ -120,12 +118,7 @@ impl ReleaseRunner for LocalRunner {
         self.with_runtime(release, |rt| rt.list_tools())
     }
 
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError> {
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
         self.with_runtime(release, |rt| {
             fence(rt.release())?;
             Ok(rt.call(req))
@@ -148,6 +141,51 @@ pub type Formation = FormationEntry;
 pub struct Session {
     /// What the session saw.
     pub snapshot: FormationSnapshot,
+    /// The snapshot's id, by which a session names what it saw.
+    pub id: Sha256Digest,
+    /// The log index of the snapshot's entry.
+    pub entry: u64,
+}
+
+/// Where a `tools/list` result's `_meta` names the snapshot it made (its id and log
+/// entry), and where a `tools/call`'s `_meta` may name the snapshot its session saw (a
+/// client resuming after a reconnect).
+pub const SNAPSHOT_META_KEY: &str = "dev.germline/snapshot";
+
+impl Session {
+    /// Names the snapshot in a `tools/list` result's `_meta` (a `_meta` that is not an
+    /// object is kept inside the one made, as for labels).
+    pub fn attach_to(&self, result: &mut Value) {
+        let Some(obj) = result.as_object_mut() else { return };
+        let meta = obj.entry("_meta").or_insert_with(|| serde_json::json!({}));
+        if !meta.is_object() {
+            let inner = std::mem::take(meta);
+            *meta = serde_json::json!({ crate::call::RELEASE_META_KEY: inner });
+        }
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(SNAPSHOT_META_KEY.to_owned(), serde_json::json!({"id": self.id, "entry": self.entry}));
+        }
+    }
+}
+
+/// The snapshot a `tools/call`'s params name in `_meta` (`{"id": HEX}` or `HEX`), if any.
+pub fn named_snapshot(params: &Value) -> Result<Option<Sha256Digest>, String> {
+    let Some(named) = params.get("_meta").and_then(|m| m.get(SNAPSHOT_META_KEY)) else { return Ok(None) };
+    let id = named.get("id").unwrap_or(named);
+    id.as_str()
+        .and_then(|h| h.parse().ok())
+        .map(Some)
+        .ok_or_else(|| format!("_meta[{SNAPSHOT_META_KEY:?}] must name a snapshot id (64 hex digits)"))
+}
+
+/// The tool name and object arguments of a `tools/call`'s params.
+pub fn call_params(params: &Value) -> Result<(String, serde_json::Map<String, Value>), &'static str> {
+    let name = params.get("name").and_then(Value::as_str).ok_or("tools/call needs a tool name")?;
+    match params.get("arguments") {
+        None | Some(Value::Null) => Ok((name.to_owned(), serde_json::Map::new())),
+        Some(Value::Object(m)) => Ok((name.to_owned(), m.clone())),
+        Some(_) => Err("arguments must be an object"),
+    }
 }
 
 struct HostState {
@@ -163,15 +201,18 @@ pub struct FormationHost {
     dispatch_policy: Mutex<DispatchPolicy>,
     state: RwLock<HostState>,
     formations: Mutex<BTreeMap<Sha256Digest, u64>>,
+    snapshots: Mutex<BTreeMap<Sha256Digest, u64>>,
     pending: Mutex<BTreeMap<Sha256Digest, CallRequest>>,
     continuations: Mutex<Option<PathBuf>>,
-    consumed: Mutex<std::collections::BTreeSet<Sha256Digest>>,
+    /// Formation id → log index of its dispatch record: a formation runs at most once.
+    dispatched: Mutex<BTreeMap<Sha256Digest, u64>>,
     fence_off: std::sync::atomic::AtomicBool,
 }
 
 impl FormationHost {
-    /// A host over `log`: lifecycles and formations already in the log are replayed (and
-    /// checked); their release directories are attached with [`FormationHost::attach`].
+    /// A host over `log`: lifecycles, snapshots, formations and dispatch records already in
+    /// the log are replayed (and checked), so a formation dispatched before a restart is
+    /// refused after it; release directories are attached with [`FormationHost::attach`].
     pub fn open(
         log: Arc<dyn FormationLog>,
         kind: RuntimeKind,
@@ -191,11 +232,7 @@ impl FormationHost {
     ) -> Result<FormationHost, ExecutorError> {
         let mut audit = FcdAudit::default();
         for (i, r) in log.replay().map_err(ExecutorError::Formation)? {
-            let header = match &r {
-                FcdRecord::Formation(f) => f.record.snapshot.release,
-                FcdRecord::Lifecycle(ev) => ev.action.release(),
-            };
-            audit.check(i, &header, &r).map_err(ExecutorError::Formation)?;
+            audit.check(i, &r.release(), &r).map_err(ExecutorError::Formation)?;
         }
         Ok(FormationHost {
             log,
@@ -204,9 +241,10 @@ impl FormationHost {
             dispatch_policy: Mutex::new(DispatchPolicy::default()),
             state: RwLock::new(HostState { lifecycles: audit.lifecycles, releases: BTreeMap::new() }),
             formations: Mutex::new(audit.formations),
+            snapshots: Mutex::new(audit.snapshots),
             pending: Mutex::new(BTreeMap::new()),
             continuations: Mutex::new(None),
-            consumed: Mutex::new(std::collections::BTreeSet::new()),
+            dispatched: Mutex::new(audit.dispatches),
             fence_off: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -244,10 +282,10 @@ impl FormationHost {
         std::fs::rename(&tmp, &path).map_err(ExecutorError::io(format!("storing {}", path.display())))
     }
 
-    /// A formed call runs once: after it ran (or after a session's immediate dispatch)
-    /// its kept call is dropped and its id refused from then on.
-    fn consume(&self, id: &Sha256Digest) {
-        lock(&self.consumed).insert(*id);
+    /// Drops the kept call of a formation that was dispatched (or of a session's call,
+    /// formed and dispatched at once): its id is refused from then on by its dispatch
+    /// record.
+    fn drop_pending(&self, id: &Sha256Digest) {
         lock(&self.pending).remove(id);
         if let Some(dir) = lock(&self.continuations).clone() {
             let _ = std::fs::remove_file(dir.join(format!("{}.json", id.to_hex())));
@@ -334,6 +372,17 @@ impl FormationHost {
         Ok(release)
     }
 
+    /// The release in `dir` (under `hash`, or its directory's hash), attached when the log
+    /// admitted it before, admitted (and recorded) otherwise.
+    pub fn register(&self, dir: &Path, hash: Option<ReleaseHash>) -> Result<Arc<HostedRelease>, ExecutorError> {
+        let release = match self.attach(dir, hash) {
+            Ok(r) => r,
+            Err(ExecutorError::Lifecycle(_)) => self.admit_as(dir, hash)?,
+            Err(e) => return Err(e),
+        };
+        self.release(&release).ok_or_else(|| ExecutorError::internal("a registered release is not attached"))
+    }
+
     /// New formations of its name use `release`.
     pub fn promote(&self, release: &ReleaseHash) -> Result<(), ExecutorError> {
         self.change(LifecycleAction::Promote { release: *release })
@@ -391,19 +440,48 @@ impl FormationHost {
     }
 
     /// Answers `tools/list` for `name` from its current release and returns the result
-    /// with the formation snapshot it makes.
-    pub fn list_tools(&self, name: &ReleaseName) -> Result<(Value, FormationSnapshot), ExecutorError> {
+    /// with the formation snapshot it makes, recorded in the log.
+    pub fn list_tools(&self, name: &ReleaseName) -> Result<(Value, Session), ExecutorError> {
         let st = self.read();
         let hosted = Self::current(&st, name)?;
         let tools = self.runner.list_tools(&hosted)?;
         let snapshot = FormationSnapshot::of_tools_list(name.clone(), &hosted.version, hosted.release, &tools)?;
-        Ok((tools, snapshot))
+        Ok((tools, self.recorded(snapshot)?))
+    }
+
+    /// Records what a `tools/list` answer showed as its own log entry, once per distinct
+    /// snapshot (the same snapshot again names the entry already there).
+    fn recorded(&self, snapshot: FormationSnapshot) -> Result<Session, ExecutorError> {
+        let id = snapshot.id();
+        let mut snapshots = lock(&self.snapshots);
+        let entry = match snapshots.get(&id) {
+            Some(i) => *i,
+            None => {
+                let i = self
+                    .log
+                    .append(&FcdRecord::Snapshot(SnapshotEntry::new(snapshot.clone())))
+                    .map_err(ExecutorError::Formation)?;
+                snapshots.insert(id, i);
+                i
+            }
+        };
+        Ok(Session { snapshot, id, entry })
     }
 
     /// Opens an MCP session on `name`: its calls bind to the snapshot it sees now.
     pub fn open_session(&self, name: &ReleaseName) -> Result<(Value, Session), ExecutorError> {
-        let (tools, snapshot) = self.list_tools(name)?;
-        Ok((tools, Session { snapshot }))
+        self.list_tools(name)
+    }
+
+    /// Resumes a session that names the snapshot it saw (a client reconnecting): the
+    /// snapshot is read back from the log and checked against its id.
+    pub fn resume_session(&self, id: &Sha256Digest) -> Result<Session, ExecutorError> {
+        let entry = logged(&self.snapshots, "snapshot", id)?;
+        let stored = self.log.snapshot_at(entry).map_err(ExecutorError::Formation)?;
+        if !stored.is(id) {
+            return Err(substituted("snapshot", id));
+        }
+        Ok(Session { snapshot: stored.snapshot, id: *id, entry })
     }
 
     fn current(st: &HostState, name: &ReleaseName) -> Result<Arc<HostedRelease>, ExecutorError> {
@@ -424,9 +502,12 @@ impl FormationHost {
             .lifecycles
             .get(&snapshot.name)
             .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", snapshot.name)))?;
-        if !l.is_live(&snapshot.release) {
+        // A session may have seen a release retired since: its calls are still formed on
+        // what it saw, and the fence decides where they may run.
+        let seen = lock(&self.snapshots).contains_key(&snapshot.id());
+        if l.version(&snapshot.release) != Some(snapshot.version.as_str()) || !(seen || l.is_live(&snapshot.release)) {
             return Err(ExecutorError::Formation(format!(
-                "snapshot of {} {} ({}): that release is retired or was never admitted; list the tools again",
+                "snapshot of {} {} ({}): no tools/list of that release was answered here; list the tools again",
                 snapshot.name,
                 snapshot.version,
                 short(&snapshot.release)
@@ -435,11 +516,10 @@ impl FormationHost {
         if !snapshot.tools.contains_key(&req.tool) {
             return Err(ExecutorError::Formation(format!("tool {:?} is not in the snapshot", req.tool)));
         }
-        let source = st
-            .releases
-            .get(&snapshot.release)
-            .ok_or_else(|| ExecutorError::Formation(format!("source {} is not attached", short(&snapshot.release))))?;
-        let contract = source.effect(&req.tool, &req.arguments).map(|(e, _)| e);
+        // A source whose directory is not attached here (a session resumed on another
+        // host process) has no modeled contract: nothing is captured for the call.
+        let contract =
+            st.releases.get(&snapshot.release).and_then(|s| s.effect(&req.tool, &req.arguments)).map(|(e, _)| e);
         let mut successors = Vec::new();
         if let (DispatchPolicy::CallSpecific, Some(contract)) = (policy, &contract) {
             for (r, _) in l.releases.iter().filter(|(r, s)| !s.retired && **r != snapshot.release) {
@@ -468,6 +548,7 @@ impl FormationHost {
             successors,
         };
         let entry = FormationEntry::new(record);
+        self.recorded(snapshot.clone())?;
         self.store_pending(&entry.id, req)?;
         let index = self.log.append_formation(&entry).map_err(ExecutorError::Formation)?;
         lock(&self.formations).insert(entry.id, index);
@@ -479,19 +560,11 @@ impl FormationHost {
     /// record's argument digest); `None` takes the pending call kept at formation.
     pub fn dispatch(&self, id: &Sha256Digest, req: Option<&CallRequest>) -> Result<CallOutcome, ExecutorError> {
         let st = self.read();
-        if lock(&self.consumed).contains(id) {
-            return Err(ExecutorError::Formation(format!("formation {} already ran: form the call again", id.short())));
-        }
-        let index = lock(&self.formations)
-            .get(id)
-            .copied()
-            .ok_or_else(|| ExecutorError::Formation(format!("no formation {}", id.short())))?;
+        self.not_dispatched(id, &lock(&self.dispatched))?;
+        let index = logged(&self.formations, "formation", id)?;
         let entry = self.log.formation_at(index).map_err(ExecutorError::Formation)?;
-        if entry.id != *id || entry.check().is_err() {
-            return Err(ExecutorError::Formation(format!(
-                "the stored record of formation {} does not hash to its id (substituted or altered)",
-                id.short()
-            )));
+        if !entry.is(id) {
+            return Err(substituted("record of formation", id));
         }
         let pending = self.load_pending(id);
         let req = req
@@ -512,24 +585,55 @@ impl FormationHost {
         let target = Self::current(&st, &record.snapshot.name)?;
         let fence_off = self.fence_off.load(std::sync::atomic::Ordering::SeqCst);
         let mut fence = |running: Option<ReleaseHash>| {
-            if fence_off {
-                return Ok(FenceGrant::Source);
-            }
-            final_hop_fence_check(running.unwrap_or(target.release), &target, id, record, l)
+            let running = running.unwrap_or(target.release);
+            let grant =
+                if fence_off { FenceGrant::Source } else { final_hop_fence_check(running, &target, id, record, l)? };
+            // Durable before the copies are forked: a crash from here on cannot run the
+            // formation a second time.
+            let mut dispatched = lock(&self.dispatched);
+            self.not_dispatched(id, &dispatched)?;
+            let d = DispatchRecord {
+                formation: *id,
+                release: running,
+                version: target.version.clone(),
+                grant,
+                epoch: l.epoch,
+                at_ms: now_ms(),
+            };
+            let at = self.log.append(&FcdRecord::Dispatch(d)).map_err(ExecutorError::Formation)?;
+            dispatched.insert(*id, at);
+            Ok(grant)
         };
         let outcome = self.runner.run(&target, &req, &mut fence);
-        if outcome.is_ok() {
-            self.consume(id);
+        if lock(&self.dispatched).contains_key(id) {
+            self.drop_pending(id);
         }
         drop(st);
         outcome
+    }
+
+    /// Refuses a formation that was dispatched before (in this process or, by its dispatch
+    /// record, before a restart).
+    fn not_dispatched(&self, id: &Sha256Digest, dispatched: &BTreeMap<Sha256Digest, u64>) -> Result<(), ExecutorError> {
+        match dispatched.get(id) {
+            Some(at) => Err(ExecutorError::Formation(format!(
+                "formation {} already ran (dispatch recorded at log entry {at}): form the call again",
+                id.short()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The log index of formation `id`'s dispatch record, if it was dispatched.
+    pub fn dispatch_entry(&self, id: &Sha256Digest) -> Option<u64> {
+        lock(&self.dispatched).get(id).copied()
     }
 
     /// One call of an MCP session: formed against the session's snapshot, dispatched now.
     pub fn session_call(&self, session: &Session, req: &CallRequest) -> Result<CallOutcome, ExecutorError> {
         let f = self.form(&session.snapshot, req)?;
         let outcome = self.dispatch(&f.id, Some(req));
-        self.consume(&f.id);
+        self.drop_pending(&f.id);
         outcome
     }
 }
@@ -559,6 +663,18 @@ pub fn final_hop_fence_check(
             short(&running),
         ))
     })
+}
+
+/// The log index of record `id` (a snapshot or formation recorded here).
+fn logged(index: &Mutex<BTreeMap<Sha256Digest, u64>>, what: &str, id: &Sha256Digest) -> Result<u64, ExecutorError> {
+    lock(index).get(id).copied().ok_or_else(|| ExecutorError::Formation(format!("no {what} {}", id.short())))
+}
+
+fn substituted(what: &str, id: &Sha256Digest) -> ExecutorError {
+    ExecutorError::Formation(format!(
+        "the stored {what} {} does not hash to its id (substituted or altered)",
+        id.short()
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -615,6 +731,60 @@ mod tests {
             format!("[release]\nname = \"fake\"\nversion = \"{version}\"\nruntime = \"python\"\nmodule = \"m\"\n");
         std::fs::write(dir.join("germline.toml"), manifest).unwrap_or_else(|e| panic!("{e}"));
         dir
+    }
+
+    /// Stands in for a host that crashes right after the fence: the copies are never
+    /// forked and the call never answers.
+    struct CrashingRunner;
+
+    impl ReleaseRunner for CrashingRunner {
+        fn list_tools(&self, _: &HostedRelease) -> Result<Value, ExecutorError> {
+            Ok(serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}))
+        }
+
+        fn run(&self, r: &HostedRelease, _: &CallRequest, fence: &mut Fence<'_>) -> Result<CallOutcome, ExecutorError> {
+            fence(Some(r.release))?;
+            Err(ExecutorError::internal("the host stopped before the copies were forked"))
+        }
+
+        fn stop(&self, _: &HostedRelease) {}
+    }
+
+    #[test]
+    fn a_formation_dispatched_before_a_crash_is_refused_after_the_restart() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let python = PythonRuntime { python: "/nonexistent".into(), shim_dir: dir.path().into(), read_paths: vec![] };
+        let log = Arc::new(MemoryFormationLog::default());
+        let rel = release(dir.path(), "1");
+        let req = CallRequest { tool: "t".into(), ..Default::default() };
+        let (f, at) = {
+            let host = FormationHost::open_with(log.clone(), Arc::new(CrashingRunner), python.clone())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let a = host.admit(&rel).unwrap_or_else(|e| panic!("{e}"));
+            host.promote(&a).unwrap_or_else(|e| panic!("{e}"));
+            let name = ReleaseName::new("fake").unwrap_or_else(|e| panic!("{e}"));
+            let (_, session) = host.open_session(&name).unwrap_or_else(|e| panic!("{e}"));
+            let f = host.form(&session.snapshot, &req).unwrap_or_else(|e| panic!("{e}"));
+            assert!(host.dispatch(&f.id, Some(&req)).is_err(), "the host crashed");
+            let at = host.dispatch_entry(&f.id).unwrap_or_else(|| panic!("no dispatch record"));
+            (f, at)
+        };
+        let kinds: Vec<&str> = log
+            .replay()
+            .unwrap_or_default()
+            .iter()
+            .map(|(_, r)| match r {
+                FcdRecord::Snapshot(_) => "snapshot",
+                FcdRecord::Formation(_) => "formation",
+                FcdRecord::Lifecycle(_) => "lifecycle",
+                FcdRecord::Dispatch(_) => "dispatch",
+            })
+            .collect();
+        assert_eq!(kinds, ["lifecycle", "lifecycle", "snapshot", "formation", "dispatch"]);
+        let host = FormationHost::open_with(log, Arc::new(CrashingRunner), python).unwrap_or_else(|e| panic!("{e}"));
+        host.attach(&rel, None).unwrap_or_else(|e| panic!("{e}"));
+        let e = host.dispatch(&f.id, Some(&req)).expect_err("runs at most once").to_string();
+        assert!(e.contains("already ran") && e.contains(&format!("log entry {at}")), "{e}");
     }
 
     #[test]

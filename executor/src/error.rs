@@ -72,6 +72,17 @@ impl ExecutorError {
         matches!(self, ExecutorError::GermlineRefused { check, .. } if *check != "start")
     }
 
+    /// A copy of a refusal (the pool hands the same refusal to every later take); any
+    /// other error becomes a refusal at "start" with its text.
+    pub(crate) fn clone_refusal(&self) -> ExecutorError {
+        match self {
+            ExecutorError::GermlineRefused { check, detail } => {
+                ExecutorError::GermlineRefused { check, detail: detail.clone() }
+            }
+            other => ExecutorError::refused("start", other.to_string()),
+        }
+    }
+
     pub(crate) fn refused(check: &'static str, detail: impl Into<String>) -> ExecutorError {
         ExecutorError::GermlineRefused { check, detail: detail.into() }
     }

@@ -52,8 +52,11 @@ impl PythonRuntime {
     pub fn discover(shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
         let python = match std::env::var_os("GERMLINE_PYTHON") {
             Some(p) => PathBuf::from(p),
+            // Absolute, not resolved: a venv's `python` is a symlink to its base
+            // interpreter, and only the link's own path makes it the venv's (with its
+            // packages, the MCP SDK among them).
             None if Path::new(".venv/bin/python").exists() => {
-                PathBuf::from(".venv/bin/python").canonicalize().unwrap_or_default()
+                std::path::absolute(".venv/bin/python").map_err(ExecutorError::io("the path of .venv/bin/python"))?
             }
             None => PathBuf::from("python3"),
         };
@@ -443,6 +446,8 @@ pub struct Germline {
     copy_ids: Option<Arc<IdBlock>>,
     /// The host ids the germline runs as (and copies, without ids of their own).
     host_ids: (u32, u32),
+    /// Copies this germline forked that may still be alive (its only allowed children).
+    copy_pids: Vec<i32>,
 }
 
 /// Warns (once per broker) that copies share the germline's host ids.
@@ -710,6 +715,7 @@ impl Germline {
             scratch,
             copy_ids,
             host_ids,
+            copy_pids: Vec::new(),
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -889,11 +895,24 @@ impl Germline {
     /// refused, and the copy (if any) is killed before it holds data.
     pub fn fork_copy(&mut self) -> Result<CopyProcess, ExecutorError> {
         let t0 = Instant::now();
-        // Copies of one germline never overlap: the previous one is gone before a fork.
+        // A copy that held data is gone before the germline runs again: the broker forks
+        // only while no copy of this germline holds data (see `crate::pool`), and the
+        // ones retired since the last fork are awaited here.
         self.reap_retired()?;
         let t1 = Instant::now();
         inspect::check_germline(self.pid, &self.allowed)?;
         self.account_processes()?;
+        // The germline's live children before the fork: copies it made earlier that are
+        // still alive (pooled ones), and nothing else.
+        let keeper = self.keeper.as_ref().map(|k| k.pid);
+        let before: Vec<i32> = inspect::live_children(self.pid)?.into_iter().filter(|&c| Some(c) != keeper).collect();
+        self.copy_pids.retain(|p| before.contains(p));
+        if let Some(&stray) = before.iter().find(|p| !self.copy_pids.contains(p)) {
+            return Err(ExecutorError::refused(
+                "children",
+                format!("the germline has a child that is not a copy ({stray}, {})", inspect::comm(stray)),
+            ));
+        }
         let t_cg = Instant::now();
         let cgroup = match &self.cgroups {
             Some(cg) => Some(cg.enter_copy(self.pid)?),
@@ -915,8 +934,10 @@ impl Germline {
         if let Some(cg) = &self.cgroups {
             cg.leave_copy(self.pid)?;
         }
-        let keeper = self.keeper.as_ref().map(|k| k.pid);
-        let children: Vec<i32> = inspect::live_children(self.pid)?.into_iter().filter(|&c| Some(c) != keeper).collect();
+        let children: Vec<i32> = inspect::live_children(self.pid)?
+            .into_iter()
+            .filter(|&c| Some(c) != keeper && !before.contains(&c))
+            .collect();
         if let Err(e) = forked {
             kill_all(&children);
             return Err(ExecutorError::Copy(format!("germline could not fork: {e}")));
@@ -927,11 +948,12 @@ impl Germline {
                 kill_all(&children);
                 return Err(ExecutorError::refused(
                     "children",
-                    format!("{} live children after fork, expected 1", children.len()),
+                    format!("{} new live children after fork, expected 1", children.len()),
                 ));
             }
         };
         let pidfd = pidfd_open(copy_pid)?;
+        self.copy_pids.push(copy_pid);
         let fail = |e: ExecutorError| {
             let _ = pidfd_kill(&pidfd);
             e
@@ -995,6 +1017,11 @@ impl Germline {
         };
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
+        if let Some(cg) = &self.cgroups {
+            // The next copy's cgroup is entered now, off the next fork's path (the germline
+            // is stopped and back in its own cgroup).
+            cg.stage_next(self.pid);
+        }
         copy.timings.reap = t1 - t0;
         copy.timings.checks_before = t_cg - t1;
         copy.timings.cgroup = t2 - t_cg;
@@ -1013,14 +1040,9 @@ impl Germline {
             cg.kill_members();
         }
         self.retired.push(copy);
-        if let Some(cg) = &self.cgroups {
-            // No copy of this germline can run any more: the next copy's cgroup is
-            // entered now, off the next call's path.
-            cg.stage_next(self.pid);
-        }
     }
 
-    fn reap_retired(&mut self) -> Result<(), ExecutorError> {
+    pub(crate) fn reap_retired(&mut self) -> Result<(), ExecutorError> {
         for copy in std::mem::take(&mut self.retired) {
             copy.kill()?;
         }
@@ -1109,8 +1131,29 @@ impl CopyProcess {
     /// Lets the copy connect to its channel: its listeners are in place. (The copy waits
     /// for this signal instead of retrying its connection; nothing rides on it.)
     pub fn channel_ready(&self) -> Result<(), ExecutorError> {
+        self.send(libc::SIGUSR2)
+    }
+
+    /// Stops the copy (SIGSTOP): a pooled copy waits stopped until a call takes it.
+    pub fn pause(&self) -> Result<(), ExecutorError> {
+        self.send(libc::SIGSTOP)
+    }
+
+    /// Lets a paused copy run again (SIGCONT).
+    pub fn resume(&self) -> Result<(), ExecutorError> {
+        self.send(libc::SIGCONT)
+    }
+
+    /// Whether the copy has exited (its pidfd is readable then).
+    pub fn exited(&self) -> bool {
+        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one pidfd we own, without waiting.
+        unsafe { libc::poll(&mut pfd, 1, 0) != 0 }
+    }
+
+    fn send(&self, sig: i32) -> Result<(), ExecutorError> {
         // SAFETY: signalling through a pidfd we own.
-        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), libc::SIGUSR2, 0, 0) };
+        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), sig, 0, 0) };
         if rc < 0 {
             return Err(ExecutorError::io("signalling a copy")(std::io::Error::last_os_error()));
         }

@@ -117,6 +117,29 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
         }
     }
 
+    /// Sends one of the broker's control lines to a pooled copy's tool host (see the
+    /// host's `_PooledStdin`); with `ack`, waits for its `{"germline":"ready"}` (skipping
+    /// what the server sends meanwhile, as [`McpClient::response`] does).
+    pub fn control(&mut self, msg: &Value, ack: bool) -> Result<(), ExecutorError> {
+        self.send(msg)?;
+        if !ack {
+            return Ok(());
+        }
+        for _ in 0..MAX_SKIPPED_LINES {
+            let msg = self.read_message()?;
+            if msg.get("germline").and_then(Value::as_str) == Some("ready") {
+                return Ok(());
+            }
+            if msg.get("method").and_then(Value::as_str) == Some("notifications/germline/stderr") {
+                let text = msg["params"]["text"].as_str().unwrap_or_default();
+                let skip = text.chars().count().saturating_sub(STDERR_TAIL_CHARS);
+                let tail: String = text.chars().skip(skip).collect();
+                return Err(ExecutorError::Copy(format!("the copy failed; its stderr ended with:\n{tail}")));
+            }
+        }
+        Err(ExecutorError::Copy("the copy did not take its twin inputs".into()))
+    }
+
     /// Sends a notification.
     pub fn notify(&mut self, method: &str, params: Value) -> Result<(), ExecutorError> {
         self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))

@@ -108,31 +108,11 @@ impl ViewGate {
             crate::inspect::check_copy_ids(self.copy, self.ids)?;
         }
         let mut sock = self.sock.take().ok_or_else(|| ExecutorError::internal("view gate"))?;
-        use std::io::{Read, Write};
+        use std::io::Write;
         sock.write_all(b"g").map_err(ExecutorError::io("asking for the copy's view"))?;
-        let mut buf = [0u8; 4];
-        let mut n = 0;
-        while n < buf.len() {
-            match sock.read(&mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ExecutorError::io("waiting for the copy's view")(e)),
-            }
-        }
+        let done = helper_reply(&mut sock);
         self.reap();
-        match (n, buf[0]) {
-            (1.., b'D') => Ok(()),
-            (4, b'E') => {
-                let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
-                Err(ExecutorError::Sandbox(format!(
-                    "mounting the copy's view failed at step '{}': {}",
-                    buf[1] as char,
-                    io::Error::from_raw_os_error(errno)
-                )))
-            }
-            _ => Err(ExecutorError::Sandbox("the copy's set-up helper died before mounting its view".into())),
-        }
+        done
     }
 
     fn reap(&mut self) {
@@ -153,6 +133,105 @@ impl ViewGate {
 impl Drop for ViewGate {
     fn drop(&mut self) {
         self.reap();
+    }
+}
+
+/// A pooled copy's view, mounted once the copy has taken its twin inputs.
+pub struct ViewMount {
+    /// The copy.
+    pub pid: i32,
+    /// The data roots.
+    pub roots: Vec<PathBuf>,
+    /// The view's files (out-of-view items empty).
+    pub files: Vec<CopyFile>,
+}
+
+impl ViewMount {
+    /// Mounts it ([`mount_view`]); a call with no item leaves the data roots as the copy
+    /// has them, empty.
+    pub fn mount(self) -> Result<(), ExecutorError> {
+        if self.files.is_empty() {
+            return Ok(());
+        }
+        mount_view(self.pid, &self.roots, &self.files)
+    }
+}
+
+/// Reads a set-up helper's one reply: `D` (done) or `E`, step, errno.
+fn helper_reply(sock: &mut UnixStream) -> Result<(), ExecutorError> {
+    use std::io::Read;
+    let mut buf = [0u8; 4];
+    let mut n = 0;
+    while n < buf.len() {
+        match sock.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ExecutorError::io("waiting for the copy's view")(e)),
+        }
+    }
+    match (n, buf[0]) {
+        (1.., b'D') => Ok(()),
+        (4, b'E') => {
+            let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
+            Err(ExecutorError::Sandbox(format!(
+                "mounting the copy's view failed at step '{}': {}",
+                buf[1] as char,
+                io::Error::from_raw_os_error(errno)
+            )))
+        }
+        _ => Err(ExecutorError::Sandbox("the copy's set-up helper died before mounting its view".into())),
+    }
+}
+
+/// Mounts a view into a pooled copy `pid` that was set up without one
+/// ([`prepare_copy`] with no data roots) and has passed its ids check: a helper enters the
+/// copy's user and mount namespaces as the copy's own root and mounts the items as
+/// [`prepare_copy`] would have. The copy keeps running meanwhile; it cannot write the view
+/// (its Landlock domain allows writes to its scratch only) and sees the roots read-only
+/// once this returns.
+pub fn mount_view(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<(), ExecutorError> {
+    let p = prepare(pid, CopyIds { offset: 0, uid: 0, gid: 0 }, data_roots, files)?;
+    let (mut ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for a copy's view"))?;
+    // SAFETY: the child only performs syscalls on buffers prepared above and exits with
+    // _exit; it never returns into Rust code of the parent.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(ExecutorError::io("forking the view helper")(io::Error::last_os_error()));
+    }
+    if child == 0 {
+        let fd = theirs.as_raw_fd();
+        let msg = match view_main(&p) {
+            Ok(()) => [b'D', 0, 0, 0],
+            Err((step, errno)) => [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8],
+        };
+        // SAFETY: write of a local buffer to an open socket, then leave without running
+        // destructors or atexit handlers of the parent.
+        unsafe {
+            libc::write(fd, msg.as_ptr().cast(), msg.len());
+            libc::_exit(0)
+        };
+    }
+    drop(theirs);
+    let done = helper_reply(&mut ours);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    done
+}
+
+fn view_main(p: &Prepared) -> Result<(), StepErr> {
+    use libc::*;
+    // SAFETY (whole block): raw syscalls on NUL-terminated strings and buffers prepared
+    // before fork; descriptors are our own.
+    unsafe {
+        let user = ck(b'a', open(p.ns_user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        let mnt = ck(b'c', open(p.ns_mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+        ck(b'i', setns(user, CLONE_NEWUSER) as c_long)?;
+        ck(b'w', setresgid(0, 0, 0) as c_long)?;
+        ck(b'x', setresuid(0, 0, 0) as c_long)?;
+        ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
+        mount_view_files(p)
     }
 }
 
@@ -349,52 +428,63 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
                 ) as c_long,
             )?;
         }
-        for root in &p.roots {
-            ck(
-                b'l',
-                mount(
-                    c"germline-view".as_ptr(),
-                    root.as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                    p.tmpfs_opts.as_ptr().cast(),
-                ) as c_long,
-            )?;
-        }
-        for d in &p.dirs {
-            if mkdir(d.as_ptr(), 0o755) < 0 && errno() != EEXIST {
-                return Err((b'm', errno()));
-            }
-        }
-        for (path, contents, meta) in &p.files {
-            let fd = ck(b'n', open(path.as_ptr(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o444) as c_long)? as c_int;
-            let mut off = 0;
-            while off < contents.len() {
-                let n = ck(b'o', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
-                off += n as usize;
-            }
-            // The host file's mode and times for an item in view; fixed ones otherwise.
-            let (mode, times) = match meta {
-                Some(m) => (m.mode, [timespec_of(m.atime), timespec_of(m.mtime)]),
-                None => (0o444, [timespec_of((0, 0)), timespec_of((0, 0))]),
-            };
-            ck(b't', fchmod(fd, mode) as c_long)?;
-            ck(b'u', futimens(fd, times.as_ptr()) as c_long)?;
-            close(fd);
-        }
-        for root in &p.roots {
-            ck(
-                b'p',
-                mount(
-                    std::ptr::null(),
-                    root.as_ptr(),
-                    std::ptr::null(),
-                    MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                    std::ptr::null(),
-                ) as c_long,
-            )?;
-        }
+        mount_view_files(p)?;
         ck(b'z', write(sock, b"D".as_ptr().cast(), 1) as c_long)?;
+    }
+    Ok(())
+}
+
+/// Mounts the view of `p` (a tmpfs per data root holding the items, with their modes and
+/// times) in the mount namespace the caller is in, then makes every root read-only.
+///
+/// # Safety
+/// Raw syscalls on buffers of `p`; called in a set-up helper only.
+unsafe fn mount_view_files(p: &Prepared) -> Result<(), StepErr> {
+    use libc::*;
+    for root in &p.roots {
+        ck(
+            b'l',
+            mount(
+                c"germline-view".as_ptr(),
+                root.as_ptr(),
+                c"tmpfs".as_ptr(),
+                MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                p.tmpfs_opts.as_ptr().cast(),
+            ) as c_long,
+        )?;
+    }
+    for d in &p.dirs {
+        if mkdir(d.as_ptr(), 0o755) < 0 && errno() != EEXIST {
+            return Err((b'm', errno()));
+        }
+    }
+    for (path, contents, meta) in &p.files {
+        let fd = ck(b'n', open(path.as_ptr(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o444) as c_long)? as c_int;
+        let mut off = 0;
+        while off < contents.len() {
+            let n = ck(b'o', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
+            off += n as usize;
+        }
+        // The host file's mode and times for an item in view; fixed ones otherwise.
+        let (mode, times) = match meta {
+            Some(m) => (m.mode, [timespec_of(m.atime), timespec_of(m.mtime)]),
+            None => (0o444, [timespec_of((0, 0)), timespec_of((0, 0))]),
+        };
+        ck(b't', fchmod(fd, mode) as c_long)?;
+        ck(b'u', futimens(fd, times.as_ptr()) as c_long)?;
+        close(fd);
+    }
+    for root in &p.roots {
+        ck(
+            b'p',
+            mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                std::ptr::null(),
+            ) as c_long,
+        )?;
     }
     Ok(())
 }

@@ -71,6 +71,19 @@ pub struct Limits {
     /// Refuse to start a germline where no cgroup holds copies to `memory_bytes` and
     /// `processes` (rather than run with per-process rlimits only, with a warning).
     pub require_limits: bool,
+    /// Ready copies kept per germline ([`crate::pool`]); 0 makes copies per call.
+    pub pool: usize,
+}
+
+/// Most ready copies a germline may keep: each is a live process tree holding a lease of
+/// the broker's 1024 copy ids and counting against the germline's process limit.
+pub const MAX_POOL: usize = 32;
+
+/// Ready copies per germline unless the policy (`[limits] pool`) or a command's `--pool`
+/// says otherwise: `GERMLINE_POOL` if set (the test suite runs the security tests with it
+/// at 0 and at the default), else 2.
+pub fn default_pool() -> usize {
+    std::env::var("GERMLINE_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
 }
 
 impl Default for Limits {
@@ -82,6 +95,7 @@ impl Default for Limits {
             cpu_seconds: 60,
             max_message_bytes: 8 << 20,
             require_limits: false,
+            pool: default_pool(),
         }
     }
 }
@@ -151,6 +165,7 @@ struct RawLimits {
     cpu_seconds: Option<u64>,
     max_message_bytes: Option<usize>,
     require_limits: Option<bool>,
+    pool: Option<usize>,
 }
 
 fn perr(s: impl Into<String>) -> ExecutorError {
@@ -244,7 +259,11 @@ impl Policy {
             cpu_seconds: l.cpu_seconds.unwrap_or(d.cpu_seconds),
             max_message_bytes: l.max_message_bytes.unwrap_or(d.max_message_bytes),
             require_limits: l.require_limits.unwrap_or(d.require_limits),
+            pool: l.pool.unwrap_or(d.pool),
         };
+        if limits.pool > MAX_POOL {
+            return Err(perr(format!("limits: pool = {} is more than {MAX_POOL} copies per germline", limits.pool)));
+        }
         if limits.deadline.is_zero() || limits.max_message_bytes < 1024 {
             return Err(perr("limits: deadline must be positive and max_message_bytes at least 1024"));
         }

@@ -182,6 +182,15 @@ impl Runtime {
         }
     }
 
+    /// Waits (at most `timeout`) until `n` pooled copies are ready; returns how many are.
+    /// Runtimes without a pool have none.
+    pub fn wait_pool_ready(&mut self, n: usize, timeout: std::time::Duration) -> Result<usize, ExecutorError> {
+        match self {
+            Runtime::Germline(g) => g.wait_pool_ready(n, timeout),
+            _ => Ok(0),
+        }
+    }
+
     /// Runs one call.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
         match self {

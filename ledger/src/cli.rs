@@ -294,7 +294,10 @@ pub fn run_ledger_command(args: &LedgerArgs) -> Result<i32, LedgerError> {
                 report.releases,
                 report.root.map(hex::encode).unwrap_or_default()
             );
-            println!("formations {} lifecycle events {}", report.formations, report.lifecycle_events);
+            println!(
+                "formations {} lifecycle events {} snapshots {} dispatches {}",
+                report.formations, report.lifecycle_events, report.snapshots, report.dispatches
+            );
             for p in &report.problems {
                 println!("PROBLEM: {p}");
             }

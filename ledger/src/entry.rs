@@ -36,6 +36,12 @@ pub enum EntryKind {
     /// A release lifecycle change (admit, promote, roll back, retire): body is a
     /// `germline_model::LifecycleEvent`.
     Lifecycle,
+    /// What a `tools/list` answer showed (DESIGN §8): body is a
+    /// `germline_model::SnapshotEntry`.
+    Snapshot,
+    /// A formed call passed the fence and is about to run: body is a
+    /// `germline_model::DispatchRecord`.
+    Dispatch,
 }
 
 impl EntryKind {
@@ -47,6 +53,8 @@ impl EntryKind {
             EntryKind::Suppression => 4,
             EntryKind::Formation => 5,
             EntryKind::Lifecycle => 6,
+            EntryKind::Snapshot => 7,
+            EntryKind::Dispatch => 8,
         }
     }
 
@@ -58,6 +66,8 @@ impl EntryKind {
             4 => EntryKind::Suppression,
             5 => EntryKind::Formation,
             6 => EntryKind::Lifecycle,
+            7 => EntryKind::Snapshot,
+            8 => EntryKind::Dispatch,
             _ => return None,
         })
     }
@@ -71,6 +81,8 @@ impl EntryKind {
             EntryKind::Suppression => "suppression",
             EntryKind::Formation => "formation",
             EntryKind::Lifecycle => "lifecycle",
+            EntryKind::Snapshot => "snapshot",
+            EntryKind::Dispatch => "dispatch",
         }
     }
 }
@@ -85,9 +97,11 @@ impl std::str::FromStr for EntryKind {
             "suppression" => Ok(EntryKind::Suppression),
             "formation" => Ok(EntryKind::Formation),
             "lifecycle" => Ok(EntryKind::Lifecycle),
+            "snapshot" => Ok(EntryKind::Snapshot),
+            "dispatch" => Ok(EntryKind::Dispatch),
             other => Err(format!(
                 "unknown entry kind {other:?}: expected witness, dampening_event, admission, suppression, \
-                 formation or lifecycle"
+                 formation, lifecycle, snapshot or dispatch"
             )),
         }
     }
@@ -276,6 +290,8 @@ mod tests {
             EntryKind::Suppression,
             EntryKind::Formation,
             EntryKind::Lifecycle,
+            EntryKind::Snapshot,
+            EntryKind::Dispatch,
         ] {
             assert_eq!(k.as_str().parse::<EntryKind>(), Ok(k));
             assert_eq!(EntryKind::from_byte(k.to_byte()), Some(k));

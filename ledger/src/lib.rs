@@ -11,7 +11,7 @@
 //! - [`entry`]: the canonical entry encoding that the tree commits to;
 //! - [`tiles`]: C2SP tlog-tiles paths;
 //! - [`fleet`]: what a fleet mirror persists about its peers;
-//! - [`formation`]: formation records and lifecycle events (DESIGN §8);
+//! - [`formation`]: formation snapshots, records, lifecycle events and dispatch records (DESIGN §8);
 //! - [`Ledger`]: the RocksDB store tying them together (the only RocksDB user);
 //! - [`cli`]: `germline ledger …` and `germline bench ledger`.
 

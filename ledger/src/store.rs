@@ -123,6 +123,10 @@ pub struct VerifyReport {
     pub formations: u64,
     /// Lifecycle events replayed.
     pub lifecycle_events: u64,
+    /// Formation snapshots (what `tools/list` answers showed) checked against their ids.
+    pub snapshots: u64,
+    /// Dispatch records checked against their formations and the fence.
+    pub dispatches: u64,
     /// Tree head recomputed from the entries alone.
     pub root: Option<Hash>,
     /// Problems, first ones first (capped so a ruined log still reports quickly).
@@ -1321,6 +1325,8 @@ impl Ledger {
         report.root = Some(tree.root());
         report.formations = fcd.formations.len() as u64;
         report.lifecycle_events = fcd.events;
+        report.snapshots = fcd.snapshots.len() as u64;
+        report.dispatches = fcd.dispatches.len() as u64;
 
         let by_release = inner.cf(CF_RELEASE_INDEX)?;
         let mut stored_keys = BTreeSet::new();

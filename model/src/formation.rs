@@ -200,6 +200,41 @@ impl FormationSnapshot {
     }
 }
 
+/// How a snapshot is stored (the ledger body): its id next to it, so a reader recomputes
+/// the id and a substituted snapshot shows. A session names what it saw by this id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotEntry {
+    /// [`FormationSnapshot::id`] of `snapshot`.
+    pub id: Sha256Digest,
+    /// The snapshot.
+    pub snapshot: FormationSnapshot,
+}
+
+impl SnapshotEntry {
+    /// Wraps `snapshot` with its id.
+    pub fn new(snapshot: FormationSnapshot) -> Self {
+        SnapshotEntry { id: snapshot.id(), snapshot }
+    }
+
+    /// Checks the stored id against the snapshot.
+    pub fn check(&self) -> Result<(), ModelError> {
+        id_matches(self.snapshot.id(), self.id)
+    }
+
+    /// Whether this is snapshot `id`, read back unaltered.
+    pub fn is(&self, id: &Sha256Digest) -> bool {
+        self.id == *id && self.check().is_ok()
+    }
+}
+
+fn id_matches(computed: Sha256Digest, stored: Sha256Digest) -> Result<(), ModelError> {
+    if computed == stored {
+        Ok(())
+    } else {
+        Err(ModelError::FormationId(stored.to_hex()))
+    }
+}
+
 /// Which releases a formed call may run on, chosen per deployment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -317,12 +352,31 @@ impl FormationEntry {
 
     /// Checks the stored id against the record.
     pub fn check(&self) -> Result<(), ModelError> {
-        if self.record.id() == self.id {
-            Ok(())
-        } else {
-            Err(ModelError::FormationId(self.id.to_hex()))
-        }
+        id_matches(self.record.id(), self.id)
     }
+
+    /// Whether this is formation `id`, read back unaltered.
+    pub fn is(&self, id: &Sha256Digest) -> bool {
+        self.id == *id && self.check().is_ok()
+    }
+}
+
+/// A formed call passed the final-hop fence and is about to run: recorded durably before
+/// its copies are forked, so a formation runs at most once, across crashes and restarts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatchRecord {
+    /// The formation dispatched.
+    pub formation: Sha256Digest,
+    /// The release that runs it.
+    pub release: ReleaseHash,
+    /// That release's version.
+    pub version: String,
+    /// Why the fence let it through.
+    pub grant: FenceGrant,
+    /// Lifecycle epoch of the name at the fence (held fixed until the copies ran).
+    pub epoch: u64,
+    /// When, Unix milliseconds.
+    pub at_ms: u64,
 }
 
 /// One change to which releases of a name exist and which one new formations use.
@@ -563,24 +617,65 @@ pub fn effect_fits(contract: &[String], successor: &[String]) -> bool {
 /// A formation-related record as read back from the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FcdRecord {
+    /// What a `tools/list` answer showed.
+    Snapshot(SnapshotEntry),
     /// A formed call.
     Formation(FormationEntry),
     /// A lifecycle change.
     Lifecycle(LifecycleEvent),
+    /// A formed call about to run.
+    Dispatch(DispatchRecord),
 }
 
-/// Where formation records and lifecycle events are kept: durable and append-only (the
-/// ledger), so a stored record cannot be rolled back or substituted unseen. Errors are
-/// messages: the implementations live in crates with their own error types.
+impl FcdRecord {
+    /// The release the record is filed under in the log.
+    pub fn release(&self) -> ReleaseHash {
+        match self {
+            FcdRecord::Snapshot(s) => s.snapshot.release,
+            FcdRecord::Formation(f) => f.record.snapshot.release,
+            FcdRecord::Lifecycle(ev) => ev.action.release(),
+            FcdRecord::Dispatch(d) => d.release,
+        }
+    }
+}
+
+/// Where snapshots, formation records, lifecycle events and dispatch records are kept:
+/// durable and append-only (the ledger), so a stored record cannot be rolled back or
+/// substituted unseen. Errors are messages: the implementations live in crates with their
+/// own error types.
 pub trait FormationLog: Send + Sync {
-    /// Appends a lifecycle event durably; returns its log index.
-    fn append_lifecycle(&self, ev: &LifecycleEvent) -> Result<u64, String>;
-    /// Appends a formation durably; returns its log index.
-    fn append_formation(&self, entry: &FormationEntry) -> Result<u64, String>;
-    /// The formation stored at `index` (checked against its id by the caller).
-    fn formation_at(&self, index: u64) -> Result<FormationEntry, String>;
-    /// Every formation record and lifecycle event, in log order, with its index.
+    /// Appends a record durably; returns its log index.
+    fn append(&self, record: &FcdRecord) -> Result<u64, String>;
+    /// The record stored at `index` (checked against its id by the caller).
+    fn record_at(&self, index: u64) -> Result<FcdRecord, String>;
+    /// Every formation-related record, in log order, with its index.
     fn replay(&self) -> Result<Vec<(u64, FcdRecord)>, String>;
+
+    /// Appends a lifecycle event durably; returns its log index.
+    fn append_lifecycle(&self, ev: &LifecycleEvent) -> Result<u64, String> {
+        self.append(&FcdRecord::Lifecycle(ev.clone()))
+    }
+
+    /// Appends a formation durably; returns its log index.
+    fn append_formation(&self, entry: &FormationEntry) -> Result<u64, String> {
+        self.append(&FcdRecord::Formation(entry.clone()))
+    }
+
+    /// The formation stored at `index`.
+    fn formation_at(&self, index: u64) -> Result<FormationEntry, String> {
+        match self.record_at(index)? {
+            FcdRecord::Formation(f) => Ok(f),
+            _ => Err(format!("log entry {index} is not a formation")),
+        }
+    }
+
+    /// The snapshot stored at `index`.
+    fn snapshot_at(&self, index: u64) -> Result<SnapshotEntry, String> {
+        match self.record_at(index)? {
+            FcdRecord::Snapshot(s) => Ok(s),
+            _ => Err(format!("log entry {index} is not a snapshot")),
+        }
+    }
 }
 
 /// An in-memory [`FormationLog`] (tests, and hosts run without a ledger).
@@ -590,114 +685,163 @@ pub struct MemoryFormationLog {
 }
 
 impl MemoryFormationLog {
-    fn push(&self, r: FcdRecord) -> u64 {
-        let mut v = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        v.push(r);
-        v.len() as u64 - 1
+    fn records(&self) -> std::sync::MutexGuard<'_, Vec<FcdRecord>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Replaces the record at `index` (tests: a substituted store).
     pub fn overwrite(&self, index: u64, r: FcdRecord) {
-        let mut v = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(slot) = v.get_mut(index as usize) {
+        if let Some(slot) = self.records().get_mut(index as usize) {
             *slot = r;
         }
     }
 }
 
 impl FormationLog for MemoryFormationLog {
-    fn append_lifecycle(&self, ev: &LifecycleEvent) -> Result<u64, String> {
-        Ok(self.push(FcdRecord::Lifecycle(ev.clone())))
+    fn append(&self, record: &FcdRecord) -> Result<u64, String> {
+        let mut v = self.records();
+        v.push(record.clone());
+        Ok(v.len() as u64 - 1)
     }
 
-    fn append_formation(&self, entry: &FormationEntry) -> Result<u64, String> {
-        Ok(self.push(FcdRecord::Formation(entry.clone())))
-    }
-
-    fn formation_at(&self, index: u64) -> Result<FormationEntry, String> {
-        let v = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        match v.get(index as usize) {
-            Some(FcdRecord::Formation(f)) => Ok(f.clone()),
-            _ => Err(format!("no formation at log index {index}")),
-        }
+    fn record_at(&self, index: u64) -> Result<FcdRecord, String> {
+        self.records().get(index as usize).cloned().ok_or_else(|| format!("no record at log index {index}"))
     }
 
     fn replay(&self) -> Result<Vec<(u64, FcdRecord)>, String> {
-        let v = self.records.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(v.iter().cloned().enumerate().map(|(i, r)| (i as u64, r)).collect())
+        Ok(self.records().iter().cloned().enumerate().map(|(i, r)| (i as u64, r)).collect())
     }
 }
 
-/// Replays formation records and lifecycle events in log order and reports what does not
-/// hold: an epoch out of order, a change the state does not allow, a record whose id is
-/// not its digest, a formation whose source or successor was not admitted under its name
-/// when it was formed. Used by `germline ledger verify` and by hosts opening a log.
+/// Replays snapshots, formation records, lifecycle events and dispatch records in log
+/// order and reports what does not hold: an epoch out of order, a change the state does
+/// not allow, a record whose id is not its digest, a snapshot or formation whose release
+/// was not admitted and live under its name when it was recorded, a formation before its
+/// snapshot, a dispatch before its formation, twice, or one the fence would not have let
+/// through at that point of the log. Used by `germline ledger verify` and by hosts
+/// opening a log.
 #[derive(Debug, Default)]
 pub struct FcdAudit {
     /// Lifecycle state per name after the records seen so far.
     pub lifecycles: BTreeMap<ReleaseName, Lifecycle>,
+    /// Snapshot id → log index.
+    pub snapshots: BTreeMap<Sha256Digest, u64>,
     /// Formation id → log index.
     pub formations: BTreeMap<Sha256Digest, u64>,
+    /// Formation id → log index of its dispatch record.
+    pub dispatches: BTreeMap<Sha256Digest, u64>,
     /// Lifecycle events seen.
     pub events: u64,
+    records: BTreeMap<Sha256Digest, FormationRecord>,
 }
 
 impl FcdAudit {
+    /// The lifecycle of `name` with `release` admitted at `version` (and not retired, if
+    /// `live`), or why not.
+    fn admitted(
+        &self,
+        name: &ReleaseName,
+        release: &ReleaseHash,
+        version: &str,
+        live: bool,
+    ) -> Result<&Lifecycle, String> {
+        let l = self.lifecycles.get(name).ok_or_else(|| format!("{name} was never admitted"))?;
+        if live && !l.is_live(release) {
+            return Err(format!("{} is not a live release of {name}", short_hash(release)));
+        }
+        if l.version(release) != Some(version) {
+            return Err(format!("{} is not an admitted release of {name} at version {version}", short_hash(release)));
+        }
+        Ok(l)
+    }
+
     /// Checks one record, stored at `index` under header release `header`.
     pub fn check(&mut self, index: u64, header: &ReleaseHash, record: &FcdRecord) -> Result<(), String> {
+        let what = match record {
+            FcdRecord::Snapshot(_) => "snapshot",
+            FcdRecord::Formation(_) => "formation",
+            FcdRecord::Lifecycle(_) => "lifecycle",
+            FcdRecord::Dispatch(_) => "dispatch",
+        };
+        if record.release() != *header {
+            return Err(format!("{what} entry {index} is filed under another release"));
+        }
+        self.check_record(index, record).map_err(|e| format!("{what} entry {index}: {e}"))
+    }
+
+    fn check_record(&mut self, index: u64, record: &FcdRecord) -> Result<(), String> {
         match record {
             FcdRecord::Lifecycle(ev) => {
                 self.events += 1;
-                if ev.action.release() != *header {
-                    return Err(format!("lifecycle entry {index} is filed under another release"));
-                }
                 let l = self.lifecycles.entry(ev.name.clone()).or_insert_with(|| Lifecycle::new(ev.name.clone()));
-                l.apply(ev).map_err(|e| format!("lifecycle entry {index}: {e}"))
+                l.apply(ev).map_err(|e| e.to_string())
+            }
+            FcdRecord::Snapshot(s) => {
+                s.check().map_err(|e| e.to_string())?;
+                let snap = &s.snapshot;
+                self.admitted(&snap.name, &snap.release, &snap.version, true)?;
+                if let Some(first) = self.snapshots.insert(s.id, index) {
+                    return Err(format!("snapshot {} recorded twice (first at entry {first})", s.id.short()));
+                }
+                Ok(())
             }
             FcdRecord::Formation(f) => {
-                f.check().map_err(|e| format!("formation entry {index}: {e}"))?;
+                f.check().map_err(|e| e.to_string())?;
                 let r = &f.record;
-                if r.snapshot.release != *header {
-                    return Err(format!("formation entry {index} is filed under another release"));
-                }
-                let l = self
-                    .lifecycles
-                    .get(&r.snapshot.name)
-                    .ok_or_else(|| format!("formation entry {index}: {} was never admitted", r.snapshot.name))?;
-                if !l.is_live(&r.snapshot.release) {
-                    return Err(format!("formation entry {index}: its source is not a live release of {}", l.name));
-                }
-                if l.version(&r.snapshot.release) != Some(r.snapshot.version.as_str()) {
-                    return Err(format!("formation entry {index}: its snapshot's version is not the admitted one"));
-                }
+                // A session that saw a release retired since may still form calls on its
+                // snapshot: the fence decides where they may run.
+                let l = self.admitted(&r.snapshot.name, &r.snapshot.release, &r.snapshot.version, false)?;
                 if r.epoch != l.epoch {
-                    return Err(format!(
-                        "formation entry {index}: formed at epoch {} but the log is at epoch {}",
-                        r.epoch, l.epoch
-                    ));
+                    return Err(format!("formed at epoch {} but the log is at epoch {}", r.epoch, l.epoch));
                 }
                 if let Some(s) = r.successors.iter().find(|s| !l.is_live(&s.release)) {
-                    return Err(format!("formation entry {index}: captured successor {} is not live", s.release));
+                    return Err(format!("captured successor {} is not live", s.release));
                 }
                 if let Some(s) = r.successors.iter().find(|s| l.version(&s.release) != Some(s.version.as_str())) {
-                    return Err(format!(
-                        "formation entry {index}: captured successor {} has another version",
-                        s.release
-                    ));
+                    return Err(format!("captured successor {} has another version", s.release));
                 }
                 if r.successors.iter().any(|s| s.release == r.snapshot.release) {
-                    return Err(format!("formation entry {index}: the source is listed as its own successor"));
+                    return Err("the source is listed as its own successor".into());
                 }
                 if r.policy != DispatchPolicy::CallSpecific && !r.successors.is_empty() {
-                    return Err(format!("formation entry {index}: only call-specific formations capture successors"));
+                    return Err("only call-specific formations capture successors".into());
+                }
+                if !self.snapshots.contains_key(&r.snapshot.id()) {
+                    return Err(format!("its snapshot {} was not recorded before it", r.snapshot.id().short()));
                 }
                 if self.formations.insert(f.id, index).is_some() {
-                    return Err(format!("formation entry {index}: formation {} recorded twice", f.id.short()));
+                    return Err(format!("formation {} recorded twice", f.id.short()));
                 }
+                self.records.insert(f.id, r.clone());
+                Ok(())
+            }
+            FcdRecord::Dispatch(d) => {
+                let id = d.formation.short();
+                let r = self
+                    .records
+                    .get(&d.formation)
+                    .ok_or_else(|| format!("formation {id} was not recorded before its dispatch"))?;
+                if let Some(first) = self.dispatches.get(&d.formation) {
+                    return Err(format!("formation {id} dispatched twice (first at entry {first})"));
+                }
+                let l = self.admitted(&r.snapshot.name, &d.release, &d.version, true)?;
+                if d.epoch != l.epoch {
+                    return Err(format!("dispatched at epoch {} but the log is at epoch {}", d.epoch, l.epoch));
+                }
+                match final_hop_fence(r, l, &d.release) {
+                    Ok(g) if g == d.grant => {}
+                    Ok(g) => return Err(format!("the fence grants {g:?} here, not the recorded {:?}", d.grant)),
+                    Err(why) => return Err(format!("the fence refuses formation {id} here: {why}")),
+                }
+                self.dispatches.insert(d.formation, index);
                 Ok(())
             }
         }
     }
+}
+
+fn short_hash(r: &ReleaseHash) -> String {
+    r.to_hex()[..12].to_owned()
 }
 
 #[cfg(test)]

@@ -54,8 +54,9 @@ mod vocab;
 
 pub use formation::{
     canonical_json, descriptor_digest, effect_fits, final_hop_fence, AdmittedRelease, CapturedSuccessor,
-    DispatchPolicy, FcdAudit, FcdRecord, FenceGrant, FenceRefusal, FormationEntry, FormationLog, FormationRecord,
-    FormationSnapshot, Lifecycle, LifecycleAction, LifecycleEvent, MemoryFormationLog, ReleaseName, Sha256Digest,
+    DispatchPolicy, DispatchRecord, FcdAudit, FcdRecord, FenceGrant, FenceRefusal, FormationEntry, FormationLog,
+    FormationRecord, FormationSnapshot, Lifecycle, LifecycleAction, LifecycleEvent, MemoryFormationLog, ReleaseName,
+    Sha256Digest, SnapshotEntry,
 };
 pub use label::OutputLabel;
 pub use plan::{plan_groups, Group, Horizon, Item, Member, Plan, PlanInput, View};
@@ -158,8 +159,9 @@ pub enum ModelError {
     /// An unknown dispatch policy name.
     #[error("unknown dispatch policy {0:?} (exact_pin, release_wide_allow, release_wide_deny, call_specific)")]
     BadPolicy(String),
-    /// A formation record whose stored id is not its digest (substituted or altered).
-    #[error("formation record stored as {0} does not hash to its id")]
+    /// A formation record or snapshot whose stored id is not its digest (substituted or
+    /// altered).
+    #[error("record stored as {0} does not hash to its id")]
     FormationId(String),
     /// A lifecycle change that is out of order or not allowed in the current state.
     #[error("lifecycle: {0}")]

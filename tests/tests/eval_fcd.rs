@@ -24,6 +24,8 @@ fn eval_fcd_has_the_expected_shape() {
         let c = r.case(name).unwrap();
         assert!(c.ledger_problems.is_empty(), "{name}: {:?}", c.ledger_problems);
         assert_eq!(c.ledger_records.0, 4 * 2 * t as u64, "{name}: every formation is in the ledger");
+        let ran: usize = c.rows.iter().map(|r| r.a_completed + r.b_completed).sum();
+        assert_eq!(c.ledger_snapshots_dispatches, (4, ran as u64), "{name}: one snapshot per host, a dispatch per run");
         let row = |p| {
             let x = c.row(p).unwrap();
             (x.a_completed, x.b_completed, x.new_formations, x.violations)

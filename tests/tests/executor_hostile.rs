@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use germline_executor::call::CallRequest;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_tests::oracle::Oracle;
 use germline_tests::sink::{Sink, SinkBehaviour};
@@ -248,9 +249,19 @@ def create_server():
 /// Two copies alive at once (two concurrent calls) try every channel: TCP listen, UDP,
 /// unix sockets by path and abstract name, signals, file locks, /proc, shared memory,
 /// files. Under sig-pin they get through; under germline not one byte does.
-#[test]
-fn two_live_copies_cannot_exchange_a_byte() {
-    for kind in [RuntimeKind::SigPin, RuntimeKind::Germline] {
+/// The world of the channel tests: an hr item planted with a canary, a shared directory,
+/// the CHANNELS release, and the sender's and receiver's requests.
+struct ChannelCase {
+    w: World,
+    oracle: Oracle,
+    secret: std::path::PathBuf,
+    shared: std::path::PathBuf,
+    rel: std::path::PathBuf,
+    tag: String,
+}
+
+impl ChannelCase {
+    fn new() -> ChannelCase {
         let w = World::new();
         let mut oracle = Oracle::new();
         let hr = oracle.plant(&["hr"]);
@@ -259,13 +270,39 @@ fn two_live_copies_cannot_exchange_a_byte() {
         std::fs::create_dir_all(&shared).unwrap();
         let rel = w.release("chan", "", CHANNELS);
         let tag = format!("{:06x}", std::process::id() & 0xffffff);
-        let policy = || w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
-        let mut sender = w.start(kind, &rel, policy()).unwrap();
-        let mut receiver = w.start(kind, &rel, policy()).unwrap();
-        let send_req =
-            request("send", json!({"document": secret, "tag": tag, "shared": shared, "rounds": 60}), &[&secret]);
-        let mut recv_req = request("receive", json!({"tag": tag, "shared": shared, "rounds": 50}), &[]);
-        recv_req.consumers = vec!["public".into()];
+        ChannelCase { w, oracle, secret, shared, rel, tag }
+    }
+
+    fn start(&self, kind: RuntimeKind, limits: &str) -> Runtime {
+        let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], limits);
+        self.w.start(kind, &self.rel, policy).unwrap()
+    }
+
+    /// The sender (holding the item) and the receiver (answering a public consumer).
+    fn requests(&self, send_rounds: u32, receive_rounds: u32) -> (CallRequest, CallRequest) {
+        let (secret, shared, tag) = (&self.secret, &self.shared, &self.tag);
+        let send = request(
+            "send",
+            json!({"document": secret, "tag": tag, "shared": shared, "rounds": send_rounds}),
+            &[secret.as_path()],
+        );
+        let mut receive = request("receive", json!({"tag": tag, "shared": shared, "rounds": receive_rounds}), &[]);
+        receive.consumers = vec!["public".into()];
+        (send, receive)
+    }
+
+    fn leaked(&self, text: &str) -> bool {
+        !self.oracle.disclosures("public", &[], text.as_bytes()).is_empty()
+    }
+}
+
+#[test]
+fn two_live_copies_cannot_exchange_a_byte() {
+    for kind in [RuntimeKind::SigPin, RuntimeKind::Germline] {
+        let c = ChannelCase::new();
+        let mut sender = c.start(kind, "");
+        let mut receiver = c.start(kind, "");
+        let (send_req, recv_req) = c.requests(60, 50);
         let (sent, got) = std::thread::scope(|s| {
             let a = s.spawn(|| sender.call(&send_req));
             std::thread::sleep(Duration::from_millis(300));
@@ -275,7 +312,7 @@ fn two_live_copies_cannot_exchange_a_byte() {
         assert!(sent.error.is_none() && got.error.is_none(), "{kind:?}: {:?} {:?}", sent.error, got.error);
         let text = result_text(&got);
         let channels: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let leaked = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
+        let leaked = c.leaked(&text);
         match kind {
             RuntimeKind::SigPin => {
                 assert!(leaked, "mechanism off: the secret crosses ({text})");
@@ -291,6 +328,35 @@ fn two_live_copies_cannot_exchange_a_byte() {
                     "germline: nothing at all crossed ({text}; sender saw {})",
                     result_text(&sent)
                 );
+            }
+        }
+    }
+}
+
+/// The same channels between copies of one germline under the pool: the receiving copy
+/// is made (and waits, stopped) while the sending copy holds the item, and serves the next
+/// call. Unprotected, the one long-lived process carries the item over; under germline not
+/// one byte crosses.
+#[test]
+fn a_pooled_copy_gets_nothing_from_the_copy_that_ran_while_it_waited() {
+    for kind in [RuntimeKind::SigPin, RuntimeKind::Germline] {
+        let c = ChannelCase::new();
+        let mut rt = c.start(kind, "[limits]\npool = 2\n");
+        if let Runtime::Germline(g) = &mut rt {
+            assert_eq!(g.wait_pool_ready(2, Duration::from_secs(60)).unwrap(), 2, "two copies wait in the pool");
+        }
+        let (send_req, recv_req) = c.requests(10, 5);
+        let sent = rt.call(&send_req);
+        let got = rt.call(&recv_req);
+        assert!(sent.error.is_none() && got.error.is_none(), "{kind:?}: {:?} {:?}", sent.error, got.error);
+        let text = result_text(&got);
+        let leaked = c.leaked(&text);
+        match kind {
+            RuntimeKind::SigPin => assert!(leaked, "mechanism off: the secret carries over ({text})"),
+            _ => {
+                assert!(!leaked, "germline: {text}");
+                let channels: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                assert_eq!(channels, json!({}), "germline: nothing at all crossed ({text})");
             }
         }
     }
@@ -340,23 +406,42 @@ def create_server():
     return m
 "#;
 
+/// Waits for `pool` ready copies, after checking the runtime pools as set.
+fn fill_pool(rt: &mut Runtime, pool: usize) {
+    if let Runtime::Germline(g) = rt {
+        assert_eq!(g.pooling(), pool > 0, "pooling as set");
+        assert_eq!(g.wait_pool_ready(pool, Duration::from_secs(60)).unwrap(), pool, "the pool fills");
+    }
+}
+
+/// With copies forked per call and from the pool: a pooled copy's deadline runs from the
+/// call that takes it (one that waited in the pool longer than the deadline still serves).
 #[test]
 fn copies_over_budget_are_killed_and_the_next_call_succeeds() {
+    for pool in [0, 2] {
+        copies_over_budget_with(pool);
+    }
+}
+
+fn copies_over_budget_with(pool: usize) {
     let w = World::new();
     let slow = Sink::start(SinkBehaviour::Slow { delay: Duration::from_secs(20) });
     let rel = w.release("deadline", "[tools.slow]\nhosts = [\"slow.example\"]\n", DEADLINES);
-    let policy =
-        w.policy(&[("slow.example", &[], Some(slow.addr()))], &[("agent", &[])], "[limits]\ndeadline_ms = 2000\n");
+    let limits = format!("[limits]\ndeadline_ms = 2000\npool = {pool}\n");
+    let policy = w.policy(&[("slow.example", &[], Some(slow.addr()))], &[("agent", &[])], &limits);
     let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+    fill_pool(&mut rt, pool);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(result_text(&rt.call(&request("ok", json!({}), &[]))), "ok", "pool {pool}: a copy that waited");
     for tool in ["hang", "flood", "slow"] {
         let t0 = Instant::now();
         let o = rt.call(&request(tool, json!({}), &[]));
         let took = t0.elapsed();
         let err = o.error.unwrap_or_default();
-        assert!(err.contains("deadline of 2000 ms"), "{tool}: {err}");
+        assert!(err.contains("deadline of 2000 ms"), "pool {pool} {tool}: {err}");
         assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(10), "{tool}: took {took:?}");
         let next = rt.call(&request("ok", json!({}), &[]));
-        assert_eq!(result_text(&next), "ok", "{tool}: the next call succeeds ({:?})", next.error);
+        assert_eq!(result_text(&next), "ok", "pool {pool} {tool}: the next call succeeds ({:?})", next.error);
     }
 }
 
@@ -445,11 +530,15 @@ def create_server():
 
 #[test]
 fn copies_are_held_to_memory_and_process_limits() {
-    for (kind, limited) in [(RuntimeKind::SigPin, false), (RuntimeKind::Germline, true)] {
+    for (kind, limited, pool) in
+        [(RuntimeKind::SigPin, false, 0), (RuntimeKind::Germline, true, 0), (RuntimeKind::Germline, true, 2)]
+    {
         let w = World::new();
         let rel = w.release("hogs", "", HOGS);
-        let policy = w.policy(&[], &[("agent", &[])], "[limits]\nmemory_mb = 300\nprocesses = 24\n");
+        let limits = format!("[limits]\nmemory_mb = 300\nprocesses = 24\npool = {pool}\n");
+        let policy = w.policy(&[], &[("agent", &[])], &limits);
         let mut rt = w.start(kind, &rel, policy).unwrap();
+        fill_pool(&mut rt, pool);
         let hog = rt.call(&request("hog", json!({"mb": 600}), &[]));
         let hog_text = result_text(&hog);
         assert_eq!(hog_text == "allocated 600 MiB", !limited, "{kind:?}: {hog_text} {:?}", hog.error);

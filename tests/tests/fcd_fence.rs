@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use germline_executor::dispatch::FormationHost;
+use germline_executor::policy::Policy;
 use germline_executor::runtime::RuntimeKind;
 use germline_model::{FormationLog, MemoryFormationLog, ReleaseHash, ReleaseName};
 use germline_tests::fcd::{repohost_release, REPO_HOST};
@@ -30,10 +31,22 @@ fn name() -> ReleaseName {
     ReleaseName::new("repohost").expect("name")
 }
 
-fn case(kind: RuntimeKind) -> Case {
+/// A world, the repository host's sink and a policy that clears it.
+fn sink_world() -> (World, Sink, Policy) {
     let world = World::new();
     let sink = Sink::start(SinkBehaviour::default());
     let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    (world, sink, policy)
+}
+
+/// The ledger in `dir` (a restarted host opens it again).
+fn ledger_at(dir: &std::path::Path) -> Arc<germline_ledger::Ledger> {
+    let config = germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() };
+    Arc::new(germline_ledger::Ledger::open(dir, config).expect("ledger"))
+}
+
+fn case(kind: RuntimeKind) -> Case {
+    let (world, sink, policy) = sink_world();
     let log: Arc<dyn FormationLog> = Arc::new(MemoryFormationLog::default());
     let host = FormationHost::open(log, kind, policy, python(&world.dir.path().join("home"))).expect("host");
     let root = world.dir.path().join("releases");
@@ -160,15 +173,20 @@ fn after_retirement_the_captured_successor_runs_and_an_uncaptured_one_does_not()
     let e = c.host.dispatch(&g.id, None).expect_err("installed after formation").to_string();
     assert!(e.contains("repohost 1.2.0") && e.contains("not captured"), "{e}");
     assert_eq!(received(&c.sink), vec![true]);
-    // Forming against the retired source's snapshot is refused outright.
-    assert!(c.host.form(&session.snapshot, &omitted()).is_err());
+    // A session that saw the retired source still forms on what it saw: successors are
+    // captured at this formation (1.2, private by default like 1.0; 1.1 not), and the
+    // captured one runs, the source being retired.
+    let h = c.host.form(&session.snapshot, &omitted()).expect("formed on the retired source's snapshot");
+    let captured: Vec<ReleaseHash> = h.record.successors.iter().map(|s| s.release).collect();
+    assert!(captured.contains(&v12) && !captured.contains(&c.v11), "{captured:?}");
+    let o = c.host.dispatch(&h.id, None).expect("captured successor runs");
+    assert!(o.error.is_none(), "{:?}", o.error);
+    assert_eq!(received(&c.sink), vec![true, true]);
 }
 
 #[test]
 fn a_formation_is_bound_to_its_arguments_and_its_stored_record() {
-    let world = World::new();
-    let sink = Sink::start(SinkBehaviour::default());
-    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let (world, sink, policy) = sink_world();
     let log = Arc::new(MemoryFormationLog::default());
     let host = FormationHost::open(log.clone(), RuntimeKind::Germline, policy, python(&world.dir.path().join("home")))
         .expect("host");
@@ -195,22 +213,13 @@ fn a_formation_is_bound_to_its_arguments_and_its_stored_record() {
 
 #[test]
 fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
-    let world = World::new();
-    let sink = Sink::start(SinkBehaviour::default());
-    let policy = world.policy(&[(REPO_HOST, &[], Some(sink.addr()))], &[("agent", &[])], "");
+    let (world, sink, policy) = sink_world();
     let py = python(&world.dir.path().join("home"));
     let (ledger_dir, pending) = (world.dir.path().join("ledger"), world.dir.path().join("pending"));
-    let open = || {
-        germline_ledger::Ledger::open(
-            &ledger_dir,
-            germline_ledger::LedgerConfig { origin: Some("test.example/fcd".into()), ..Default::default() },
-        )
-        .expect("ledger")
-    };
+    let open = || ledger_at(&ledger_dir);
     let dir = repohost_release(&world.dir.path().join("r"), "1.0.0", true);
     let (f, g) = {
-        let host =
-            FormationHost::open(Arc::new(open()), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
+        let host = FormationHost::open(open(), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
         host.keep_pending_in(&pending).expect("pending dir");
         let v10 = host.admit(&dir).expect("admit");
         host.promote(&v10).expect("promote");
@@ -223,7 +232,7 @@ fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
     let stored = pending.join(format!("{}.json", g.id.to_hex()));
     let text = std::fs::read_to_string(&stored).expect("stored call");
     std::fs::write(&stored, text.replace("\"other\"", "\"other\",\"private\":false")).expect("tamper");
-    let host = FormationHost::open(Arc::new(open()), RuntimeKind::Germline, policy, py).expect("reopened host");
+    let host = FormationHost::open(open(), RuntimeKind::Germline, policy, py).expect("reopened host");
     host.keep_pending_in(&pending).expect("pending dir");
     host.attach(&dir, None).expect("attach");
     let o = host.dispatch(&f.id, None).expect("runs after the restart");
@@ -231,4 +240,40 @@ fn pending_formations_survive_a_restart_and_their_stored_calls_are_checked() {
     let e = host.dispatch(&g.id, None).expect_err("tampered").to_string();
     assert!(e.contains("arguments differ"), "{e}");
     assert_eq!(received(&sink), vec![true]);
+}
+
+/// A formation runs at most once, across restarts: its dispatch record is in the ledger
+/// before its copies fork, so the host reopened on the same ledger refuses it (even with
+/// the call supplied again), naming the earlier dispatch. The ledger verifies.
+#[test]
+fn a_formation_that_ran_is_refused_after_a_restart_naming_its_dispatch() {
+    let (world, sink, policy) = sink_world();
+    let py = python(&world.dir.path().join("home"));
+    let ledger_dir = world.dir.path().join("ledger");
+    let open = || ledger_at(&ledger_dir);
+    let dir = repohost_release(&world.dir.path().join("r"), "1.0.0", true);
+    let (f, at) = {
+        let host = FormationHost::open(open(), RuntimeKind::Germline, policy.clone(), py.clone()).expect("host");
+        let v10 = host.admit(&dir).expect("admit");
+        host.promote(&v10).expect("promote");
+        let (_, s) = host.open_session(&name()).expect("list");
+        let f = host.form(&s.snapshot, &omitted()).expect("form");
+        let o = host.dispatch(&f.id, None).expect("runs");
+        assert!(o.error.is_none(), "{:?}", o.error);
+        (f.clone(), host.dispatch_entry(&f.id).expect("dispatch recorded"))
+    };
+    let ledger = open();
+    let host = FormationHost::open(ledger.clone(), RuntimeKind::Germline, policy, py).expect("reopened host");
+    host.attach(&dir, None).expect("attach");
+    let e = host.dispatch(&f.id, Some(&omitted())).expect_err("ran before the restart").to_string();
+    eprintln!("after the restart: {e}");
+    assert!(
+        e.contains(&f.id.short()) && e.contains(&format!("already ran (dispatch recorded at log entry {at})")),
+        "{e}"
+    );
+    assert_eq!(received(&sink), vec![true], "the call ran once");
+    drop(host);
+    let report = ledger.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!((report.snapshots, report.formations, report.dispatches), (1, 1, 1));
 }

@@ -141,11 +141,8 @@ impl Guard {
     }
 
     fn new_session(&self) -> Result<String, Refusal> {
-        let mut seed = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
-            .map_err(|_| Refusal(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session id"))?;
-        let id = hex::encode(seed);
+        let id =
+            random_id().map_err(|_| Refusal(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session id"))?;
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if sessions.len() >= MAX_SESSIONS {
             return Err(Refusal(StatusCode::SERVICE_UNAVAILABLE, "too many sessions: delete one first"));
@@ -157,6 +154,13 @@ impl Guard {
     fn end_session(&self, id: &str) {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
     }
+}
+
+/// A fresh session id: 16 random bytes, hex.
+pub(crate) fn random_id() -> std::io::Result<String> {
+    let mut seed = [0u8; 16];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))?;
+    Ok(hex::encode(seed))
 }
 
 /// The guard is always on in release builds; debug builds (tests) may turn it off with
@@ -261,9 +265,10 @@ async fn mcp_post(State(st): State<AppState>, headers: HeaderMap, body: Body) ->
         }
     };
     let front = st.front.clone();
+    let key = session.clone().unwrap_or_default();
     let handled = tokio::task::spawn_blocking(move || {
         let mut f = front.lock().unwrap_or_else(|p| p.into_inner());
-        f.handle_bytes(&bytes)
+        f.handle_bytes(&key, &bytes)
     })
     .await;
     let opened = matches!(&handled, Ok(Some(v)) if initialize && v.get("result").is_some());
@@ -312,6 +317,7 @@ async fn mcp_delete(State(st): State<AppState>, headers: HeaderMap) -> Response 
     match st.guard.check_session(&headers) {
         Ok(Some(id)) => {
             st.guard.end_session(&id);
+            st.front.lock().unwrap_or_else(|p| p.into_inner()).end_session(&id);
             StatusCode::NO_CONTENT.into_response()
         }
         Ok(None) => StatusCode::NO_CONTENT.into_response(),

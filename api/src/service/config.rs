@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Data directory: ledger, release store, witnesses, API token [env: GERMLINE_DATA_DIR].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Ready copies kept per germline [env: GERMLINE_POOL; config `pool`; default: the
+    /// policy's `[limits] pool`, else 2]; 0 forks the copies of each call as it comes.
+    #[arg(long)]
+    pub pool: Option<usize>,
 }
 
 /// The configuration file's shape; every field is optional.
@@ -47,6 +51,7 @@ struct FileConfig {
     tuf_repo_urls: Option<Vec<String>>,
     dispatch_policy: Option<String>,
     fleet: Option<crate::fleet::FleetConfig>,
+    pool: Option<usize>,
 }
 
 /// The resolved configuration.
@@ -64,6 +69,8 @@ pub struct ServiceConfig {
     pub policy: Option<PathBuf>,
     /// Runtime releases run under.
     pub runtime: RuntimeKind,
+    /// Ready copies per germline, overriding the policy's `[limits] pool`.
+    pub pool: Option<usize>,
     /// Largest request body, except admission uploads.
     pub body_limit_bytes: usize,
     /// Largest admission request body (a sigstore admission carries the archive).
@@ -151,7 +158,17 @@ impl ServiceConfig {
             None => file.fleet.unwrap_or_default(),
         };
         fleet.validate()?;
+        let pool = match args.pool {
+            Some(n) => Some(n),
+            None => match env("GERMLINE_POOL") {
+                Some(v) => {
+                    Some(v.trim().parse::<usize>().with_context(|| format!("GERMLINE_POOL={v:?} is not a number"))?)
+                }
+                None => file.pool,
+            },
+        };
         Ok(ServiceConfig {
+            pool,
             fleet,
             listen,
             data_dir,
@@ -198,12 +215,13 @@ mod tests {
             "GERMLINE_DATA_DIR" => Some("/e".to_owned()),
             _ => None,
         };
-        let args = ServeArgs { config: Some(file.clone()), listen: Some("127.0.0.1:3".into()), data_dir: None };
+        let args =
+            ServeArgs { config: Some(file.clone()), listen: Some("127.0.0.1:3".into()), data_dir: None, pool: None };
         let c = ServiceConfig::resolve(&args, env).unwrap();
         assert_eq!(c.listen.port(), 3);
         assert_eq!(c.data_dir, PathBuf::from("/e"));
         assert_eq!(c.call_deadline, Duration::from_millis(5));
-        let args = ServeArgs { config: Some(file), listen: None, data_dir: None };
+        let args = ServeArgs { config: Some(file), listen: None, data_dir: None, pool: None };
         assert_eq!(ServiceConfig::resolve(&args, |_| None).unwrap().listen.port(), 1);
     }
 

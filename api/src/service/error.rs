@@ -14,6 +14,35 @@ pub struct ErrorBody {
     pub error: String,
 }
 
+/// The refusals every authenticated endpoint shares, described once in the OpenAPI
+/// document (never constructed: only its description is used).
+#[allow(dead_code)]
+#[derive(utoipa::IntoResponses)]
+pub enum Guarded {
+    /// Missing or wrong token
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// Shutting down (or, for MCP sessions, too many sessions)
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+}
+
+/// The refusals of a JSON request body, described once in the OpenAPI document (never
+/// constructed: only its description is used).
+#[allow(dead_code)]
+#[derive(utoipa::IntoResponses)]
+pub enum JsonBody {
+    /// Malformed request
+    #[response(status = 400)]
+    Malformed(ErrorBody),
+    /// Body too large
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// Not JSON
+    #[response(status = 415)]
+    NotJson(ErrorBody),
+}
+
 /// What a request can fail with.
 #[derive(Debug)]
 pub enum ApiError {

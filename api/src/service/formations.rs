@@ -14,15 +14,17 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use germline_executor::call::{CallOutcome, CallRequest};
-use germline_executor::dispatch::{Fence, FormationHost, HostedRelease, ReleaseRunner};
+use germline_executor::call::CallRequest;
+use germline_executor::dispatch::{
+    call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, RunResult, Session,
+};
 use germline_executor::ExecutorError;
 use germline_model::{FormationEntry, Lifecycle, ReleaseHash, ReleaseName, Sha256Digest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, Guarded, JsonBody};
 use super::releases::Releases;
 use super::routes::{CallBody, CallResponse};
 use super::AppState;
@@ -52,15 +54,9 @@ impl ReleaseRunner for ServiceRunner {
         self.with_host(release, |h| h.rt.list_tools())
     }
 
-    fn run(
-        &self,
-        release: &HostedRelease,
-        req: &CallRequest,
-        fence: &mut Fence<'_>,
-    ) -> Result<CallOutcome, ExecutorError> {
+    fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
         self.with_host(release, |h| {
-            fence(h.rt.release())?;
-            let outcome = h.call(req).map_err(|e| ExecutorError::Call(format!("{e:#}")))?;
+            let outcome = h.fenced_call(req, fence)?;
             if let Err(e) = h.after_call(req, &outcome) {
                 tracing::error!("recording the formed call in the ledger: {e:#}");
             }
@@ -83,15 +79,9 @@ pub fn register(host: &FormationHost, releases: &Releases) -> anyhow::Result<()>
 
 /// Registers one admitted release (see [`register`]).
 pub fn register_one(host: &FormationHost, dir: &std::path::Path, hash: ReleaseHash) -> anyhow::Result<()> {
-    if host.attach(dir, Some(hash)).is_ok() {
-        return Ok(());
-    }
-    host.admit_as(dir, Some(hash))?;
-    let name = host.release(&hash).map(|h| h.name.clone());
-    if let Some(name) = name {
-        if host.lifecycle(&name).is_some_and(|l| l.current.is_none()) {
-            host.promote(&hash)?;
-        }
+    let hosted = host.register(dir, Some(hash))?;
+    if host.lifecycle(&hosted.name).is_some_and(|l| l.current.is_none()) {
+        host.promote(&hash)?;
     }
     Ok(())
 }
@@ -132,16 +122,19 @@ pub struct FormationView {
     id: String,
     /// Snapshot id (SHA-256 of the snapshot's canonical JSON).
     snapshot: String,
+    /// Ledger index of the snapshot's entry.
+    snapshot_entry: u64,
     /// The record as stored in the ledger: snapshot (name, version, release, descriptor
     /// digests), tool, argument digest, policy, time, epoch, contract, captured successors.
     #[schema(value_type = Object)]
     record: Value,
 }
 
-fn formation_view(f: &FormationEntry) -> FormationView {
+fn formation_view(f: &FormationEntry, snapshot: &Session) -> FormationView {
     FormationView {
         id: f.id.to_hex(),
-        snapshot: f.record.snapshot.id().to_hex(),
+        snapshot: snapshot.id.to_hex(),
+        snapshot_entry: snapshot.entry,
         record: serde_json::to_value(&f.record).unwrap_or(Value::Null),
     }
 }
@@ -178,6 +171,14 @@ fn lifecycle_view(l: &Lifecycle) -> LifecycleView {
     }
 }
 
+fn parse_name(s: &str) -> Result<ReleaseName, ApiError> {
+    ReleaseName::new(s).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
+fn parse_digest(s: &str) -> Result<Sha256Digest, ApiError> {
+    s.parse().map_err(|e: germline_model::ModelError| ApiError::BadRequest(e.to_string()))
+}
+
 fn executor_error(e: ExecutorError) -> ApiError {
     match e {
         ExecutorError::Fence(m) | ExecutorError::Lifecycle(m) => ApiError::Refused(m),
@@ -206,54 +207,47 @@ async fn blocking<T: Send + 'static>(
 #[utoipa::path(post, path = "/v1/formations", tag = "formations", request_body = FormationBody,
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 201, description = "The call is formed and pending", body = FormationView),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
-        (status = 409, description = "No current release of that name, a stale snapshot, or an unknown tool", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 409, description = "No current release of that name, a stale snapshot, or an unknown tool", body = ErrorBody)))]
 pub async fn form(
     State(st): State<AppState>,
     body: Result<Json<FormationBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<FormationView>), ApiError> {
     let body = body?.0;
-    let name = ReleaseName::new(&body.release).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let want = match &body.snapshot {
-        Some(s) => Some(s.parse::<Sha256Digest>().map_err(|e| ApiError::BadRequest(e.to_string()))?),
-        None => None,
-    };
+    let name = parse_name(&body.release)?;
+    let want = body.snapshot.as_deref().map(parse_digest).transpose()?;
     let req = CallBody::new(body.tool, body.arguments, body.items, body.consumers).into_request()?;
-    let f = blocking(&st, move |st| {
-        let (_, snapshot) = st.formations.list_tools(&name).map_err(executor_error)?;
-        if want.is_some_and(|w| w != snapshot.id()) {
+    let view = blocking(&st, move |st| {
+        let (_, session) = st.formations.list_tools(&name).map_err(executor_error)?;
+        if want.is_some_and(|w| w != session.id) {
             return Err(ApiError::Refused(format!(
                 "the tools of {name} changed since snapshot {}: list them again and re-form the call",
                 want.map(|w| w.short()).unwrap_or_default()
             )));
         }
-        st.formations.form(&snapshot, &req).map_err(executor_error)
+        let f = st.formations.form(&session.snapshot, &req).map_err(executor_error)?;
+        Ok(formation_view(&f, &session))
     })
     .await?;
-    Ok((StatusCode::CREATED, Json(formation_view(&f))))
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 #[utoipa::path(post, path = "/v1/formations/{id}/dispatch", tag = "formations",
     params(("id" = String, Path, description = "Formation id (64 lower-case hex digits)", pattern = "^[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
+        Guarded,
         (status = 200, description = "The formed call ran (a tool failure is in `error`)", body = CallResponse),
         (status = 400, description = "Not a formation id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 404, description = "No such formation", body = ErrorBody),
-        (status = 409, description = "The final-hop fence refused it (the error names formation, release and reason); nothing ran", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 409, description = "The final-hop fence refused it (the error names formation, release and reason); nothing ran", body = ErrorBody)))]
 pub async fn dispatch(
     State(st): State<AppState>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<CallResponse>, ApiError> {
-    let id: Sha256Digest =
-        id?.0.parse().map_err(|e: germline_model::ModelError| ApiError::BadRequest(e.to_string()))?;
+    let id = parse_digest(&id?.0)?;
     let (o, latency) = blocking(&st, move |st| {
         let t0 = Instant::now();
         let o = st.formations.dispatch(&id, None).map_err(executor_error)?;
@@ -267,21 +261,18 @@ pub async fn dispatch(
     params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 200, description = "The change is recorded; the name's lifecycle now", body = LifecycleView),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 404, description = "Release not admitted here", body = ErrorBody),
-        (status = 409, description = "The change is not allowed now", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 409, description = "The change is not allowed now", body = ErrorBody)))]
 pub async fn lifecycle(
     State(st): State<AppState>,
     hash: Result<Path<String>, PathRejection>,
     body: Result<Json<LifecycleBody>, JsonRejection>,
 ) -> Result<Json<LifecycleView>, ApiError> {
     let body = body?.0;
-    let hash: ReleaseHash =
-        hash?.0.parse().map_err(|e: germline_model::ModelError| ApiError::BadRequest(e.to_string()))?;
+    let hash = super::routes::parse_hash(&hash?.0)?;
     let view = blocking(&st, move |st| {
         let hosted = st
             .formations
@@ -326,7 +317,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 #[derive(Clone)]
 struct McpSession {
     name: ReleaseName,
-    session: Option<germline_executor::dispatch::Session>,
+    session: Option<Session>,
 }
 
 /// The service's MCP sessions, by id.
@@ -361,14 +352,11 @@ const NOT_RUN: i64 = -32000;
         ("Mcp-Session-Id" = Option<String>, Header, description = "The session `initialize` returned (every message but initialize)")),
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 200, description = "The JSON-RPC response (a refused or fenced call is error -32000 naming formation, release and reason)", body = Object),
         (status = 202, description = "A notification was accepted"),
-        (status = 400, description = "Not a release name or not a JSON object", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
-        (status = 404, description = "Unknown or ended session: initialize again", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down, or too many sessions", body = ErrorBody)))]
+        (status = 404, description = "Unknown or ended session: initialize again", body = ErrorBody)))]
 pub async fn mcp(
     State(st): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -377,7 +365,7 @@ pub async fn mcp(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let msg = body?.0;
-    let name = ReleaseName::new(&name?.0).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let name = parse_name(&name?.0)?;
     let Value::Object(msg) = msg else {
         return Err(ApiError::BadRequest("expected one JSON-RPC object (no batches)".into()));
     };
@@ -386,11 +374,8 @@ pub async fn mcp(
     let params = msg.get("params").cloned().unwrap_or(Value::Null);
     if method.as_deref() == Some("initialize") {
         let Some(id) = id else { return Ok(StatusCode::ACCEPTED.into_response()) };
-        let mut seed = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
-            .map_err(|_| ApiError::Internal("no randomness for a session id".into()))?;
-        let sid = hex::encode(seed);
+        let sid =
+            crate::front::http::random_id().map_err(|_| ApiError::Internal("no randomness for a session id".into()))?;
         {
             let mut sessions = st.mcp_sessions.lock();
             if sessions.len() >= MAX_MCP_SESSIONS {
@@ -428,7 +413,8 @@ pub async fn mcp(
             let n = name.clone();
             let listed = blocking(&st, move |st| Ok(st.formations.open_session(&n).map_err(|e| e.to_string()))).await?;
             match listed {
-                Ok((tools, s)) => {
+                Ok((mut tools, s)) => {
+                    s.attach_to(&mut tools);
                     if let Some(m) = st.mcp_sessions.lock().get_mut(&sid) {
                         m.session = Some(s);
                     }
@@ -438,26 +424,30 @@ pub async fn mcp(
             }
         }
         "tools/call" => {
-            let Some(s) = session.session else {
-                return Ok(Json(rpc_err(
-                    &id,
-                    INVALID_REQUEST,
-                    "list the tools first: calls bind to the tools this session saw",
-                ))
-                .into_response());
+            let parsed = call_params(&params).map_err(str::to_owned).and_then(|c| Ok((c, named_snapshot(&params)?)));
+            let ((tool, arguments), named) = match parsed {
+                Ok(p) => p,
+                Err(e) => return Ok(Json(rpc_err(&id, INVALID_PARAMS, &e)).into_response()),
             };
-            let tool = params.get("name").and_then(Value::as_str).map(str::to_owned);
-            let arguments = match params.get("arguments") {
-                None | Some(Value::Null) => Some(serde_json::Map::new()),
-                Some(Value::Object(m)) => Some(m.clone()),
-                Some(_) => None,
-            };
-            let (Some(tool), Some(arguments)) = (tool, arguments) else {
-                return Ok(Json(rpc_err(&id, INVALID_PARAMS, "tools/call needs a tool name and object arguments"))
-                    .into_response());
-            };
+            if named.is_none() && session.session.is_none() {
+                let e = "list the tools first: calls bind to the tools this session saw";
+                return Ok(Json(rpc_err(&id, INVALID_REQUEST, e)).into_response());
+            }
             let req = CallRequest { tool, arguments, items: Vec::new(), consumers: Vec::new() };
-            match blocking(&st, move |st| Ok(st.formations.session_call(&s, &req).map_err(|e| e.to_string()))).await? {
+            let ran = blocking(&st, move |st| {
+                let call = || {
+                    let s = match (named, session.session) {
+                        (Some(named), _) => st.formations.resume_session(&named).and_then(|s| same_name(s, &name))?,
+                        (None, Some(s)) => s,
+                        (None, None) => {
+                            return Err(ExecutorError::Formation("list the tools first".into()));
+                        }
+                    };
+                    st.formations.session_call(&s, &req)
+                };
+                Ok(call().map_err(|e| e.to_string()))
+            });
+            match ran.await? {
                 Ok(o) => match (o.result, o.error) {
                     (Some(result), _) => rpc_ok(&id, result),
                     (None, e) => rpc_err(&id, NOT_RUN, &e.unwrap_or_else(|| "the call produced no result".into())),
@@ -468,4 +458,13 @@ pub async fn mcp(
         other => rpc_err(&id, METHOD_NOT_FOUND, &format!("Method not found: {other}")),
     };
     Ok(Json(answer).into_response())
+}
+
+/// A resumed session must have listed the tools of the endpoint's release name.
+fn same_name(s: Session, name: &ReleaseName) -> Result<Session, ExecutorError> {
+    if s.snapshot.name == *name {
+        Ok(s)
+    } else {
+        Err(ExecutorError::Formation(format!("snapshot {} is of {}, not {name}", s.id.short(), s.snapshot.name)))
+    }
 }

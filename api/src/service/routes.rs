@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, Guarded, JsonBody};
 use super::metrics::{self, CallLabels};
 use super::releases::{GermlineStatus, ReleaseSlot};
 use super::AppState;
@@ -441,7 +441,7 @@ fn plain_text(s: &str, max: usize) -> bool {
     !s.is_empty() && s.chars().count() <= max && !s.chars().any(char::is_control)
 }
 
-fn parse_hash(s: &str) -> Result<ReleaseHash, ApiError> {
+pub(super) fn parse_hash(s: &str) -> Result<ReleaseHash, ApiError> {
     let hex_part = s.strip_prefix("sha256:").unwrap_or(s);
     if hex_part.len() != 64 || !hex_part.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::BadRequest(format!("{s:?} is not a release hash (64 hex digits)")));
@@ -564,15 +564,12 @@ pub async fn get_release(
 #[utoipa::path(post, path = "/v1/releases/tuf", tag = "releases", request_body = TufAdmitBody,
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 403, description = "Repository URL not under a configured prefix", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 422, description = "Verification or the germline check failed", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 422, description = "Verification or the germline check failed", body = ErrorBody)))]
 pub async fn admit_tuf(
     State(st): State<AppState>,
     body: Result<Json<TufAdmitBody>, JsonRejection>,
@@ -607,14 +604,11 @@ pub async fn admit_tuf(
 #[utoipa::path(post, path = "/v1/releases/sigstore", tag = "releases", request_body = SigstoreAdmitBody,
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 422, description = "Verification or the germline check failed", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody)))]
+        (status = 422, description = "Verification or the germline check failed", body = ErrorBody)))]
 pub async fn admit_sigstore(
     State(st): State<AppState>,
     body: Result<Json<SigstoreAdmitBody>, JsonRejection>,
@@ -848,14 +842,11 @@ fn record_call(st: &AppState, release: &ReleaseHash, o: &CallOutcome, latency: D
     params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 200, description = "The call ran (a tool failure is in `error`)", body = CallResponse),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 404, description = "Release not admitted here", body = ErrorBody),
         (status = 409, description = "Release suppressed by dampening, or its germline refused", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody),
         (status = 504, description = "No outcome within the call deadline", body = ErrorBody)))]
 pub async fn call(
     State(st): State<AppState>,
@@ -875,14 +866,11 @@ pub async fn call(
     params(("hash" = String, Path, description = "Release hash (64 lower-case hex digits)", pattern = "^(sha256:)?[0-9a-f]{64}$")),
     security(("bearer" = [])),
     responses(
+        Guarded,
+        JsonBody,
         (status = 200, description = "Every call's outcome, in order", body = SessionResponse),
-        (status = 400, description = "Malformed request", body = ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = ErrorBody),
         (status = 404, description = "Release not admitted here", body = ErrorBody),
         (status = 409, description = "The release's germline refused", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
-        (status = 415, description = "Not JSON", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody),
         (status = 504, description = "No outcome within the call deadline", body = ErrorBody)))]
 pub async fn session(
     State(st): State<AppState>,

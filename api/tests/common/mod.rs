@@ -112,3 +112,24 @@ pub fn front_url(child: &mut std::process::Child) -> String {
     });
     url
 }
+
+/// A spawned front, killed when the test ends, pass or fail.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `cmd` (a `germline wrap --listen ...`) and returns it with the URL of its HTTP
+/// front.
+pub fn http_front(cmd: &mut std::process::Command) -> (Killed, String) {
+    use std::process::Stdio;
+    let child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("germline wrap --listen");
+    let mut front = Killed(child);
+    let url = front_url(&mut front.0);
+    (front, url)
+}

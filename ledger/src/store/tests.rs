@@ -477,3 +477,49 @@ fn opening_merges_a_column_family_scattered_over_many_files() {
     let peers = ledger.inner.cf(CF_FLEET_PEERS).expect("cf");
     assert!(ledger.inner.db.get_cf(&peers, b"peer-042").expect("get").is_some());
 }
+
+/// A formation-related entry altered or moved in the store after it was appended: the
+/// tree no longer matches, and the replay reports the order the records now stand in (a
+/// formation before its snapshot, a snapshot that does not hash to its id).
+#[test]
+fn verify_detects_formation_records_tampered_or_reordered_in_the_store() {
+    use crate::formation::tests::{dispatch, formation, releases, set_up, snapshot};
+    use germline_model::{FcdRecord, FormationLog};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = open(dir.path());
+    let (n, o) = releases();
+    set_up(&ledger, n, o);
+    let f = formation(n, 3);
+    for r in [
+        FcdRecord::Snapshot(snapshot(n)),
+        FcdRecord::Formation(f.clone()),
+        FcdRecord::Dispatch(dispatch(&f, n, "2025.12.18", 3)),
+    ] {
+        FormationLog::append(&ledger, &r).expect("append");
+    }
+    let report = ledger.verify().expect("verify");
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!((report.snapshots, report.formations, report.dispatches), (1, 1, 1));
+
+    // Reordered: the snapshot (entry 3) and the formation (entry 4) swap places.
+    let (s3, f4) = (raw_get(&ledger, CF_ENTRIES, &be(3)), raw_get(&ledger, CF_ENTRIES, &be(4)));
+    raw_put(&ledger, CF_ENTRIES, &be(3), &f4);
+    raw_put(&ledger, CF_ENTRIES, &be(4), &s3);
+    let p = ledger.verify().expect("verify").problems;
+    assert!(p.iter().any(|x| x.contains("does not match entry")), "{p:?}");
+    assert!(p.iter().any(|x| x.contains("formation entry 3: its snapshot")), "{p:?}");
+    raw_put(&ledger, CF_ENTRIES, &be(3), &s3);
+    raw_put(&ledger, CF_ENTRIES, &be(4), &f4);
+    assert!(ledger.verify().expect("verify").is_ok());
+
+    // Tampered: the snapshot's descriptor digest rewritten in place (same length).
+    let mut e = Entry::decode(&s3).expect("decode");
+    let body = String::from_utf8(e.body.clone()).expect("utf-8");
+    let digest = &snapshot(n).snapshot.tools["git_diff"].to_hex();
+    e.body = body.replace(digest.as_str(), &"0".repeat(64)).into_bytes();
+    assert_ne!(e.encode(), s3);
+    raw_put(&ledger, CF_ENTRIES, &be(3), &e.encode());
+    let p = ledger.verify().expect("verify").problems;
+    assert!(p.iter().any(|x| x.contains("does not match entry 3")), "{p:?}");
+    assert!(p.iter().any(|x| x.contains("snapshot entry 3: record stored as")), "{p:?}");
+}

@@ -27,7 +27,7 @@ use germline_executor::policy::Policy;
 use germline_executor::runtime::RuntimeKind;
 use germline_executor::ExecutorError;
 use germline_ledger::{Ledger, LedgerConfig};
-use germline_model::{DispatchPolicy, FormationLog, ReleaseName};
+use germline_model::{DispatchPolicy, FormationLog, ReleaseHash, ReleaseName};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -87,6 +87,8 @@ pub struct FcdCase {
     pub ledger_problems: Vec<String>,
     /// Formation records and lifecycle events the ledgers verified.
     pub ledger_records: (u64, u64),
+    /// Formation snapshots and dispatch records the ledgers verified.
+    pub ledger_snapshots_dispatches: (u64, u64),
 }
 
 /// The whole report.
@@ -130,9 +132,11 @@ impl FcdReport {
                 out.push_str(&format!("  {}: {}\n", r.policy, r.example_refusal.as_deref().unwrap_or_default()));
             }
             out.push_str(&format!(
-                "  ledger verify: {} formation records, {} lifecycle events, {}\n",
+                "  ledger verify: {} formation records, {} lifecycle events, {} snapshots, {} dispatch records, {}\n",
                 c.ledger_records.0,
                 c.ledger_records.1,
+                c.ledger_snapshots_dispatches.0,
+                c.ledger_snapshots_dispatches.1,
                 if c.ledger_problems.is_empty() { "OK".to_owned() } else { c.ledger_problems.join("; ") }
             ));
         }
@@ -184,6 +188,7 @@ fn ledger(dir: &Path) -> Result<Arc<Ledger>, ExecutorError> {
 struct LedgerAudit {
     problems: Vec<String>,
     records: (u64, u64),
+    snapshots_dispatches: (u64, u64),
 }
 
 impl LedgerAudit {
@@ -192,8 +197,81 @@ impl LedgerAudit {
         self.problems.extend(r.problems);
         self.records.0 += r.formations;
         self.records.1 += r.lifecycle_events;
+        self.snapshots_dispatches.0 += r.snapshots;
+        self.snapshots_dispatches.1 += r.dispatches;
         Ok(())
     }
+}
+
+/// One case's moving parts, run once per dispatch policy on a fresh host and ledger.
+struct Scenario<'a> {
+    name: &'static str,
+    scenario: String,
+    violation: &'static str,
+    release: &'static str,
+    runtime: RuntimeKind,
+    policy: Policy,
+    /// Admits the case's releases (source current); returns their hashes.
+    set_up: &'a dyn Fn(&FormationHost) -> Result<Vec<ReleaseHash>, ExecutorError>,
+    /// Pending calls A and B of trial `i` under policy `tag`.
+    calls: &'a dyn Fn(&str, usize) -> (CallRequest, CallRequest),
+    /// The change between formation and dispatch.
+    change: &'a dyn Fn(&FormationHost, &[ReleaseHash]) -> Result<(), ExecutorError>,
+    /// Violations of policy `tag`'s calls, judged from the outside.
+    violations: &'a dyn Fn(&str) -> usize,
+}
+
+fn run_case(
+    s: &Scenario<'_>,
+    root: &Path,
+    opts: &FcdOptions,
+    python: &PythonRuntime,
+) -> Result<FcdCase, ExecutorError> {
+    let mut rows = Vec::new();
+    let mut audit = LedgerAudit::default();
+    for p in DispatchPolicy::ALL {
+        let tag = p.as_str();
+        // One host and ledger per policy: each starts from the same lifecycle.
+        let log = ledger(&root.join(format!("ledger-{tag}")))?;
+        let host =
+            FormationHost::open(log.clone() as Arc<dyn FormationLog>, s.runtime, s.policy.clone(), python.clone())?;
+        host.set_dispatch_policy(p);
+        let releases = (s.set_up)(&host)?;
+        let (_, session) = host.open_session(&ReleaseName::new(s.release)?)?;
+        let mut pending = Vec::new();
+        for i in 0..opts.trials {
+            let (a, b) = (s.calls)(tag, i);
+            pending.push(('A', host.form(&session.snapshot, &a)?));
+            pending.push(('B', host.form(&session.snapshot, &b)?));
+        }
+        (s.change)(&host, &releases)?;
+        let results: Vec<(char, Result<CallOutcome, ExecutorError>)> =
+            pending.iter().map(|(k, f)| (*k, host.dispatch(&f.id, None))).collect();
+        drop(host);
+        audit.add(&log)?;
+        let count = |k: char| results.iter().filter(|(x, r)| *x == k && completed(r)).count();
+        let (a_completed, b_completed) = (count('A'), count('B'));
+        let outcomes: Vec<_> = results.into_iter().map(|(_, r)| r).collect();
+        rows.push(FcdRow {
+            policy: tag.to_owned(),
+            a_completed,
+            b_completed,
+            new_formations: outcomes.iter().filter(|r| !completed(r)).count(),
+            violations: (s.violations)(tag),
+            example_refusal: refusal(&outcomes),
+        });
+    }
+    Ok(FcdCase {
+        name: s.name.into(),
+        scenario: s.scenario.clone(),
+        runtime: s.runtime.name().into(),
+        violation: s.violation.into(),
+        trials: opts.trials,
+        rows,
+        ledger_problems: audit.problems,
+        ledger_records: audit.records,
+        ledger_snapshots_dispatches: audit.snapshots_dispatches,
+    })
 }
 
 fn git_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, ExecutorError> {
@@ -211,69 +289,39 @@ fn git_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, Execut
         "tags = [\"projx\"]\n[[items]]\npath = \"{}/**\"\nlabel = [\"projx\"]\n[[items]]\nargument = \"repo_path\"\nnames_path = true\n[consumers.agent]\nclearance = [\"projx\"]\n",
         data.display()
     ))?;
-    let mut rows = Vec::new();
-    let mut audit = LedgerAudit::default();
     let repo_path = repo.to_string_lossy().into_owned();
-    for p in DispatchPolicy::ALL {
-        let tag = p.as_str();
-        // One host and ledger per policy: each starts from the same lifecycle.
-        let log = ledger(&root.join(format!("ledger-{tag}")))?;
-        let host = FormationHost::open(
-            log.clone() as Arc<dyn FormationLog>,
-            opts.git_runtime,
-            policy.clone(),
-            python.clone(),
-        )?;
-        host.set_dispatch_policy(p);
-        let o = host.admit(&old)?;
-        host.promote(&o)?;
-        let n = host.admit(&fixed)?;
-        host.promote(&n)?;
-        let name = ReleaseName::new("mcp-server-git")?;
-        let (_, session) = host.open_session(&name)?;
-        let mut pending = Vec::new();
-        for i in 0..opts.trials {
-            let canary = canaries.join(format!("{tag}-{i}.diff"));
-            let a = request("git_diff", json!({"repo_path": repo_path, "target": "dev"}));
-            let b = request(
-                "git_diff",
-                json!({"repo_path": repo_path, "target": format!("--output={}", canary.display())}),
-            );
-            pending.push(('A', host.form(&session.snapshot, &a)?));
-            pending.push(('B', host.form(&session.snapshot, &b)?));
-        }
-        host.roll_back(&o)?;
-        host.retire(&n)?;
-        let results: Vec<(char, Result<CallOutcome, ExecutorError>)> =
-            pending.iter().map(|(k, f)| (*k, host.dispatch(&f.id, None))).collect();
-        drop(host);
-        audit.add(&log)?;
-        let count = |k: char| results.iter().filter(|(x, r)| *x == k && completed(r)).count();
-        let created = (0..opts.trials).filter(|i| canaries.join(format!("{tag}-{i}.diff")).exists()).count();
-        let (a_completed, b_completed) = (count('A'), count('B'));
-        let outcomes: Vec<_> = results.into_iter().map(|(_, r)| r).collect();
-        rows.push(FcdRow {
-            policy: tag.to_owned(),
-            a_completed,
-            b_completed,
-            new_formations: outcomes.iter().filter(|r| !completed(r)).count(),
-            violations: created,
-            example_refusal: refusal(&outcomes),
-        });
-    }
-    Ok(FcdCase {
-        name: "git".into(),
+    let canary = |tag: &str, i: usize| canaries.join(format!("{tag}-{i}.diff"));
+    let s = Scenario {
+        name: "git",
         scenario: format!(
             "git_diff A (target dev) and B (target --output=CANARY) formed on mcp-server-git {GIT_FIXED} (dash targets rejected), \
              dispatched after a rollback to {GIT_BEFORE_FIX} and the retirement of {GIT_FIXED}"
         ),
-        runtime: opts.git_runtime.name().into(),
-        violation: "canary files created".into(),
-        trials: opts.trials,
-        rows,
-        ledger_problems: audit.problems,
-        ledger_records: audit.records,
-    })
+        violation: "canary files created",
+        release: "mcp-server-git",
+        runtime: opts.git_runtime,
+        policy,
+        set_up: &|host: &FormationHost| {
+            let o = host.admit(&old)?;
+            host.promote(&o)?;
+            let n = host.admit(&fixed)?;
+            host.promote(&n)?;
+            Ok(vec![o, n])
+        },
+        calls: &|tag: &str, i: usize| {
+            let target = format!("--output={}", canary(tag, i).display());
+            (
+                request("git_diff", json!({"repo_path": repo_path, "target": "dev"})),
+                request("git_diff", json!({"repo_path": repo_path, "target": target})),
+            )
+        },
+        change: &|host: &FormationHost, r: &[ReleaseHash]| {
+            host.roll_back(&r[0])?;
+            host.retire(&r[1])
+        },
+        violations: &|tag: &str| (0..opts.trials).filter(|i| canary(tag, *i).exists()).count(),
+    };
+    run_case(&s, root, opts, python)
 }
 
 fn repohost_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, ExecutorError> {
@@ -284,71 +332,45 @@ fn repohost_case(opts: &FcdOptions, python: &PythonRuntime) -> Result<FcdCase, E
         "tags = []\n[consumers.agent]\nclearance = []\n[destinations.\"{REPO_HOST}\"]\nclearance = []\n[hosts]\n\"{REPO_HOST}\" = \"{}\"\n",
         sink.addr()
     ))?;
-    let mut rows = Vec::new();
-    let mut audit = LedgerAudit::default();
     let v10 = repohost_release(&root.join("releases"), "1.0.0", true);
     let v11 = repohost_release(&root.join("releases"), "1.1.0", false);
-    for p in DispatchPolicy::ALL {
-        let tag = p.as_str();
-        let log = ledger(&root.join(format!("ledger-{tag}")))?;
-        let host = FormationHost::open(
-            log.clone() as Arc<dyn FormationLog>,
-            opts.repohost_runtime,
-            policy.clone(),
-            python.clone(),
-        )?;
-        host.set_dispatch_policy(p);
-        let v1 = host.admit(&v10)?;
-        host.promote(&v1)?;
-        let v2 = host.admit(&v11)?;
-        let name = ReleaseName::new("repohost")?;
-        let (_, session) = host.open_session(&name)?;
-        let mut pending = Vec::new();
-        for i in 0..opts.trials {
-            let a = request("create_repository", json!({"name": format!("{tag}-a{i}"), "private": true}));
-            let b = request("create_repository", json!({"name": format!("{tag}-b{i}")}));
-            pending.push(('A', host.form(&session.snapshot, &a)?));
-            pending.push(('B', host.form(&session.snapshot, &b)?));
-        }
-        host.promote(&v2)?;
-        host.retire(&v1)?;
-        let results: Vec<(char, Result<CallOutcome, ExecutorError>)> =
-            pending.iter().map(|(k, f)| (*k, host.dispatch(&f.id, None))).collect();
-        drop(host);
-        audit.add(&log)?;
-        let count = |k: char| results.iter().filter(|(x, r)| *x == k && completed(r)).count();
-        let public = sink
-            .requests()
-            .iter()
-            .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
-            .filter(|v| {
-                v["name"].as_str().is_some_and(|n| n.starts_with(&format!("{tag}-"))) && v["private"] == json!(false)
-            })
-            .count();
-        let (a_completed, b_completed) = (count('A'), count('B'));
-        let outcomes: Vec<_> = results.into_iter().map(|(_, r)| r).collect();
-        rows.push(FcdRow {
-            policy: tag.to_owned(),
-            a_completed,
-            b_completed,
-            new_formations: outcomes.iter().filter(|r| !completed(r)).count(),
-            violations: public,
-            example_refusal: refusal(&outcomes),
-        });
-    }
-    Ok(FcdCase {
-        name: "repohost".into(),
+    let s = Scenario {
+        name: "repohost",
         scenario:
             "create_repository A (private: true) and B (private omitted) formed on repohost 1.0 (omitted = private), \
                    dispatched after a rollout to 1.1 (omitted = public) and the retirement of 1.0"
                 .into(),
-        runtime: opts.repohost_runtime.name().into(),
-        violation: "public repositories created".into(),
-        trials: opts.trials,
-        rows,
-        ledger_problems: audit.problems,
-        ledger_records: audit.records,
-    })
+        violation: "public repositories created",
+        release: "repohost",
+        runtime: opts.repohost_runtime,
+        policy,
+        set_up: &|host: &FormationHost| {
+            let v1 = host.admit(&v10)?;
+            host.promote(&v1)?;
+            Ok(vec![v1, host.admit(&v11)?])
+        },
+        calls: &|tag: &str, i: usize| {
+            (
+                request("create_repository", json!({"name": format!("{tag}-a{i}"), "private": true})),
+                request("create_repository", json!({"name": format!("{tag}-b{i}")})),
+            )
+        },
+        change: &|host: &FormationHost, r: &[ReleaseHash]| {
+            host.promote(&r[1])?;
+            host.retire(&r[0])
+        },
+        violations: &|tag: &str| {
+            sink.requests()
+                .iter()
+                .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+                .filter(|v| {
+                    v["name"].as_str().is_some_and(|n| n.starts_with(&format!("{tag}-")))
+                        && v["private"] == json!(false)
+                })
+                .count()
+        },
+    };
+    run_case(&s, root, opts, python)
 }
 
 fn request(tool: &str, args: Value) -> CallRequest {

@@ -1,0 +1,240 @@
+//! `germline bench --concurrency C --releases R`: sustained calls through the service
+//! path. R noop releases are built, published in one local TUF repository and admitted
+//! into a `germline serve` child process (loopback only); C client threads then call them
+//! round-robin over HTTP for a fixed time. Prints calls per second and the latency
+//! percentiles the clients saw, and the resident memory (PSS) of the service's processes.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+const NOOP: &str = "from mcp.server.fastmcp import FastMCP\n\
+def create_server():\n    m = FastMCP('noop')\n    @m.tool()\n    def noop() -> str:\n        return 'ok'\n    return m\n";
+
+/// The service child; killed when the bench ends, pass or fail.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn germline(exe: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(exe).args(args).current_dir(dir).output().with_context(|| format!("germline {args:?}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "germline {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Builds, publishes and admits `releases` noop releases, then runs the load.
+pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(clients > 0 && releases > 0, "--concurrency and --releases must be positive");
+    let exe = std::env::current_exe().context("this executable")?;
+    let tmp = tempfile::tempdir().context("temporary directory")?;
+    let dir = tmp.path();
+    let repo = dir.join("repo");
+    let keys = dir.join("keys");
+    germline(&exe, dir, &["repo", "init", &repo.to_string_lossy(), "--keys", &keys.to_string_lossy()])?;
+    let mut names = Vec::new();
+    for i in 0..releases {
+        let name = format!("noop{i}");
+        let rel = dir.join(&name);
+        std::fs::create_dir_all(&rel)?;
+        std::fs::write(
+            rel.join("germline.toml"),
+            format!("[release]\nname = \"{name}\"\nversion = \"1.0.0\"\nruntime = \"python\"\nfactory = \"server:create_server\"\n"),
+        )?;
+        std::fs::write(rel.join("server.py"), NOOP)?;
+        let archive = format!("{name}.tar.gz");
+        germline(&exe, dir, &["release", "build", &rel.to_string_lossy(), "--out", &archive])?;
+        germline(&exe, dir, &["repo", "add", &repo.to_string_lossy(), &archive, "--keys", &keys.to_string_lossy()])?;
+        names.push(name);
+    }
+    let root = std::fs::read_to_string(repo.join("metadata/1.root.json"))?;
+    let data = dir.join("data");
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npool = {pool}\nmax_session_calls = 10000\n",
+            data.display()
+        ),
+    )?;
+    let (served, port) = serve(&exe, dir, &config)?;
+    let token = std::fs::read_to_string(data.join("api-token")).context("the service's token")?;
+    let token = token.trim().to_owned();
+    let base = format!("http://127.0.0.1:{port}");
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
+    let mut hashes = Vec::new();
+    let t_admit = Instant::now();
+    for name in &names {
+        let body = json!({"repo": repo, "root": root, "target": name});
+        let r = post(&agent, &format!("{base}/v1/releases/tuf"), &token, &body)
+            .with_context(|| format!("admitting {name}"))?;
+        hashes.push(r["hash"].as_str().context("admission answer without a hash")?.to_owned());
+    }
+    eprintln!("admitted {releases} releases in {:.1} s", t_admit.elapsed().as_secs_f64());
+    let call = |agent: &ureq::Agent, hash: &str| -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        let r = post(agent, &format!("{base}/v1/releases/{hash}/calls"), &token, &json!({"tool": "noop"}))?;
+        anyhow::ensure!(r["error"].is_null(), "call failed: {r}");
+        Ok(t0.elapsed())
+    };
+    for h in &hashes {
+        call(&agent, h)?;
+    }
+    // Let every pool refill after the warm-up calls.
+    std::thread::sleep(Duration::from_secs(3));
+    let pss_before = service_pss(served.0.id() as i32);
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let t0 = Instant::now();
+    let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let (hashes, call, agent) = (&hashes, &call, agent.clone());
+                s.spawn(move || {
+                    let mut lat = Vec::new();
+                    let mut k = c;
+                    // Bounded in time and count.
+                    while Instant::now() < until && lat.len() < 1_000_000 {
+                        lat.push(call(&agent, &hashes[k % hashes.len()])?);
+                        k += clients;
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("client panicked")))).collect()
+    });
+    let wall = t0.elapsed();
+    let mut lat = Vec::new();
+    for r in results {
+        lat.extend(r?);
+    }
+    lat.sort();
+    let pct = |p: f64| lat.get(((lat.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or_default();
+    println!(
+        "service path, pool {pool}: {clients} clients, {releases} releases: {} calls in {:.1} s = {:.1} calls/s; \
+         P50 {:.2} ms, P99 {:.2} ms",
+        lat.len(),
+        wall.as_secs_f64(),
+        lat.len() as f64 / wall.as_secs_f64(),
+        pct(0.5).as_secs_f64() * 1e3,
+        pct(0.99).as_secs_f64() * 1e3
+    );
+    if let Some((germlines, copies)) = pss_before {
+        println!(
+            "memory (PSS, idle): {} germlines, median {:.1} MiB each; {} idle pooled copies, median {:.2} MiB each",
+            germlines.len(),
+            median_kib(&germlines) / 1024.0,
+            copies.len(),
+            median_kib(&copies) / 1024.0
+        );
+    }
+    drop(served);
+    Ok(())
+}
+
+fn post(agent: &ureq::Agent, url: &str, token: &str, body: &Value) -> anyhow::Result<Value> {
+    let text = agent
+        .post(url)
+        .set("authorization", &format!("Bearer {token}"))
+        .set("content-type", "application/json")
+        .send_string(&body.to_string())?
+        .into_string()?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn serve(exe: &Path, dir: &Path, config: &Path) -> anyhow::Result<(Served, u16)> {
+    let mut child = Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(config)
+        .current_dir(dir)
+        .env_remove("GERMLINE_DATA_DIR")
+        .env_remove("GERMLINE_LISTEN")
+        .env_remove("GERMLINE_POOL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("germline serve")?;
+    let mut err = BufReader::new(child.stderr.take().context("stderr")?);
+    let served = Served(child);
+    let mut line = String::new();
+    let mut seen = String::new();
+    let port = loop {
+        line.clear();
+        anyhow::ensure!(err.read_line(&mut line)? > 0, "the service exited: {seen}");
+        seen.push_str(&line);
+        if let Some(rest) = line.trim().strip_prefix("germline: serving the API on http://127.0.0.1:") {
+            break rest.parse::<u16>().context("port")?;
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while err.read_line(&mut line).is_ok_and(|n| n > 0) {
+            line.clear();
+        }
+    });
+    Ok((served, port))
+}
+
+/// PSS (KiB) of the service's germlines and idle pooled copies: germlines are the
+/// processes named `python…` whose parent is not a germline; pooled copies are the
+/// stopped children of a germline.
+fn service_pss(service: i32) -> Option<(Vec<f64>, Vec<f64>)> {
+    let mut procs: Vec<(i32, i32, String, char)> = Vec::new();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let comm = stat[open + 1..close].to_owned();
+        let rest: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let (Some(state), Some(ppid)) = (rest.first().and_then(|s| s.chars().next()), rest.get(1)) else { continue };
+        procs.push((pid, ppid.parse().unwrap_or(0), comm, state));
+    }
+    let descends = |mut p: i32| {
+        for _ in 0..64 {
+            if p == service {
+                return true;
+            }
+            match procs.iter().find(|q| q.0 == p) {
+                Some(q) => p = q.1,
+                None => return false,
+            }
+        }
+        false
+    };
+    let ours: Vec<&(i32, i32, String, char)> =
+        procs.iter().filter(|p| p.2.starts_with("python") && descends(p.0)).collect();
+    // A germline is stopped between forks, and its parent (the first process, or the
+    // service) is not a stopped Python; an idle pooled copy is a stopped child of one.
+    let stopped = |pid: i32| ours.iter().any(|q| q.0 == pid && q.3 == 'T');
+    let germlines: Vec<i32> = ours.iter().filter(|p| p.3 == 'T' && !stopped(p.1)).map(|p| p.0).collect();
+    let copies: Vec<i32> = ours.iter().filter(|p| p.3 == 'T' && germlines.contains(&p.1)).map(|p| p.0).collect();
+    let pss = |pids: &[i32]| -> Vec<f64> { pids.iter().filter_map(|p| pss_kib(*p)).collect() };
+    Some((pss(&germlines), pss(&copies)))
+}
+
+/// Proportional set size of `pid`, KiB.
+pub fn pss_kib(pid: i32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix("Pss:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn median_kib(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}

@@ -1,0 +1,375 @@
+//! Pooled copies: made ahead of time, set up from outside, checked, connected and past MCP
+//! `initialize` — with no data — so that a call only mounts its view, sends its twin
+//! inputs and slot, and asks.
+//!
+//! The pool does not know how a copy is made: a [`CopySource`] makes one data-free copy at
+//! a time (a fork from a Python germline today; a fresh sandboxed process per copy for a
+//! runtime that cannot fork would be another source). Everything after that — listeners,
+//! the ids check, scratch, the channel, `initialize` — is the same for every source.
+//!
+//! What keeps copies apart when several live side by side:
+//! - **No data while the source makes a copy.** A germline's fork window lets release code
+//!   run in the germline, which every later copy inherits. Kernel state that copies move
+//!   and the germline can read there — the pid counter of its PID namespace, the process
+//!   count kept for its user namespace — must hold nothing of any item, so the pool makes a
+//!   copy only while none of the source's copies holds data (taken copies are counted until
+//!   they are retired, and retired ones are awaited before the next fork). A call taking a
+//!   copy waits for a fork in progress to end before the copy gets its view.
+//! - **Idle copies are stopped.** A ready copy waits under SIGSTOP, so it is not running
+//!   while another copy holds data; it runs again when a call takes it.
+//! - **One copy, one group of one call.** A taken copy is never returned to the pool: it
+//!   is killed after its answer, and the pool refills in the background.
+//! - **Every check of a forked copy holds for a pooled one**: the same fork checks (G1–G3
+//!   before and after, namespaces, accounting), the same ids check before anything but
+//!   `initialize` runs, the same deadline, limits and egress rules once it serves a call.
+
+use std::collections::VecDeque;
+use std::io::{BufReader, Write};
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::broker::PooledChannel;
+use crate::germline::{CopyProcess, Germline};
+use crate::mcp::McpClient;
+use crate::outside::prepare_copy;
+use crate::ExecutorError;
+
+/// Makes data-free copies of one release.
+pub trait CopySource: Send {
+    /// Makes one copy, identified and checked from outside, before anything is set up in
+    /// it. Called only while no copy of this source holds data.
+    fn make(&mut self) -> Result<CopyProcess, ExecutorError>;
+
+    /// Takes back a copy that is done: it is killed now; its death may be awaited later.
+    fn retire(&mut self, copy: CopyProcess);
+
+    /// Waits until every retired copy is gone (with all its processes, so nothing it
+    /// counted in a level it shares with other copies is left).
+    fn settle(&mut self) -> Result<(), ExecutorError>;
+}
+
+impl CopySource for Germline {
+    fn make(&mut self) -> Result<CopyProcess, ExecutorError> {
+        self.fork_copy()
+    }
+
+    fn retire(&mut self, copy: CopyProcess) {
+        Germline::retire(self, copy)
+    }
+
+    fn settle(&mut self) -> Result<(), ExecutorError> {
+        self.reap_retired()
+    }
+}
+
+/// A copy ready for a call: connected, checked, past `initialize`, holding nothing, stopped.
+pub struct ReadyCopy {
+    /// The copy.
+    pub copy: CopyProcess,
+    /// Its HTTP proxy listener.
+    pub proxy: TcpListener,
+    /// Its slot-write listener.
+    pub slot: TcpListener,
+    /// Its MCP session.
+    pub channel: PooledChannel,
+}
+
+/// A copy taken for one group of one call.
+pub enum Taken {
+    /// From the pool: only the view, twin inputs and slot are left to give it.
+    Pooled(Box<ReadyCopy>),
+    /// Just made, nothing set up (pooling off, or a release that needs its data to start).
+    Fresh(CopyProcess),
+}
+
+impl Taken {
+    /// The copy process.
+    pub fn copy(&self) -> &CopyProcess {
+        match self {
+            Taken::Pooled(r) => &r.copy,
+            Taken::Fresh(c) => c,
+        }
+    }
+}
+
+/// How long readying one copy may take (its server's start-up and `initialize`).
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct State {
+    source: Box<dyn CopySource>,
+    ready: VecDeque<ReadyCopy>,
+    /// Copies handed to calls and not yet retired (they may hold data).
+    holding: usize,
+    /// Calls in progress: the pool is not refilled meanwhile (a fork would hold up the
+    /// call's next take, and a taken copy may hold data until it is given back).
+    calls: usize,
+    /// Copies made and being readied (data-free).
+    readying: usize,
+    /// Ready copies wanted; 0 once pooling is off for this source.
+    size: usize,
+    /// A failure of the source itself (a germline check): every later take returns it.
+    failed: Option<ExecutorError>,
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    max_message: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Ready copies of one release, refilled in the background.
+pub struct CopyPool {
+    shared: Arc<Shared>,
+    refill: Option<JoinHandle<()>>,
+}
+
+impl CopyPool {
+    /// A pool of `size` ready copies of `source` (0: every call makes its copies as it
+    /// needs them, and gives them their data before their server starts).
+    pub fn new(source: Box<dyn CopySource>, size: usize, max_message: usize) -> CopyPool {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                source,
+                ready: VecDeque::new(),
+                holding: 0,
+                calls: 0,
+                readying: 0,
+                size,
+                failed: None,
+                closed: false,
+            }),
+            changed: Condvar::new(),
+            max_message,
+        });
+        let refill = (size > 0).then(|| {
+            let shared = shared.clone();
+            std::thread::Builder::new().name("germline-pool".into()).spawn(move || refill_loop(&shared)).ok()
+        });
+        CopyPool { shared, refill: refill.flatten() }
+    }
+
+    /// Ready copies right now (for tests and the bench).
+    pub fn ready(&self) -> usize {
+        self.shared.lock().ready.len()
+    }
+
+    /// Whether copies come from the pool (false: pooling is off, or was turned off for
+    /// this release because its server could not start without data).
+    pub fn pooling(&self) -> bool {
+        self.shared.lock().size > 0
+    }
+
+    /// Waits until `n` copies are ready (or the pool cannot get there), at most `timeout`.
+    pub fn wait_ready(&self, n: usize, timeout: Duration) -> usize {
+        let until = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            let want = n.min(st.size);
+            if st.ready.len() >= want || st.failed.is_some() {
+                return st.ready.len();
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return st.ready.len();
+            }
+            st = self.shared.changed.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Marks a call in progress until the guard is dropped: the pool is refilled between
+    /// calls, not during one.
+    pub fn begin_call(&self) -> CallGuard {
+        self.shared.lock().calls += 1;
+        CallGuard(self.shared.clone())
+    }
+
+    /// Takes a copy for one group of a call: a ready one, or (none ready and none coming)
+    /// one made now. Never while a copy is being made, and never makes one while another
+    /// taken copy may hold data.
+    pub fn take(&self) -> Result<Taken, ExecutorError> {
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(e) = &st.failed {
+                return Err(e.clone_refusal());
+            }
+            // Copies an earlier group or call held are dead before this one runs.
+            st.source.settle()?;
+            while let Some(r) = st.ready.pop_front() {
+                // A ready copy that died meanwhile is dropped (its server ended on its own).
+                if r.copy.exited() {
+                    continue;
+                }
+                st.holding += 1;
+                self.shared.changed.notify_all();
+                return Ok(Taken::Pooled(Box::new(r)));
+            }
+            if st.size > 0 && st.readying > 0 {
+                st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            if st.holding == 0 {
+                let made = st.source.make();
+                match made {
+                    Ok(copy) => {
+                        st.holding += 1;
+                        return Ok(Taken::Fresh(copy));
+                    }
+                    Err(e) => {
+                        if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                            st.failed = Some(e.clone_refusal());
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Gives back a copy a call is done with: it is killed, and the pool may make copies
+    /// again once no taken copy is left.
+    pub fn give_back(&self, copy: CopyProcess) {
+        let mut st = self.shared.lock();
+        st.source.retire(copy);
+        st.holding = st.holding.saturating_sub(1);
+        self.shared.changed.notify_all();
+    }
+}
+
+/// A call in progress ([`CopyPool::begin_call`]).
+pub struct CallGuard(Arc<Shared>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.calls = st.calls.saturating_sub(1);
+        self.0.changed.notify_all();
+    }
+}
+
+impl Drop for CopyPool {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            st.closed = true;
+            st.ready.clear();
+        }
+        self.shared.changed.notify_all();
+        if let Some(h) = self.refill.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn refill_loop(shared: &Shared) {
+    loop {
+        let copy = {
+            let mut st = shared.lock();
+            loop {
+                if st.closed {
+                    return;
+                }
+                if st.failed.is_none() && st.holding == 0 && st.calls == 0 && st.ready.len() + st.readying < st.size {
+                    break;
+                }
+                st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            match st.source.make() {
+                Ok(c) => {
+                    st.readying += 1;
+                    c
+                }
+                Err(e) => {
+                    if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                        st.failed = Some(e);
+                    } else {
+                        tracing::warn!("copy pool off for this release: a copy could not be made ({e})");
+                        st.size = 0;
+                    }
+                    shared.changed.notify_all();
+                    continue;
+                }
+            }
+        };
+        let readied = ready_up(copy, shared.max_message);
+        let mut st = shared.lock();
+        st.readying -= 1;
+        match readied {
+            Ok(r) if !st.closed => st.ready.push_back(r),
+            Ok(_) => {}
+            Err(e) => {
+                // The copy held nothing: its error names no item. A server that needs its
+                // data to start cannot be pooled; calls make their copies as they go.
+                tracing::warn!("copy pool off for this release: a data-free copy did not get past initialize ({e})");
+                st.size = 0;
+            }
+        }
+        shared.changed.notify_all();
+    }
+}
+
+/// Sets a data-free copy up without a view, lets it connect, checks its ids (the gate
+/// with no view to mount), starts its server and gets it past `initialize`, then stops it.
+fn ready_up(copy: CopyProcess, max_message: usize) -> Result<ReadyCopy, ExecutorError> {
+    let listeners = prepare_copy(copy.pid, copy.ids(), &[], &[], copy.scratch.as_deref())?;
+    copy.channel_ready()?;
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let conn = accept_or_exit(&listeners.channel, &copy, deadline)?;
+    drop(listeners.channel);
+    listeners.gate.open()?;
+    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    let _ = conn.set_nodelay(true);
+    let mut writer = conn.try_clone().map_err(ExecutorError::io("channel"))?;
+    writer.write_all(b"{\"pool\":true}\n").map_err(ExecutorError::io("starting a pooled copy"))?;
+    let reader = BufReader::new(conn.try_clone().map_err(ExecutorError::io("channel"))?);
+    let mut client = McpClient::new(reader, writer, max_message);
+    client.initialize()?;
+    // One data-free request through the server's dispatch, so the pages a request touches
+    // are the copy's own before a call waits on them (a fresh fork pays a copy-on-write
+    // fault for each).
+    client
+        .request("tools/list", serde_json::json!({}))?
+        .map_err(|e| ExecutorError::Copy(format!("tools/list: {e}")))?;
+    copy.pause()?;
+    Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel: PooledChannel { client, conn } })
+}
+
+/// Accepts the copy's connection, or fails at once if the copy exits first.
+fn accept_or_exit(
+    listener: &TcpListener,
+    copy: &CopyProcess,
+    deadline: Instant,
+) -> Result<std::net::TcpStream, ExecutorError> {
+    let pidfd = copy.killer()?.pidfd().map_err(ExecutorError::io("copy pidfd"))?;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ExecutorError::Copy("a pooled copy never connected to its channel".into()));
+        }
+        let mut pfd = [
+            libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: poll on two descriptors we own, bounded in time.
+        let rc = unsafe { libc::poll(pfd.as_mut_ptr(), 2, left.as_millis().clamp(1, i32::MAX as u128) as i32) };
+        if rc > 0 && pfd[0].revents & libc::POLLIN != 0 {
+            let (conn, _) = listener.accept().map_err(ExecutorError::io("accepting a pooled copy"))?;
+            return Ok(conn);
+        }
+        if rc > 0 && pfd[1].revents != 0 {
+            return Err(ExecutorError::Copy("a pooled copy exited before it connected to its channel".into()));
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Issue 15, points 1 and 2: pooled copies. A pooled copy is made, checked and past
+//! `initialize` with no data; a call gives it twin inputs, then its view, then its slot;
+//! it serves one group of one call and is killed. (Deadline and limits of pooled copies:
+//! `executor_hostile`, which runs those tests with the pool at 0 and at 2.)
+
+use std::time::Duration;
+
+use germline_executor::call::GermlineRuntime;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::world::{request, result_text, World};
+use serde_json::{json, Value};
+
+fn germline(rt: &mut Runtime) -> &mut GermlineRuntime {
+    match rt {
+        Runtime::Germline(g) => g,
+        _ => panic!("not a germline runtime"),
+    }
+}
+
+/// Starts `rel` under germline with `pool` ready copies and waits for them.
+fn pooled(w: &World, rel: &std::path::Path, pool: usize, limits: &str) -> Runtime {
+    let policy = w.policy(&[], &[("agent", &["hr"])], &format!("[limits]\npool = {pool}\n{limits}"));
+    let mut rt = w.start(RuntimeKind::Germline, rel, policy).unwrap();
+    let g = germline(&mut rt);
+    assert_eq!(g.pooling(), pool > 0, "pooling as set");
+    if pool > 0 {
+        assert_eq!(g.wait_pool_ready(pool, Duration::from_secs(60)).unwrap(), pool, "the pool fills");
+    }
+    rt
+}
+
+const COUNTER: &str = r#"
+SEEN = {"calls": 0}
+def create_server():
+    m = FastMCP("counter")
+    @m.tool()
+    def count() -> str:
+        SEEN["calls"] += 1
+        return str(SEEN["calls"])
+    return m
+"#;
+
+/// Every call is served by a copy of its own, from the pool: what one call left in a
+/// copy's memory is never seen by the next (a copy is never given back to the pool).
+#[test]
+fn each_pooled_copy_serves_one_call_and_is_never_reused() {
+    let w = World::new();
+    let rel = w.release("counter", "", COUNTER);
+    let mut rt = pooled(&w, &rel, 2, "");
+    for i in 0..6 {
+        germline(&mut rt).wait_pool_ready(2, Duration::from_secs(60)).unwrap();
+        let o = rt.call(&request("count", json!({}), &[]));
+        assert_eq!(result_text(&o), "1", "call {i}: a fresh copy ({:?})", o.error);
+    }
+    // Unprotected, one long-lived process: the count carries over.
+    let mut pin = w.start(RuntimeKind::SigPin, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
+    pin.call(&request("count", json!({}), &[]));
+    assert_eq!(result_text(&pin.call(&request("count", json!({}), &[]))), "2", "mechanism off: the state carries");
+}
+
+const STARTUP: &str = r#"
+import asyncio
+from mcp.server.fastmcp import FastMCP as _F
+
+ROOT = "{DATA}/hr"
+
+async def main():
+    root = ROOT
+    at_start = sorted(os.listdir(root))
+    m = _F("startup")
+    @m.tool()
+    def look() -> str:
+        return json.dumps({"at_start": at_start, "at_call": sorted(os.listdir(root))})
+    await m.run_stdio_async()
+"#;
+
+/// A pooled copy holds nothing until a call takes it: its server starts on empty data
+/// roots and sees the call's item only once the call has given it its view. With the pool
+/// off ("mechanism off" for when data arrives) the item is there from the server's start.
+#[test]
+fn a_pooled_copy_starts_with_nothing_and_gets_its_view_at_the_call() {
+    let w = World::new();
+    let secret = w.item("hr", "payslip.txt", "salary 9100");
+    let rel = w.release("startup", "", STARTUP);
+    let manifest = rel.join("germline.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let text = text.replace("factory = \"server:create_server\"", "main = \"server:main\"");
+    assert!(text.contains("main = "), "manifest rewritten: {text}");
+    std::fs::write(&manifest, text).unwrap();
+    for pool in [0, 2] {
+        let mut rt = pooled(&w, &rel, pool, "");
+        let o = rt.call(&request("look", json!({}), &[&secret]));
+        let seen: Value = serde_json::from_str(&result_text(&o)).unwrap_or(Value::Null);
+        eprintln!("pool {pool}: {seen}");
+        assert_eq!(seen["at_call"], json!(["payslip.txt"]), "pool {pool}: the call sees its item ({:?})", o.error);
+        let at_start = if pool == 0 { json!(["payslip.txt"]) } else { json!([]) };
+        assert_eq!(seen["at_start"], at_start, "pool {pool}: what the server saw when it started");
+    }
+}
+
+const CLOCK: &str = r#"
+import datetime, random
+def create_server():
+    m = FastMCP("clock")
+    @m.tool()
+    def read() -> str:
+        t1 = time.time()
+        d1 = datetime.datetime.now().isoformat()
+        r1 = random.random()
+        time.sleep(0.05)
+        t2 = time.time()
+        d2 = datetime.datetime.now().isoformat()
+        return json.dumps({"t": [t1, t2], "d": [d1, d2], "r": r1, "u": os.urandom(8).hex()})
+    return m
+"#;
+
+/// Twin inputs reach a pooled copy before any release code of the call runs: the wall
+/// clock and `datetime.now` read the call's frozen value (equal around a sleep), and
+/// random and `os.urandom` come from the call's seed (equal in the two copies a call with
+/// two groups would make: here two calls given the same twin inputs by a replay are not
+/// available, so the seed shows as equal readings of the frozen clock only). Off (the twin
+/// switch), the pooled copy reads the real clock.
+#[test]
+fn a_pooled_copy_reads_the_twin_clock_from_the_first_line_of_the_call() {
+    let w = World::new();
+    let rel = w.release("clock", "", CLOCK);
+    for twin in [false, true] {
+        let mut rt = pooled(&w, &rel, 2, "");
+        germline(&mut rt).evidence_switches.twin_inputs = twin;
+        let o = rt.call(&request("read", json!({}), &[]));
+        let v: Value = serde_json::from_str(&result_text(&o)).unwrap_or(Value::Null);
+        eprintln!("twin {twin}: {v}");
+        let (t1, t2) = (v["t"][0].as_f64().unwrap(), v["t"][1].as_f64().unwrap());
+        assert_eq!(
+            t1 == t2,
+            twin,
+            "twin {twin}: the wall clock {} frozen ({t1} {t2})",
+            if twin { "is" } else { "is not" }
+        );
+        assert_eq!(v["d"][0] == v["d"][1], twin, "twin {twin}: datetime.now ({})", v["d"]);
+    }
+}
