@@ -830,6 +830,8 @@ impl GermlineRuntime {
         let deadline = Instant::now() + budget;
         let roots = self.policy.data_roots();
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
+        // No refill while this copy runs (also for a list or a replay, outside a call).
+        let _quiet = self.pool()?.begin_call();
         let taken = self.pool()?.take()?;
         let t_setup = Instant::now();
         let CopyInputs { files, twin, slot, counted_clock } = inputs;

@@ -1134,9 +1134,47 @@ impl CopyProcess {
         self.send(libc::SIGUSR2)
     }
 
-    /// Stops the copy (SIGSTOP): a pooled copy waits stopped until a call takes it.
-    pub fn pause(&self) -> Result<(), ExecutorError> {
-        self.send(libc::SIGSTOP)
+    /// Stops the copy (SIGSTOP) and waits until every thread of it has stopped; then
+    /// refuses a copy that has any other process (a child, or an orphan reparented to it,
+    /// PID 1 of its namespace): an idle pooled copy must have nothing running while another
+    /// copy of its germline holds data (`crate::pool`). With `check_children` off (tests
+    /// only, "mechanism off") the children are left running.
+    pub fn pause_idle(&self, check_children: bool) -> Result<(), ExecutorError> {
+        self.send(libc::SIGSTOP)?;
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid))
+                .map_err(ExecutorError::io("listing a pooled copy's threads"))?;
+            let mut running = false;
+            for t in tasks.flatten() {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
+                running |= !matches!(state, Some('T' | 't' | 'Z' | 'X') | None);
+            }
+            if !running {
+                break;
+            }
+            if Instant::now() > until {
+                return Err(ExecutorError::Copy("a pooled copy did not stop".into()));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if check_children {
+            if let Some(&c) = inspect::live_children(self.pid)?.first() {
+                return Err(ExecutorError::Copy(format!(
+                    "a data-free copy keeps a process of its own running ({c}, {}) once its server is ready:                      it cannot wait in the pool",
+                    inspect::comm(c)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the copy is stopped and has no other process (checked again when a call
+    /// takes a pooled copy).
+    pub fn idle(&self) -> bool {
+        matches!(inspect::state(self.pid), Ok('T' | 't'))
+            && inspect::live_children(self.pid).map(|c| c.is_empty()).unwrap_or(false)
     }
 
     /// Lets a paused copy run again (SIGCONT).

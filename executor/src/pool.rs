@@ -27,15 +27,24 @@ use std::collections::VecDeque;
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::broker::PooledChannel;
-use crate::germline::{CopyProcess, Germline};
+use crate::germline::{CopyKiller, CopyProcess, Germline};
 use crate::mcp::McpClient;
 use crate::outside::prepare_copy;
 use crate::ExecutorError;
+
+/// Test-only switch ("mechanism off"): idle copies keep their children running, and a call
+/// takes a copy while others are still being readied. Never set outside tests.
+pub static IDLE_CHECKS_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+fn idle_checks() -> bool {
+    !IDLE_CHECKS_OFF_FOR_TESTS.load(Ordering::SeqCst)
+}
 
 /// Makes data-free copies of one release.
 pub trait CopySource: Send {
@@ -108,6 +117,9 @@ struct State {
     calls: usize,
     /// Copies made and being readied (data-free).
     readying: usize,
+    /// How to kill the copies being readied (by pid): a call kills them before it gives
+    /// any copy data, as their servers run release code.
+    readying_killers: Vec<(i32, CopyKiller)>,
     /// Ready copies wanted; 0 once pooling is off for this source.
     size: usize,
     /// A failure of the source itself (a germline check): every later take returns it.
@@ -144,6 +156,7 @@ impl CopyPool {
                 holding: 0,
                 calls: 0,
                 readying: 0,
+                readying_killers: Vec::new(),
                 size,
                 failed: None,
                 closed: false,
@@ -202,18 +215,30 @@ impl CopyPool {
             if let Some(e) = &st.failed {
                 return Err(e.clone_refusal());
             }
-            // Copies an earlier group or call held are dead before this one runs.
+            // Nothing of this germline runs while the copy taken here holds data: copies an
+            // earlier group or call held are dead, copies being readied (release code
+            // running, data-free) are killed and gone, ready ones are stopped with no
+            // process of their own. (A process beside a data-holding copy could read what
+            // that copy moves in the levels all copies of a germline share — its process
+            // count, its queued signals — and serve a later call.)
+            if idle_checks() && st.readying > 0 {
+                for (_, k) in st.readying_killers.drain(..) {
+                    k.kill();
+                }
+                st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
             st.source.settle()?;
             while let Some(r) = st.ready.pop_front() {
-                // A ready copy that died meanwhile is dropped (its server ended on its own).
-                if r.copy.exited() {
+                // A ready copy that died, woke or made a process meanwhile is dropped.
+                if r.copy.exited() || (idle_checks() && !r.copy.idle()) {
                     continue;
                 }
                 st.holding += 1;
                 self.shared.changed.notify_all();
                 return Ok(Taken::Pooled(Box::new(r)));
             }
-            if st.size > 0 && st.readying > 0 {
+            if st.size > 0 && st.readying > 0 && !idle_checks() {
                 st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
                 continue;
             }
@@ -287,6 +312,9 @@ fn refill_loop(shared: &Shared) {
             match st.source.make() {
                 Ok(c) => {
                     st.readying += 1;
+                    if let Ok(k) = c.killer() {
+                        st.readying_killers.push((c.pid, k));
+                    }
                     c
                 }
                 Err(e) => {
@@ -301,12 +329,18 @@ fn refill_loop(shared: &Shared) {
                 }
             }
         };
+        let pid = copy.pid;
         let readied = ready_up(copy, shared.max_message);
         let mut st = shared.lock();
         st.readying -= 1;
+        // Its killer is gone from the list when a call killed it.
+        let killed = !st.readying_killers.iter().any(|(p, _)| *p == pid);
+        st.readying_killers.retain(|(p, _)| *p != pid);
         match readied {
-            Ok(r) if !st.closed => st.ready.push_back(r),
+            Ok(r) if !st.closed && !killed => st.ready.push_back(r),
             Ok(_) => {}
+            // Killed by a call that needed the germline quiet: nothing wrong with the copy.
+            Err(_) if killed => {}
             Err(e) => {
                 // The copy held nothing: its error names no item. A server that needs its
                 // data to start cannot be pooled; calls make their copies as they go.
@@ -342,7 +376,7 @@ fn ready_up(copy: CopyProcess, max_message: usize) -> Result<ReadyCopy, Executor
     client
         .request("tools/list", serde_json::json!({}))?
         .map_err(|e| ExecutorError::Copy(format!("tools/list: {e}")))?;
-    copy.pause()?;
+    copy.pause_idle(idle_checks())?;
     Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel: PooledChannel { client, conn } })
 }
 

@@ -179,10 +179,20 @@ fn wires_world() -> (World, Oracle, germline_tests::Canary, std::path::PathBuf, 
 /// `rounds` bounds the receiver's polling loop (well inside the copy's deadline).
 fn check_pair(send: &str, receive: &str, rounds: u32, refused_note: &str) {
     for (policy, off) in [(SeccompPolicy::denylist_only(), true), (SeccompPolicy::germline(), false)] {
-        let (w, oracle, hr, secret, rel) = wires_world();
-        let (got, sent) = live_pair(&w, &rel, policy, send, receive, rounds, &secret);
+        // The off run is a live pair timed by polling: on a loaded host one event in 96 can
+        // be missed, so it gets three tries (the on run one: it must carry nothing).
+        let mut tries = if off { 3 } else { 1 };
+        let (got, sent, hr, leaked) = loop {
+            let (w, oracle, hr, secret, rel) = wires_world();
+            let (got, sent) = live_pair(&w, &rel, policy.clone(), send, receive, rounds, &secret);
+            let leaked = !oracle.disclosures("public", &[], got.to_string().as_bytes()).is_empty();
+            tries -= 1;
+            if leaked == off || tries == 0 {
+                break (got, sent, hr, leaked);
+            }
+            eprintln!("{send}: the off run decoded {} bits on a loaded host; again", got["bits"]);
+        };
         let text = got.to_string();
-        let leaked = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
         if off {
             assert!(leaked, "denylist: the item crosses ({text}; sender {sent})");
             assert_eq!(got["got"], json!(hr.as_str()));

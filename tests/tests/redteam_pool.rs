@@ -1,0 +1,90 @@
+//! Issue 15, adversarial pass on the copy pool: a channel found by an attacker who read
+//! the pool's code, kept as a variant with the mechanism off and on.
+//!
+//! `nproc` (tests/attacks/pool/nproc): every copy's user namespace is made by the germline,
+//! so the processes and threads of all live copies of one germline are counted at one
+//! level, limited by the germline's process limit. A pooled copy forks a child while its
+//! server starts (data-free); the child keeps running while the copy waits stopped in the
+//! pool, and probes the level by starting threads. The copy holding the hr item fills the
+//! level and modulates it, one bit per 60 ms; the next public call takes the pooled copy and
+//! decodes what its child logged. Off (`IDLE_CHECKS_OFF_FOR_TESTS`: an idle copy's children
+//! keep running, copies being readied are not killed before a call): the canary reaches
+//! the public consumer. On: a copy that keeps a process of its own cannot wait in the pool
+//! (the release's pool is turned off), and nothing of the germline runs beside a copy that
+//! holds data: 0 bits.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use germline_executor::pool::IDLE_CHECKS_OFF_FOR_TESTS;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::oracle::Oracle;
+use germline_tests::world::{request, result_text, World};
+use serde_json::json;
+
+/// Bits of the canary's 96 that the best public answer carries, and whether the release
+/// still pooled its copies at the end.
+fn run(checks_off: bool) -> (usize, bool, String) {
+    IDLE_CHECKS_OFF_FOR_TESTS.store(checks_off, Ordering::SeqCst);
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let code = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/pool/nproc/server.py"))
+        .expect("attack source");
+    let rel = w.release("nproc", "[tools.send]\n[tools.read]\n", &code);
+    let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[limits]\npool = 2\n");
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("germline starts");
+    let g = match &mut rt {
+        Runtime::Germline(g) => g,
+        _ => unreachable!(),
+    };
+    let want = u128::from_str_radix(hr.as_str().rsplit('-').next().unwrap_or_default(), 16).unwrap_or_default();
+    let mut best = 0;
+    let mut seen = String::new();
+    let mut public = |rt: &mut germline_executor::call::GermlineRuntime| {
+        let mut req = request("read", json!({}), &[]);
+        req.consumers = vec!["public".into()];
+        let text = result_text(&rt.call(&req));
+        if let Some(i) = text.find("GLC-hr-") {
+            let hex = &text[i + 7..(i + 31).min(text.len())];
+            if let Ok(got) = u128::from_str_radix(hex, 16) {
+                best = best.max(96 - (got ^ want).count_ones() as usize);
+            }
+        }
+        seen = text.chars().take(160).collect();
+        assert!(oracle.sightings(text.as_bytes()).is_empty() || checks_off, "on: {text:.200}");
+    };
+    for _ in 0..2 {
+        g.wait_pool_ready(2, Duration::from_secs(60)).unwrap();
+        public(g);
+    }
+    for _ in 0..2 {
+        // The agent's think time: the pool is full when the item arrives.
+        g.wait_pool_ready(2, Duration::from_secs(60)).unwrap();
+        let sent = g.call(&request("send", json!({"document": secret}), &[&secret]));
+        assert!(sent.error.is_none(), "send: {:?}", sent.error);
+        public(g);
+        public(g);
+    }
+    let pooling = g.pooling();
+    IDLE_CHECKS_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
+    (best, pooling, seen)
+}
+
+#[test]
+fn nproc_an_idle_copys_child_reads_the_germlines_process_count() {
+    // Off: the channel works (two tries: it is timed by polling on a shared host).
+    let mut off = run(true);
+    if off.0 < 96 {
+        eprintln!("nproc off: {} of 96 bits on a loaded host; again", off.0);
+        off = run(true);
+    }
+    eprintln!("nproc off: {} of 96 bits, pooling {} ({})", off.0, off.1, off.2);
+    assert_eq!(off.0, 96, "off: the canary reaches the public consumer ({})", off.2);
+    let on = run(false);
+    eprintln!("nproc on: {} of 96 bits, pooling {} ({})", on.0, on.1, on.2);
+    assert_eq!(on.0, 0, "on: no public answer carries anything canary-shaped ({})", on.2);
+    assert!(!on.1, "on: a copy that keeps a child running cannot wait in the pool");
+}
