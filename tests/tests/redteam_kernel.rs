@@ -67,6 +67,13 @@ impl Case {
         self.w.start(RuntimeKind::Germline, &self.release, policy).expect("germline starts")
     }
 
+    /// [`Case::start`] with `pool` ready copies per germline.
+    fn start_pooled(&self, pool: usize) -> Runtime {
+        let limits = format!("[limits]\npool = {pool}\n");
+        let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], &limits);
+        self.w.start(RuntimeKind::Germline, &self.release, policy).expect("germline starts")
+    }
+
     /// A call whose only consumer is the public one.
     fn public_call(&self, rt: &mut Runtime, tool: &str, args: Value) -> (String, Option<String>) {
         let mut req = request(tool, args, &[]);
@@ -268,14 +275,16 @@ fn pending_signals_counted_per_host_user_carry_nothing_between_germlines() {
 /// threads in a copy holding the item, then a public call whose copy reads the gaps
 /// between the pids the germline saw in its fork windows. With the germline's pid counter
 /// reset before every fork the gaps no longer depend on the item; with the reset off the
-/// canary reaches the public consumer.
+/// canary reaches the public consumer. The attack decodes one fork per call, so the off
+/// and on runs fork per call (pool 0); a third run with the pool on (its refills fork
+/// between calls) must carry nothing either.
 #[test]
 fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    for reset in [false, true] {
+    for (reset, pool) in [(false, 0), (true, 0), (true, 2)] {
         PID_COUNTER_RESET_OFF_FOR_TESTS.store(!reset, Ordering::SeqCst);
         let c = case("pidgap", &attack("pidgap"));
-        let started = c.start();
+        let started = c.start_pooled(pool);
         PID_COUNTER_RESET_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
         let mut rt = started;
         for _ in 0..3 {
@@ -288,7 +297,7 @@ fn pidgap_threads_a_copy_starts_move_the_pid_the_germline_sees_next() {
         }
         let (text, err) = c.public_call(&mut rt, "read", json!({"first": 3}));
         assert!(err.is_none(), "{err:?}");
-        eprintln!("pidgap reset={reset}: canary {} read {text}", c.canary);
+        eprintln!("pidgap reset={reset} pool={pool}: canary {} read {text}", c.canary);
         if reset {
             assert!(!c.leaked(&text), "on: the pids the germline sees carry nothing: {text}");
         } else {
