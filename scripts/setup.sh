@@ -66,7 +66,7 @@ for spec in "time mcp-server-time==2026.10.19" "git mcp-server-git==2026.10.19" 
   "jupyter mcp-server-jupyter==0.1.9 mcp==1.30.0" "codeindex code-index-mcp==2.17.1" \
   "dbsqlite database-mcp-sqlite==0.2.1" "pandoc mcp-pandoc==0.11.1" "rss mcp-server-rss==0.1.0 mcp==1.30.0" \
   "ddg duckduckgo-mcp-server==0.7.0" "webcal webcal-mcp==0.2.3 mcp==1.30.0" \
-  "pdftools fastmcp-pdftools==0.1.3" \
+  "pdftools fastmcp-pdftools==0.1.3" "motherduck mcp-server-motherduck==1.1.0" \
   "git-2025.11.25 mcp-server-git==2025.11.25 mcp==1.30.0" "git-2025.12.18 mcp-server-git==2025.12.18 mcp==1.30.0"; do
   read -r name reqs <<<"$spec"
   if [ ! -f "$real/$name/.complete" ] || [ "$(cat "$real/$name/.complete")" != "$reqs" ]; then

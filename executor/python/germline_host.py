@@ -3,7 +3,9 @@
 Runs in one of two modes:
 
   germline  (inside the Rust-built sandbox) import the release, build its MCP server
-            object, stop, then fork once per SIGUSR1 the broker sends. Each
+            object, stop, then fork once per SIGUSR1 the broker sends (with
+            copy_source = "spawn" the germline imports nothing of the release and
+            each copy imports it after its ids check). Each
             fork makes a copy in fresh user/PID/net/IPC/mount namespaces; the copy
             connects to the broker's channel in its own network namespace, receives its
             twin inputs and slot, and continues the server's own stdio loop there.
@@ -477,7 +479,11 @@ def _take_copy_ids():
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def _run_copy(server):
+def _run_copy(server, release_dir):
+    """A copy's life. `server` is None with copy_source = "spawn": the germline never
+    imported the release, and the copy imports it itself once it runs as its own ids
+    (checked by the broker before anything but the preamble reaches it), so threads the
+    import starts are the copy's and inherit those ids."""
     t0 = _real["perf_counter"]()
     _landlock_copy_layer()
     _wait_channel_ready()
@@ -487,7 +493,7 @@ def _run_copy(server):
     rfile = chan.makefile("rb")
     preamble = json.loads(_read_line(rfile))
     if preamble.get("pool"):
-        _run_pooled(server, chan, rfile)
+        _run_pooled(server, chan, rfile, release_dir)
         return
     if preamble.get("twin") is None:
         # Twin inputs switched off (a test of what they do): real clock and entropy.
@@ -507,6 +513,8 @@ def _run_copy(server):
     wfile = chan.makefile("wb")
     _copy_io["channel"] = chan
     _capture_stderr()  # after the copy took its own ids: made by them
+    if server is None:
+        server = _build_server(release_dir)
     sys.stdin = io.TextIOWrapper(rfile, encoding="utf-8")
     # Buffered like stdout on a pipe: a server's stray print stays in the buffer as it
     # does unprotected, instead of landing in the middle of the MCP stream.
@@ -565,10 +573,12 @@ class _PooledStdin(io.RawIOBase):
                 os.environ[k] = v
 
 
-def _run_pooled(server, chan, rfile):
+def _run_pooled(server, chan, rfile, release_dir):
     wfile = chan.makefile("wb")
     _copy_io["channel"] = chan
     _capture_stderr()
+    if server is None:
+        server = _build_server(release_dir)
     sys.stdin = io.TextIOWrapper(io.BufferedReader(_PooledStdin(rfile, chan)), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
     _run_server(server)
@@ -783,8 +793,12 @@ def germline_main(release_dir):
     if os.environ.get("GERMLINE_PID_NAMESPACE") == "1":
         _enter_pid_namespace()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    server = _build_server(release_dir)
-    _preload()
+    # copy_source = "spawn": nothing of the release runs here, not even the SDK it may
+    # vendor (preloading one from elsewhere would shadow it); each copy imports it all.
+    server = None
+    if os.environ.get("GERMLINE_COPY_SOURCE") != "spawn":
+        server = _build_server(release_dir)
+        _preload()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     ctid = _tid_field()
@@ -815,7 +829,7 @@ def germline_main(release_dir):
                 if os.environ.get("GERMLINE_SHARED_CONTROL") == "1":
                     os.close(CONTROL_FD)  # only a "mechanism off" test hands one over
                 _own_stdio()
-                _run_copy(server)
+                _run_copy(server, release_dir)
             except BaseException:
                 code = 1
                 _report_stderr()

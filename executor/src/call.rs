@@ -460,6 +460,7 @@ impl GermlineRuntime {
             require_limits: policy.limits.require_limits,
             seccomp: SeccompPolicy::germline(),
             env: crate::germline::startup_environment(&manifest, &policy)?,
+            copy_source: manifest.copy_source.either(policy.limits.copy_source),
         };
         if policy.limits.pool > crate::policy::MAX_POOL {
             return Err(ExecutorError::Policy(format!(

@@ -161,6 +161,8 @@ pub struct GermlineSpec {
     /// is imported: the manifest's `[release] env`, then the policy's `[environment]`, which
     /// wins ([`germline_environment`]).
     pub env: Vec<(String, String)>,
+    /// Whether the germline imports the release (`fork`) or each copy does (`spawn`).
+    pub copy_source: crate::manifest::CopySourceKind,
 }
 
 /// Variables a manifest or policy may not set: the interpreter's and the loader's, and
@@ -405,6 +407,17 @@ fn with_stderr(e: ExecutorError, stderr: &mut Option<StartStderr>) -> ExecutorEr
     }
 }
 
+/// The fallback a G1 refusal offers, with what it costs: `start` is how long the germline
+/// took to import the release (and to be refused), which every copy would then pay.
+fn spawn_offer(start: Duration) -> String {
+    format!(
+        "or set copy_source = \"spawn\" (policy [limits], or manifest [release]): the germline then never imports \
+         the release and each copy imports it itself, after its checks and before it holds any item; the import \
+         took {} ms here, paid by every copy (while the pool readies it, ahead of calls; inside the call with pool 0)",
+        start.as_millis()
+    )
+}
+
 /// Test-only switch ("mechanism off"), re-exported: let the germline wait for its copies.
 pub use crate::inspect::CHILD_EXIT_CHECK_OFF_FOR_TESTS;
 
@@ -619,6 +632,10 @@ impl Germline {
         if debug_stderr {
             cmd.env("GERMLINE_KEEP_STDERR", "1");
         }
+        let spawn = spec.copy_source == crate::manifest::CopySourceKind::Spawn;
+        if spawn {
+            cmd.env("GERMLINE_COPY_SOURCE", "spawn");
+        }
         if theirs.is_some() {
             cmd.env("GERMLINE_SHARED_CONTROL", "1");
         }
@@ -745,7 +762,12 @@ impl Germline {
             )
         })?;
         g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
-        inspect::check_germline(pid, &g.allowed)?;
+        inspect::check_germline(pid, &g.allowed).map_err(|e| match e {
+            ExecutorError::GermlineRefused { check, detail } if check == "G1" && !spawn => {
+                ExecutorError::GermlineRefused { check, detail: format!("{detail}; {}", spawn_offer(t0.elapsed())) }
+            }
+            other => other,
+        })?;
         if !inspect::live_children(pid)?.is_empty() {
             return Err(ExecutorError::refused("children", "the germline left a process running at start"));
         }
@@ -1162,7 +1184,8 @@ impl CopyProcess {
         if check_children {
             if let Some(&c) = inspect::live_children(self.pid)?.first() {
                 return Err(ExecutorError::Copy(format!(
-                    "a data-free copy keeps a process of its own running ({c}, {}) once its server is ready:                      it cannot wait in the pool",
+                    "a data-free copy keeps a process of its own running ({c}, {}) once its server is ready: \
+                     it cannot wait in the pool",
                     inspect::comm(c)
                 )));
             }
@@ -1285,6 +1308,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         require_limits: false,
         seccomp: SeccompPolicy::germline(),
         env: germline_environment(&manifest.env, &Default::default())?,
+        copy_source: manifest.copy_source,
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

@@ -34,6 +34,34 @@ pub struct Manifest {
     pub tools: BTreeMap<String, ToolDecl>,
     /// Environment the germline starts with (`[release] env`; the deployer's policy wins).
     pub env: BTreeMap<String, String>,
+    /// How copies are made (`[release] copy_source`; the policy may ask for `spawn` too).
+    pub copy_source: CopySourceKind,
+}
+
+/// How the copies of a release are made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopySourceKind {
+    /// Forked from a germline that imported the release once, data-free (the default).
+    #[default]
+    Fork,
+    /// Forked from a germline that never imports the release: each copy imports it
+    /// itself, after its ids check and before it is given any item. For releases that
+    /// start threads at import (G1 refuses their germline, as a fork keeps one thread).
+    /// Release code then never runs in the germline; every copy pays the import.
+    Spawn,
+}
+
+impl CopySourceKind {
+    /// The stricter of two requests: `spawn` if either asks for it (it is never weaker
+    /// than forking from an imported germline, only slower).
+    pub fn either(self, other: CopySourceKind) -> CopySourceKind {
+        if self == CopySourceKind::Spawn || other == CopySourceKind::Spawn {
+            CopySourceKind::Spawn
+        } else {
+            CopySourceKind::Fork
+        }
+    }
 }
 
 /// How the server object is made.
@@ -118,6 +146,8 @@ struct RawRelease {
     python_path: Vec<String>,
     #[serde(default)]
     deterministic: bool,
+    #[serde(default)]
+    copy_source: CopySourceKind,
 }
 
 #[derive(Deserialize)]
@@ -210,6 +240,7 @@ impl Manifest {
             deterministic: r.deterministic,
             tools,
             env: r.env,
+            copy_source: r.copy_source,
         })
     }
 

@@ -73,6 +73,9 @@ pub struct Limits {
     pub require_limits: bool,
     /// Ready copies kept per germline ([`crate::pool`]); 0 makes copies per call.
     pub pool: usize,
+    /// `spawn`: every copy imports the release itself (for releases whose import starts
+    /// threads); `fork` (default) unless the manifest asks for `spawn`.
+    pub copy_source: crate::manifest::CopySourceKind,
 }
 
 /// Most ready copies a germline may keep: each is a live process tree holding a lease of
@@ -96,6 +99,7 @@ impl Default for Limits {
             max_message_bytes: 8 << 20,
             require_limits: false,
             pool: default_pool(),
+            copy_source: crate::manifest::CopySourceKind::Fork,
         }
     }
 }
@@ -166,6 +170,7 @@ struct RawLimits {
     max_message_bytes: Option<usize>,
     require_limits: Option<bool>,
     pool: Option<usize>,
+    copy_source: Option<crate::manifest::CopySourceKind>,
 }
 
 fn perr(s: impl Into<String>) -> ExecutorError {
@@ -260,6 +265,7 @@ impl Policy {
             max_message_bytes: l.max_message_bytes.unwrap_or(d.max_message_bytes),
             require_limits: l.require_limits.unwrap_or(d.require_limits),
             pool: l.pool.unwrap_or(d.pool),
+            copy_source: l.copy_source.unwrap_or(d.copy_source),
         };
         if limits.pool > MAX_POOL {
             return Err(perr(format!("limits: pool = {} is more than {MAX_POOL} copies per germline", limits.pool)));

@@ -35,6 +35,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         require_limits: false,
         seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
         env: Vec::new(),
+        copy_source: Default::default(),
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);

@@ -336,27 +336,31 @@ fn two_live_copies_cannot_exchange_a_byte() {
 /// The same channels between copies of one germline under the pool: the receiving copy
 /// is made (and waits, stopped) while the sending copy holds the item, and serves the next
 /// call. Unprotected, the one long-lived process carries the item over; under germline not
-/// one byte crosses.
+/// one byte crosses, with copies forked from an imported germline or spawned (each copy
+/// importing the release itself, `copy_source = "spawn"`).
 #[test]
 fn a_pooled_copy_gets_nothing_from_the_copy_that_ran_while_it_waited() {
-    for kind in [RuntimeKind::SigPin, RuntimeKind::Germline] {
+    for (kind, source) in
+        [(RuntimeKind::SigPin, "fork"), (RuntimeKind::Germline, "fork"), (RuntimeKind::Germline, "spawn")]
+    {
         let c = ChannelCase::new();
-        let mut rt = c.start(kind, "[limits]\npool = 2\n");
+        let mut rt = c.start(kind, &format!("[limits]\npool = 2\ncopy_source = \"{source}\"\n"));
         if let Runtime::Germline(g) = &mut rt {
             assert_eq!(g.wait_pool_ready(2, Duration::from_secs(60)).unwrap(), 2, "two copies wait in the pool");
         }
         let (send_req, recv_req) = c.requests(10, 5);
         let sent = rt.call(&send_req);
         let got = rt.call(&recv_req);
-        assert!(sent.error.is_none() && got.error.is_none(), "{kind:?}: {:?} {:?}", sent.error, got.error);
+        assert!(sent.error.is_none() && got.error.is_none(), "{kind:?} {source}: {:?} {:?}", sent.error, got.error);
         let text = result_text(&got);
+        eprintln!("{kind:?} {source}: {text}");
         let leaked = c.leaked(&text);
         match kind {
             RuntimeKind::SigPin => assert!(leaked, "mechanism off: the secret carries over ({text})"),
             _ => {
-                assert!(!leaked, "germline: {text}");
+                assert!(!leaked, "germline {source}: {text}");
                 let channels: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                assert_eq!(channels, json!({}), "germline: nothing at all crossed ({text})");
+                assert_eq!(channels, json!({}), "germline {source}: nothing at all crossed ({text})");
             }
         }
     }

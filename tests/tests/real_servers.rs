@@ -376,17 +376,17 @@ fn with_vendor(name: &str, home: &Path, code: &str, arg: &Path) {
     assert!(ok, "preparing test data for {name}");
 }
 
-/// Issue 16: mcp-server-duckdb, configured by `--db-path` on its command line and run
-/// through its own `main` (`cli` in the manifest), with the database as an item.
-#[test]
-fn mcp_server_duckdb_matches_unprotected_with_the_database_as_an_item() {
+/// A DuckDB database of 100 sales rows built with server `name`'s own duckdb, laid out as
+/// an item, and 20 queries through `tool` (its SQL argument `arg`): aggregates, filters, a
+/// missing table and a refused write.
+fn compare_sales_queries(name: &str, tool: &str, arg: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).expect("data");
     let db = data.join("sales.duckdb");
     let home = dir.path().join("home");
     with_vendor(
-        "duckdb",
+        name,
         &home,
         "import duckdb\nc = duckdb.connect(sys.argv[1])\n\
          c.execute(\"create table sales(region varchar, amount decimal(10,2), day date)\")\n\
@@ -394,7 +394,7 @@ fn mcp_server_duckdb_matches_unprotected_with_the_database_as_an_item() {
          c.close()",
         &db,
     );
-    let rel = lay_out(dir.path(), "duckdb", &db.to_string_lossy());
+    let rel = lay_out(dir.path(), name, &db.to_string_lossy());
     let mut calls = Vec::new();
     for i in 0..20 {
         let q = match i % 5 {
@@ -404,9 +404,24 @@ fn mcp_server_duckdb_matches_unprotected_with_the_database_as_an_item() {
             3 => "SELECT * FROM nowhere".to_owned(),
             _ => "INSERT INTO sales VALUES ('x', 1, DATE '2026-01-01')".to_owned(),
         };
-        calls.push(("query".to_owned(), json!({"query": q})));
+        calls.push((tool.to_owned(), json!({ arg: q })));
     }
     compare(&rel, policy(&data, ""), &home, &calls, Some("projx"), |_, v| v);
+}
+
+/// Issue 16: mcp-server-duckdb, configured by `--db-path` on its command line and run
+/// through its own `main` (`cli` in the manifest), with the database as an item.
+#[test]
+fn mcp_server_duckdb_matches_unprotected_with_the_database_as_an_item() {
+    compare_sales_queries("duckdb", "query", "query");
+}
+
+/// Issue 16, point 1: mcp-server-motherduck, whose duckdb starts a worker thread when it
+/// is imported (G1 refuses a germline that imported it): its copies are spawned
+/// (`copy_source = "spawn"` in its manifest), each importing the release itself.
+#[test]
+fn mcp_server_motherduck_matches_unprotected_with_spawned_copies() {
+    compare_sales_queries("motherduck", "execute_query", "sql");
 }
 
 /// Issue 16: excel-mcp-server (an office-document server) through its own command line,
