@@ -156,6 +156,13 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<i32> {
     std::fs::write(root.join("policy.toml"), &policy_text)?;
     let policy = Policy::parse(&policy_text)?;
     let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    // The demo's release imports the SDK from the interpreter (it vendors none): say so
+    // now rather than as a copy that closed its channel.
+    if let Err(why) =
+        crate::doctor::sdk_version(&python.python).with_context(|| format!("running {}", python.python.display()))?
+    {
+        anyhow::bail!("{} cannot import the MCP SDK ({why}); fix: {}", python.python.display(), crate::doctor::SDK_FIX);
+    }
 
     let calls = [
         (

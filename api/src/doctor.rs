@@ -183,6 +183,24 @@ fn host_root() -> Check {
     }
 }
 
+/// How to get an interpreter with the MCP SDK.
+pub const SDK_FIX: &str =
+    "bash scripts/setup.sh (makes .venv with the SDK), or set GERMLINE_PYTHON to an interpreter that has the mcp package";
+
+/// The version of the MCP SDK `python` imports (`Ok(Err)`: the last line of its error), by
+/// the interpreter's own path (a venv's `python` is a symlink whose target lacks the SDK).
+pub fn sdk_version(python: &Path) -> std::io::Result<Result<String, String>> {
+    let out = Command::new(python)
+        .args(["-I", "-c", "import importlib.metadata as m, mcp; print(m.version('mcp'))"])
+        .stdin(Stdio::null())
+        .output()?;
+    Ok(if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default().to_owned())
+    })
+}
+
 fn interpreter() -> Check {
     let home = crate::exec_cmd::home();
     let rt = match PythonRuntime::discover(&home) {
@@ -198,34 +216,24 @@ fn interpreter() -> Check {
             }
         }
     };
-    let sdk = Command::new(&rt.python)
-        .args(["-I", "-c", "import importlib.metadata as m, mcp; print(m.version('mcp'))"])
-        .stdin(Stdio::null())
-        .output();
+    let sdk = sdk_version(&rt.python);
     let shim = rt.shim_dir.join("germline_host.py");
     match sdk {
-        Ok(out) if out.status.success() => Check {
+        Ok(Ok(version)) => Check {
             name: "interpreter",
             status: if Path::new(&shim).is_file() { Status::Ok } else { Status::Missing },
             detail: format!(
-                "{} with the MCP SDK {}; tool host in {}",
+                "{} with the MCP SDK {version}; tool host in {}",
                 rt.python.display(),
-                String::from_utf8_lossy(&out.stdout).trim(),
                 rt.shim_dir.display()
             ),
             fix: String::new(),
         },
-        Ok(out) => Check {
+        Ok(Err(why)) => Check {
             name: "interpreter",
             status: Status::Missing,
-            detail: format!(
-                "{} cannot import the MCP SDK: {}",
-                rt.python.display(),
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or_default()
-            ),
-            fix: "bash scripts/setup.sh (makes .venv with the SDK), or set GERMLINE_PYTHON to an interpreter that \
-                  has the mcp package"
-                .into(),
+            detail: format!("{} cannot import the MCP SDK: {why}", rt.python.display()),
+            fix: SDK_FIX.into(),
         },
         Err(e) => Check {
             name: "interpreter",

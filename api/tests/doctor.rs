@@ -116,3 +116,58 @@ fn a_session_whose_runtime_does_not_start_prints_a_json_error() {
     let err = v["error"].as_str().unwrap_or_default();
     assert!(err.contains("missing_module"), "the error names the cause: {err}");
 }
+
+/// README's first command on a machine where `python3` is not the venv's interpreter: a
+/// fresh `.venv` whose `bin/python` links to a base interpreter without the MCP SDK (the
+/// SDK reaches the venv through its own site-packages only). `germline demo` runs the
+/// venv by its own path and passes; given the interpreter the link resolves to (what an
+/// earlier version ran), it fails and says why.
+#[test]
+fn the_demo_passes_with_a_venv_whose_python_links_to_an_interpreter_without_the_sdk() {
+    let base = repo_venv().join("bin/python").canonicalize().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join(".venv");
+    let made = Command::new(&base).args(["-m", "venv", "--without-pip"]).arg(&venv).status().unwrap();
+    assert!(made.success(), "python -m venv");
+    assert!(std::fs::symlink_metadata(venv.join("bin/python")).unwrap().file_type().is_symlink());
+    let site = |python: &Path| {
+        let out = Command::new(python)
+            .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+            .output()
+            .unwrap();
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    };
+    let repo_site = site(&repo_venv().join("bin/python"));
+    std::fs::write(site(&venv.join("bin/python")).join("sdk.pth"), format!("{}\n", repo_site.display())).unwrap();
+    let base_has_sdk = Command::new(&base).args(["-I", "-c", "import mcp"]).status().unwrap().success();
+    eprintln!(
+        "{} -> {} (SDK in the base interpreter: {base_has_sdk})",
+        venv.join("bin/python").display(),
+        base.display()
+    );
+
+    let (ok, out, err) = germline(dir.path(), &["demo"]);
+    eprintln!("{out}{err}");
+    assert!(ok, "germline demo passes with the venv's own python: {err}");
+    let row = out.lines().find(|l| l.starts_with("germline ")).unwrap_or_default().to_owned();
+    assert!(row.contains(" no "), "under germline the payslip does not reach the OCR service: {row}");
+
+    if base_has_sdk {
+        eprintln!("the base interpreter has the SDK: the resolved-link failure cannot be shown here");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .arg("demo")
+        .current_dir(dir.path())
+        .env("GERMLINE_PYTHON", &base)
+        .env("GERMLINE_HOME", dir.path().join("home"))
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("resolved link: {text}");
+    assert!(!out.status.success(), "the base interpreter cannot run the demo");
+    assert!(
+        text.contains("cannot import the MCP SDK") && text.contains("fix: bash scripts/setup.sh"),
+        "the failure names the missing SDK and the fix: {text}"
+    );
+}
