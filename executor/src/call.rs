@@ -851,7 +851,7 @@ impl GermlineRuntime {
                 (copy, resumed.map(|()| (proxy, slot_listener, channel)))
             }
             Taken::Fresh(copy) => {
-                let set_up = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_deref())
+                let set_up = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_ref())
                     .and_then(|l| copy.channel_ready().map(|()| l));
                 let mut preamble = json!({"twin": twin, "slot": slot, "trace": trace});
                 if counted_clock {

@@ -68,6 +68,17 @@ pub struct Confinement {
 /// holds nothing else and is the one path Landlock lets be written (Landlock skips a mount
 /// point on its way up, so the rule sits on the parent, never a mount point itself).
 pub const SCRATCH_DIR: &str = "/.germline-scratch/tmp";
+/// [`SCRATCH_DIR`] for syscalls.
+pub const SCRATCH_DIR_C: &std::ffi::CStr = c"/.germline-scratch/tmp";
+const _: () = {
+    let (a, b) = (SCRATCH_DIR.as_bytes(), SCRATCH_DIR_C.to_bytes());
+    assert!(a.len() == b.len());
+    let mut i = 0;
+    while i < a.len() {
+        assert!(a[i] == b[i]);
+        i += 1;
+    }
+};
 /// The parent of [`SCRATCH_DIR`].
 pub const SCRATCH_PARENT: &str = "/.germline-scratch";
 /// System temporary directories that become links to [`SCRATCH_DIR`] where nothing the
@@ -107,11 +118,23 @@ pub struct SandboxSwitches {
     /// (pipe buffers among them) are never shared between copies or with a germline.
     /// Off: copies run as the germline's sandbox ids.
     pub copy_ids: bool,
+    /// The germline imports the release with a writable scratch tmpfs of its own at
+    /// [`SCRATCH_DIR`] (`TMPDIR`), which the broker copies out and unmounts before the
+    /// first fork; every copy's scratch starts with what the import left there
+    /// ([`crate::germline`]). Off: the germline's scratch is the read-only root's empty
+    /// directory (a release that writes a temporary file at import fails to start).
+    pub import_scratch: bool,
 }
 
 impl Default for SandboxSwitches {
     fn default() -> Self {
-        SandboxSwitches { minimal_root: true, sandbox_ids: true, pid_namespace: true, copy_ids: true }
+        SandboxSwitches {
+            minimal_root: true,
+            sandbox_ids: true,
+            pid_namespace: true,
+            copy_ids: true,
+            import_scratch: true,
+        }
     }
 }
 
@@ -205,7 +228,14 @@ pub struct PreparedSandbox {
     descriptions: Vec<String>,
     /// [`SCRATCH_PARENT`] when copies have a scratch: the one path Landlock lets be written.
     scratch: Option<CString>,
+    /// Mount the germline's import scratch at [`SCRATCH_DIR`] ([`SandboxSwitches::import_scratch`]).
+    import_scratch: bool,
 }
+
+/// Mount options of the germline's import scratch: 16 MiB, 1024 files and directories,
+/// `/tmp`'s mode. What the import leaves there is copied into every copy's scratch, so it
+/// is kept small.
+pub const IMPORT_SCRATCH_OPTS: &std::ffi::CStr = c"size=16777216,nr_inodes=1024,mode=1777";
 
 /// One step of building the germline's root filesystem under the stage directory.
 enum RootOp {
@@ -584,6 +614,7 @@ impl Confinement {
             report_rx: Some(report_rx),
             descriptions: plan.what,
             scratch: scratch.is_some().then(|| cstring(Path::new(SCRATCH_PARENT))).transpose()?,
+            import_scratch: scratch.is_some() && self.switches.import_scratch,
         })
     }
 }
@@ -618,9 +649,10 @@ enum Step {
     Landlock,
     Seccomp,
     ControlFd,
+    ImportScratch,
 }
 
-const STEPS: [&str; 15] = [
+const STEPS: [&str; 16] = [
     "creating the private mount namespace",
     "mounting the root's tmpfs",
     "entering the stage directory",
@@ -636,9 +668,10 @@ const STEPS: [&str; 15] = [
     "applying Landlock",
     "applying seccomp",
     "passing the control socket",
+    "mounting the germline's import scratch",
 ];
 
-const _: () = assert!(STEPS.len() == (Step::ControlFd as u32 - Step::MountNamespace as u32 + 1) as usize);
+const _: () = assert!(STEPS.len() == (Step::ImportScratch as u32 - Step::MountNamespace as u32 + 1) as usize);
 
 /// Explains a failed germline start by the step the child reported.
 pub struct BuildReport {
@@ -813,7 +846,23 @@ impl PreparedSandbox {
                 .and_then(|()| check(chdir(c"/".as_ptr())))
         };
         self.step(Step::PivotRoot as u32, r)?;
-        self.step(Step::ReadOnly as u32, make_tree_read_only())
+        self.step(Step::ReadOnly as u32, make_tree_read_only())?;
+        if self.import_scratch {
+            // Writable while the release is imported (no item is there yet); the broker
+            // copies it out and unmounts it before the germline's first fork.
+            // SAFETY: mount on constant NUL-terminated strings.
+            let r = check(unsafe {
+                mount(
+                    c"germline-import-scratch".as_ptr(),
+                    SCRATCH_DIR_C.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    MS_NOSUID | MS_NODEV,
+                    IMPORT_SCRATCH_OPTS.as_ptr().cast(),
+                )
+            });
+            self.step(Step::ImportScratch as u32, r)?;
+        }
+        Ok(())
     }
 
     fn apply_in_child(&mut self) -> io::Result<()> {

@@ -24,7 +24,7 @@ use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
 use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
 use crate::ids::{IdBlock, IdLease};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
-use crate::outside::CopyIds;
+use crate::outside::{CopyIds, CopyScratch};
 use crate::seccomp::SeccompPolicy;
 use crate::timings::CopyTimings;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT};
@@ -418,6 +418,104 @@ fn spawn_offer(start: Duration) -> String {
     )
 }
 
+/// Most entries and bytes the germline's import may leave in its scratch (its tmpfs holds
+/// no more; [`crate::confine::IMPORT_SCRATCH_OPTS`]).
+const IMPORT_SCRATCH_ENTRIES: usize = 1024;
+const IMPORT_SCRATCH_BYTES: usize = 16 << 20;
+
+/// Copies out what the import left in the germline's scratch tmpfs (the germline is
+/// stopped; nothing else runs in its namespaces yet), then unmounts it in the germline, so
+/// no copy ever shares it: each copy's own scratch starts with these entries instead.
+/// Returns them and the tmpfs's device (major, minor), which G3 then refuses any shared
+/// mapping of ([`inspect::check_g3`]). Links are read, never followed (an absolute target
+/// would resolve in the broker's root here); anything but directories, regular files and
+/// links, and a working directory inside the scratch, are refused.
+fn take_import_scratch(pid: i32, dir: &Path) -> Result<(Vec<crate::outside::ScratchEntry>, (u32, u32)), ExecutorError> {
+    use crate::outside::{FileMeta, ScratchEntry};
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |what: String| ExecutorError::refused("scratch", what);
+    let base = PathBuf::from(format!("/proc/{pid}/root")).join(dir.strip_prefix("/").unwrap_or(dir));
+    let meta = std::fs::symlink_metadata(&base).map_err(ExecutorError::io("the germline's import scratch"))?;
+    let parent = std::fs::symlink_metadata(base.parent().unwrap_or(&base))
+        .map_err(ExecutorError::io("the germline's import scratch"))?;
+    if !meta.is_dir() || meta.dev() == parent.dev() {
+        return Err(refuse("the germline's import scratch is not mounted".into()));
+    }
+    let dev = meta.dev();
+    let cwd = std::fs::metadata(format!("/proc/{pid}/cwd")).map_err(ExecutorError::io("the germline's directory"))?;
+    if cwd.dev() == dev {
+        return Err(refuse(
+            "the germline's working directory is in its import scratch, which copies never share".into(),
+        ));
+    }
+    let mut entries = Vec::new();
+    let mut bytes = 0usize;
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(base.join(&rel))
+            .map_err(ExecutorError::io("listing the germline's import scratch"))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(ExecutorError::io("listing the germline's import scratch"))?;
+        names.sort();
+        for name in names {
+            let path = rel.join(&name);
+            let full = base.join(&path);
+            let m = std::fs::symlink_metadata(&full).map_err(ExecutorError::io("the germline's import scratch"))?;
+            if entries.len() >= IMPORT_SCRATCH_ENTRIES {
+                return Err(refuse(format!(
+                    "the import left more than {IMPORT_SCRATCH_ENTRIES} entries in its scratch"
+                )));
+            }
+            let ft = m.file_type();
+            if ft.is_dir() {
+                entries.push(ScratchEntry::Dir { path: path.clone(), mode: m.mode() & 0o7777 });
+                pending.push(path);
+            } else if ft.is_file() {
+                let mut contents = Vec::new();
+                std::fs::File::options()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&full)
+                    .and_then(|f| f.take((IMPORT_SCRATCH_BYTES - bytes) as u64 + 1).read_to_end(&mut contents))
+                    .map_err(ExecutorError::io("reading the germline's import scratch"))?;
+                bytes += contents.len();
+                if bytes > IMPORT_SCRATCH_BYTES {
+                    return Err(refuse(format!(
+                        "the import left more than {IMPORT_SCRATCH_BYTES} bytes in its scratch"
+                    )));
+                }
+                entries.push(ScratchEntry::File { path, contents, meta: FileMeta::of(&m) });
+            } else if ft.is_symlink() {
+                let target = std::fs::read_link(&full).map_err(ExecutorError::io("the germline's import scratch"))?;
+                entries.push(ScratchEntry::Link { path, target });
+            } else {
+                return Err(refuse(format!(
+                    "the import left {} in its scratch, which is neither a file, a directory nor a link",
+                    path.display()
+                )));
+            }
+        }
+    }
+    // Directories before what they hold, whatever order the walk took.
+    entries.sort_by(|a, b| entry_path(a).cmp(entry_path(b)));
+    crate::outside::unmount_in_germline(pid, dir)?;
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .map_err(ExecutorError::io("reading the germline's mounts"))?;
+    if mountinfo.lines().any(|l| l.split_whitespace().nth(4) == Some(&*dir.to_string_lossy())) {
+        return Err(refuse("the germline's import scratch is still mounted".into()));
+    }
+    Ok((entries, (libc::major(dev), libc::minor(dev))))
+}
+
+fn entry_path(e: &crate::outside::ScratchEntry) -> &Path {
+    use crate::outside::ScratchEntry::*;
+    match e {
+        Dir { path, .. } | File { path, .. } | Link { path, .. } => path,
+    }
+}
+
 /// Test-only switch ("mechanism off"), re-exported: let the germline wait for its copies.
 pub use crate::inspect::CHILD_EXIT_CHECK_OFF_FOR_TESTS;
 
@@ -454,6 +552,8 @@ pub struct Germline {
     stops: Option<OwnedFd>,
     /// Where each copy gets its private scratch tmpfs ([`crate::confine::scratch_dir`]).
     scratch: Option<PathBuf>,
+    /// What the import left in the germline's own scratch, which every copy's starts with.
+    import_seed: Arc<Vec<crate::outside::ScratchEntry>>,
     /// The broker's block of copy ids, mapped into the germline's user namespace: each
     /// copy runs as ids of its own (see [`crate::ids`]).
     copy_ids: Option<Arc<IdBlock>>,
@@ -721,7 +821,7 @@ impl Germline {
             pid: leader,
             pidfd: leader_fd,
             _control: ours,
-            allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr },
+            allowed: AllowedFds { control_socket_inode: control_inode, debug_stderr, scratch_dev: None },
             namespaces: Vec::new(),
             cgroups,
             keeper: None,
@@ -730,6 +830,7 @@ impl Germline {
             retired: Vec::new(),
             stops,
             scratch,
+            import_seed: Arc::new(Vec::new()),
             copy_ids,
             host_ids,
             copy_pids: Vec::new(),
@@ -761,6 +862,11 @@ impl Germline {
                 &mut start_stderr,
             )
         })?;
+        if let (Some(dir), true) = (&g.scratch, spec.switches.import_scratch) {
+            let (seed, dev) = take_import_scratch(pid, dir)?;
+            g.import_seed = Arc::new(seed);
+            g.allowed.scratch_dev = Some(dev);
+        }
         g.namespaces = COPY_NAMESPACES.iter().map(|k| inspect::namespace(pid, k)).collect::<Result<_, _>>()?;
         inspect::check_germline(pid, &g.allowed).map_err(|e| match e {
             ExecutorError::GermlineRefused { check, detail } if check == "G1" && !spawn => {
@@ -1033,7 +1139,7 @@ impl Germline {
             _namespace_handles: ns_files,
             cgroup,
             timings: CopyTimings::default(),
-            scratch: self.scratch.clone(),
+            scratch: self.scratch.clone().map(|dir| CopyScratch { dir, seed: self.import_seed.clone() }),
             ids,
             lease,
         };
@@ -1142,8 +1248,8 @@ pub struct CopyProcess {
     cgroup: Option<CopyCgroup>,
     /// Reap, checks and fork phases of this copy (the broker adds the rest).
     pub timings: CopyTimings,
-    /// Where the broker mounts this copy's private scratch tmpfs.
-    pub scratch: Option<PathBuf>,
+    /// Where the broker mounts this copy's private scratch tmpfs, and what it starts with.
+    pub scratch: Option<CopyScratch>,
     ids: CopyIds,
     /// The copy's ids, given back once it is dead.
     lease: Option<IdLease>,

@@ -102,7 +102,14 @@ pub struct AllowedFds {
     pub control_socket_inode: Option<u64>,
     /// Debugging only (`GERMLINE_DEBUG_GERMLINE`): stderr left open to the terminal.
     pub debug_stderr: bool,
+    /// The device (major, minor) of the germline's import scratch, writable while the
+    /// release was imported: no shared mapping of a file there is allowed (G3).
+    pub scratch_dev: Option<(u32, u32)>,
 }
+
+/// Test-only switch ("mechanism off"): G3 allows shared read-only mappings of files of the
+/// germline's import scratch. Never set outside tests.
+pub static SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
 /// G1: exactly one thread.
 pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
@@ -194,8 +201,12 @@ fn relaxed_allowance(pid: i32, fd: &str, target: &str, path: &std::path::Path) -
 }
 
 /// G3: no shared writable mapping, and no shared mapping of anything that could be made
-/// writable later (shared anonymous memory, memfd, SysV segments, deleted files).
-pub fn check_g3(pid: i32) -> Result<(), ExecutorError> {
+/// writable later (shared anonymous memory, memfd, SysV segments, deleted files, and any
+/// file of the import scratch on `scratch_dev`: a read-only mapping of a file opened for
+/// writing there can be made writable with `mprotect` in every copy, even once the scratch
+/// is unmounted, and its pages are the same in all of them).
+pub fn check_g3(pid: i32, scratch_dev: Option<(u32, u32)>) -> Result<(), ExecutorError> {
+    let scratch_dev = scratch_dev.filter(|_| !SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS.load(Ordering::SeqCst));
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
         .map_err(ExecutorError::io(format!("reading /proc/{pid}/maps")))?;
     for line in maps.lines() {
@@ -207,6 +218,17 @@ pub fn check_g3(pid: i32) -> Result<(), ExecutorError> {
             continue;
         }
         let writable = perms.as_bytes().get(1) == Some(&b'w');
+        let dev = line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|d| d.split_once(':'))
+            .and_then(|(a, b)| Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?)));
+        if scratch_dev.is_some() && dev == scratch_dev {
+            return Err(ExecutorError::refused(
+                "G3",
+                format!("shared mapping {range} {perms} of a file of the germline's import scratch"),
+            ));
+        }
         let anonymous = path.is_empty()
             || path.starts_with("/dev/zero")
             || path.starts_with("/memfd:")
@@ -360,7 +382,7 @@ pub fn check_copy_ids(pid: i32, ids: crate::outside::CopyIds) -> Result<(), Exec
 pub fn check_germline(pid: i32, allowed: &AllowedFds) -> Result<(), ExecutorError> {
     check_g1(pid)?;
     check_g2(pid, allowed)?;
-    check_g3(pid)?;
+    check_g3(pid, allowed.scratch_dev)?;
     check_children_end_unseen(pid)
 }
 
@@ -415,8 +437,9 @@ mod tests {
         let mut fds = [0; 2];
         // SAFETY: pipe2 into a local array.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let err =
-            check_g2(me, &AllowedFds { control_socket_inode: None, debug_stderr: false }).unwrap_err().to_string();
+        let err = check_g2(me, &AllowedFds { control_socket_inode: None, debug_stderr: false, scratch_dev: None })
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("G2"), "{err}");
         // SAFETY: closing the descriptors just made.
         unsafe {
@@ -440,7 +463,7 @@ mod tests {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
-        let err = check_g3(me).unwrap_err().to_string();
+        let err = check_g3(me, None).unwrap_err().to_string();
         // SAFETY: unmapping what was mapped above.
         unsafe { libc::munmap(p, 4096) };
         assert!(err.contains("G3"), "{err}");

@@ -41,6 +41,44 @@ pub struct CopyFile {
     pub meta: Option<FileMeta>,
 }
 
+/// One thing the germline's import left in its scratch, by its path relative to the
+/// scratch directory; copied into every copy's fresh scratch before the copy holds data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScratchEntry {
+    /// A directory, with its permission bits.
+    Dir {
+        /// Relative path.
+        path: PathBuf,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// A regular file, with its contents, mode and times.
+    File {
+        /// Relative path.
+        path: PathBuf,
+        /// Contents.
+        contents: Vec<u8>,
+        /// Mode and times.
+        meta: FileMeta,
+    },
+    /// A symbolic link (its target as written; it resolves inside the copy's root).
+    Link {
+        /// Relative path.
+        path: PathBuf,
+        /// Target.
+        target: PathBuf,
+    },
+}
+
+/// A copy's scratch: where its private tmpfs goes, and what it starts with.
+#[derive(Clone, Debug)]
+pub struct CopyScratch {
+    /// The scratch directory ([`crate::confine::scratch_dir`]).
+    pub dir: PathBuf,
+    /// What the germline's import left in its own scratch (data-free).
+    pub seed: std::sync::Arc<Vec<ScratchEntry>>,
+}
+
 /// What a copy sees of an item file's metadata besides its size (the contents' length).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileMeta {
@@ -175,7 +213,7 @@ fn helper_reply(sock: &mut UnixStream) -> Result<(), ExecutorError> {
         (4, b'E') => {
             let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
             Err(ExecutorError::Sandbox(format!(
-                "mounting the copy's view failed at step '{}': {}",
+                "the copy's set-up helper failed at step '{}': {}",
                 buf[1] as char,
                 io::Error::from_raw_os_error(errno)
             )))
@@ -248,24 +286,44 @@ struct Prepared {
     files: Vec<(CString, Vec<u8>, Option<FileMeta>)>,
     tmpfs_opts: CString,
     scratch: Option<CString>,
+    scratch_seed: Vec<SeedOp>,
+}
+
+/// A [`ScratchEntry`] with its absolute path in the copy, ready for the set-up helper.
+enum SeedOp {
+    Dir(CString, u32),
+    File(CString, Vec<u8>, FileMeta),
+    Link(CString, CString),
 }
 
 /// Sets up the copy `pid` from outside and returns the listeners in its network namespace.
 ///
 /// `scratch` (the germline's [`crate::confine::scratch_dir`]) gets a fresh writable tmpfs of
 /// this copy's own: mounted in the copy's mount namespace, where no other copy or the
-/// germline can reach it (the germline's directory there lies on its read-only root).
+/// germline can reach it (the germline's directory there lies on its read-only root), and
+/// holding, as the copy's own files, what the germline's import left in its scratch.
 pub fn prepare_copy(
     pid: i32,
     ids: CopyIds,
     data_roots: &[PathBuf],
     files: &[CopyFile],
-    scratch: Option<&Path>,
+    scratch: Option<&CopyScratch>,
 ) -> Result<CopyListeners, ExecutorError> {
     let mut p = prepare(pid, ids, data_roots, files)?;
-    p.scratch = scratch
-        .map(|d| CString::new(d.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in scratch path")))
-        .transpose()?;
+    let cp =
+        |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in scratch path"));
+    if let Some(sc) = scratch {
+        p.scratch = Some(cp(&sc.dir)?);
+        for e in sc.seed.iter() {
+            p.scratch_seed.push(match e {
+                ScratchEntry::Dir { path, mode } => SeedOp::Dir(cp(&sc.dir.join(path))?, *mode),
+                ScratchEntry::File { path, contents, meta } => {
+                    SeedOp::File(cp(&sc.dir.join(path))?, contents.clone(), *meta)
+                }
+                ScratchEntry::Link { path, target } => SeedOp::Link(cp(target)?, cp(&sc.dir.join(path))?),
+            });
+        }
+    }
     let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
     // SAFETY: the child only performs syscalls on buffers prepared above and exits with
     // _exit; it never returns into Rust code of the parent.
@@ -350,6 +408,7 @@ fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -
         files: out_files,
         tmpfs_opts: c(format!("size={},mode=0755,nr_inodes={}", total + (1 << 20), files.len() * 2 + 64))?,
         scratch: None,
+        scratch_seed: Vec::new(),
     })
 }
 
@@ -427,6 +486,7 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
                     SCRATCH_OPTS.as_ptr().cast(),
                 ) as c_long,
             )?;
+            seed_scratch(&p.scratch_seed)?;
         }
         mount_view_files(p)?;
         ck(b'z', write(sock, b"D".as_ptr().cast(), 1) as c_long)?;
@@ -487,6 +547,89 @@ unsafe fn mount_view_files(p: &Prepared) -> Result<(), StepErr> {
         )?;
     }
     Ok(())
+}
+
+/// Writes what the germline's import left in its scratch into the copy's fresh scratch
+/// (parents before children), as the copy's own root.
+///
+/// # Safety
+/// Raw syscalls on buffers prepared before fork; called in a set-up helper only.
+unsafe fn seed_scratch(ops: &[SeedOp]) -> Result<(), StepErr> {
+    use libc::*;
+    for op in ops {
+        match op {
+            SeedOp::Dir(path, mode) => {
+                ck(b'A', mkdir(path.as_ptr(), 0o700) as c_long)?;
+                ck(b'B', chmod(path.as_ptr(), *mode & 0o7777) as c_long)?;
+            }
+            SeedOp::File(path, contents, meta) => {
+                let flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+                let fd = ck(b'C', open(path.as_ptr(), flags, 0o600) as c_long)? as c_int;
+                let mut off = 0;
+                while off < contents.len() {
+                    let n = ck(b'D', write(fd, contents[off..].as_ptr().cast(), contents.len() - off) as c_long)?;
+                    off += n as usize;
+                }
+                ck(b'E', fchmod(fd, meta.mode & 0o7777) as c_long)?;
+                let times = [timespec_of(meta.atime), timespec_of(meta.mtime)];
+                ck(b'F', futimens(fd, times.as_ptr()) as c_long)?;
+                close(fd);
+            }
+            SeedOp::Link(target, path) => {
+                ck(b'G', symlink(target.as_ptr(), path.as_ptr()) as c_long)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts `dir` in the germline `pid`'s mount namespace (detached: nothing there can
+/// reach it again by path), from a helper that enters the germline's user and mount
+/// namespaces as their root. The germline must be stopped.
+pub fn unmount_in_germline(pid: i32, dir: &Path) -> Result<(), ExecutorError> {
+    let c = |s: String| CString::new(s).map_err(|_| ExecutorError::internal("NUL in path"));
+    let user = c(format!("/proc/{pid}/ns/user"))?;
+    let mnt = c(format!("/proc/{pid}/ns/mnt"))?;
+    let target = CString::new(dir.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in path"))?;
+    let (mut ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for an unmount"))?;
+    // SAFETY: the child only performs syscalls on strings prepared above and exits with
+    // _exit; it never returns into Rust code of the parent.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(ExecutorError::io("forking the unmount helper")(io::Error::last_os_error()));
+    }
+    if child == 0 {
+        use libc::*;
+        // SAFETY (whole block): raw syscalls on NUL-terminated strings prepared before fork.
+        let r = unsafe {
+            (|| -> Result<(), StepErr> {
+                let u = ck(b'a', open(user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+                let m = ck(b'c', open(mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+                ck(b'i', setns(u, CLONE_NEWUSER) as c_long)?;
+                ck(b'w', setresgid(0, 0, 0) as c_long)?;
+                ck(b'x', setresuid(0, 0, 0) as c_long)?;
+                ck(b'k', setns(m, CLONE_NEWNS) as c_long)?;
+                ck(b'U', umount2(target.as_ptr(), MNT_DETACH) as c_long)?;
+                Ok(())
+            })()
+        };
+        let msg = match r {
+            Ok(()) => [b'D', 0, 0, 0],
+            Err((step, errno)) => [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8],
+        };
+        // SAFETY: write of a local buffer to an open socket, then leave without running
+        // destructors or atexit handlers of the parent.
+        unsafe {
+            libc::write(theirs.as_raw_fd(), msg.as_ptr().cast(), msg.len());
+            libc::_exit(0)
+        };
+    }
+    drop(theirs);
+    let done = helper_reply(&mut ours);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    done.map_err(|e| ExecutorError::Sandbox(format!("unmounting the germline's import scratch: {e}")))
 }
 
 fn timespec_of((sec, nsec): (i64, i64)) -> libc::timespec {

@@ -355,7 +355,7 @@ fn refill_loop(shared: &Shared) {
 /// Sets a data-free copy up without a view, lets it connect, checks its ids (the gate
 /// with no view to mount), starts its server and gets it past `initialize`, then stops it.
 fn ready_up(copy: CopyProcess, max_message: usize) -> Result<ReadyCopy, ExecutorError> {
-    let listeners = prepare_copy(copy.pid, copy.ids(), &[], &[], copy.scratch.as_deref())?;
+    let listeners = prepare_copy(copy.pid, copy.ids(), &[], &[], copy.scratch.as_ref())?;
     copy.channel_ready()?;
     let deadline = Instant::now() + READY_TIMEOUT;
     let conn = accept_or_exit(&listeners.channel, &copy, deadline)?;

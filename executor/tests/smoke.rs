@@ -45,7 +45,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         copy.ids(),
         std::slice::from_ref(&data),
         &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }],
-        copy.scratch.as_deref(),
+        copy.scratch.as_ref(),
     )
     .unwrap();
     copy.channel_ready().unwrap();

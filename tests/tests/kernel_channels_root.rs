@@ -15,12 +15,27 @@ use germline_tests::sink::{Sink, SinkBehaviour};
 use germline_tests::world::{request, result_text, World};
 use serde_json::json;
 
-const ON: SandboxSwitches =
-    SandboxSwitches { minimal_root: true, sandbox_ids: true, pid_namespace: true, copy_ids: true };
-const ROOT_OFF: SandboxSwitches =
-    SandboxSwitches { minimal_root: false, sandbox_ids: true, pid_namespace: true, copy_ids: true };
-const IDS_OFF: SandboxSwitches =
-    SandboxSwitches { minimal_root: true, sandbox_ids: false, pid_namespace: true, copy_ids: true };
+const ON: SandboxSwitches = SandboxSwitches {
+    minimal_root: true,
+    sandbox_ids: true,
+    pid_namespace: true,
+    copy_ids: true,
+    import_scratch: true,
+};
+const ROOT_OFF: SandboxSwitches = SandboxSwitches {
+    minimal_root: false,
+    sandbox_ids: true,
+    pid_namespace: true,
+    copy_ids: true,
+    import_scratch: true,
+};
+const IDS_OFF: SandboxSwitches = SandboxSwitches {
+    minimal_root: true,
+    sandbox_ids: false,
+    pid_namespace: true,
+    copy_ids: true,
+    import_scratch: true,
+};
 
 /// A directory the test makes under a host directory (`/etc`, `/usr/local`) and removes
 /// again, even when the test fails.
