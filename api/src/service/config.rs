@@ -52,6 +52,7 @@ struct FileConfig {
     dispatch_policy: Option<String>,
     fleet: Option<crate::fleet::FleetConfig>,
     pool: Option<usize>,
+    trust: Option<super::trust::TrustFile>,
 }
 
 /// The resolved configuration.
@@ -92,6 +93,9 @@ pub struct ServiceConfig {
     /// The fleet (`[fleet]`, or the file `GERMLINE_FLEET_CONFIG` names): this host's log is
     /// always published as tiles; peers and witnesses only when configured.
     pub fleet: crate::fleet::FleetConfig,
+    /// Trust anchors (`[trust]`): TUF roots per repository, Sigstore identities, cosign
+    /// keys; whether callers may bring their own; which repositories are followed.
+    pub trust: super::trust::Trust,
 }
 
 impl ServiceConfig {
@@ -167,7 +171,9 @@ impl ServiceConfig {
                 None => file.pool,
             },
         };
+        let trust = super::trust::Trust::resolve(file.trust.unwrap_or_default())?;
         Ok(ServiceConfig {
+            trust,
             pool,
             fleet,
             listen,
