@@ -579,7 +579,7 @@ pub async fn get_release(
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
         (status = 403, description = "Caller-supplied root refused (name a configured `anchor`), or repository URL not under a configured prefix", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
-        (status = 422, description = "Verification or the germline check failed", body = ErrorBody)))]
+        (status = 422, description = "Unknown anchor, an anchor with a caller's root, verification or the germline check failed", body = ErrorBody)))]
 pub async fn admit_tuf(
     State(st): State<AppState>,
     body: Result<Json<TufAdmitBody>, JsonRejection>,
@@ -591,14 +591,14 @@ pub async fn admit_tuf(
     let req = match (b.anchor, b.repo, b.root) {
         (Some(name), None, None) => st.config.trust.tuf_anchor(&name)?.admission(b.target),
         (Some(_), _, _) => {
-            return Err(ApiError::BadRequest(
+            return Err(ApiError::Unprocessable(
                 "a request naming an anchor takes root and repository from the configuration: send only `anchor` and `target`".into(),
             ))
         }
         (None, repo, root) => {
             st.config.trust.caller_trust("a TUF root")?;
             let (Some(repo), Some(root)) = (repo, root) else {
-                return Err(ApiError::BadRequest("send `anchor`, or `repo` with `root`".into()));
+                return Err(ApiError::Unprocessable("send `anchor`, or `repo` with `root`".into()));
             };
             caller_tuf(&st, repo, root, b.target)?
         }
@@ -639,7 +639,7 @@ fn caller_tuf(
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
         (status = 403, description = "Caller-supplied key, identity or trusted root refused (name a configured `anchor`)", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
-        (status = 422, description = "Unknown anchor, verification or the germline check failed", body = ErrorBody)))]
+        (status = 422, description = "Unknown anchor, an anchor with a caller's key or identity, verification or the germline check failed", body = ErrorBody)))]
 pub async fn admit_sigstore(
     State(st): State<AppState>,
     body: Result<Json<SigstoreAdmitBody>, JsonRejection>,
@@ -653,7 +653,7 @@ pub async fn admit_sigstore(
         || b.trusted_root.is_some();
     let anchor = match b.anchor {
         Some(_) if caller => {
-            return Err(ApiError::BadRequest(
+            return Err(ApiError::Unprocessable(
                 "a request naming an anchor takes key, identity, issuer and trusted root from the configuration".into(),
             ))
         }
