@@ -2,9 +2,10 @@
 //! a trust anchor of the service's configuration; a root, key or identity sent by the
 //! caller is refused unless the operator allowed it; a followed TUF repository, served
 //! over loopback HTTP, has its new targets admitted (G1–G3, germline start, the `admit`
-//! lifecycle event in the ledger) and a tampered target refused; Sigstore admission over
-//! the API with a valid keyless bundle from a CA, CT log and transparency log made in the
-//! test (offline), and refusals of a wrong identity, a modified archive and a foreign CA.
+//! lifecycle event in the ledger), a tampered target and a foreign publisher's metadata
+//! refused; Sigstore admission over the API with a valid keyless bundle from a CA, CT log
+//! and transparency log made in the test (offline), and refusals of a wrong identity, a
+//! modified archive and a foreign CA.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -461,14 +462,31 @@ fn a_followed_repository_has_new_targets_admitted_and_tampered_ones_refused() {
     assert_eq!(svc.metric(refused_metric), 1.0, "refused once, not at every poll");
     assert!(svc.release("echo", "1.2.0").is_none(), "the tampered target is not admitted");
     assert!(svc.log().contains("refused target echo-1.2.0.tar.gz") && svc.log().contains("sha256"), "{}", svc.log());
+
+    // The same location now serving another publisher's repository (its own keys, a new
+    // version): the metadata does not verify from the pinned root, nothing is admitted.
+    let failed_metric = "germline_tuf_follow_polls_total{anchor=\"registry\",outcome=\"failed\"}";
+    assert_eq!(svc.metric(failed_metric), 0.0);
+    let v4 = build(dir, "echo", "1.3.0");
+    let (mallory, mallory_keys) = (dir.join("mallory-repo"), dir.join("mallory-keys"));
+    germline(&["repo", "init", &mallory.to_string_lossy(), "--keys", &mallory_keys.to_string_lossy()], dir);
+    germline(
+        &["repo", "add", &mallory.to_string_lossy(), &v4.to_string_lossy(), "--keys", &mallory_keys.to_string_lossy()],
+        dir,
+    );
+    server.switch(mallory);
+    let (_, t4) =
+        wait_for(&svc, "the foreign metadata refused", limit, || (svc.metric(failed_metric) >= 2.0).then_some(()));
+    assert!(svc.release("echo", "1.3.0").is_none(), "a foreign publisher's target is not admitted");
     let admitted = svc.metric("germline_tuf_follow_targets_total{anchor=\"registry\",outcome=\"admitted\"}");
     assert_eq!(admitted, 2.0);
     assert_eq!(svc.get("/v1/releases").json().as_array().map(Vec::len), Some(2));
     println!(
-        "followed (poll {poll_ms} ms): first target admitted after {} ms, new target after {} ms, tampered target refused after {} ms; polls ok {polls_after}, admitted {admitted}, refused 1; repository requests served {}",
+        "followed (poll {poll_ms} ms): first target admitted after {} ms, new target after {} ms, tampered target refused after {} ms, foreign metadata refused (2 polls) after {} ms; polls ok {polls_after}, admitted {admitted}, refused 1; repository requests served {}",
         t1.as_millis(),
         t2.as_millis(),
         t3.as_millis(),
+        t4.as_millis(),
         server.served.load(Ordering::SeqCst)
     );
 }
