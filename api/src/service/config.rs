@@ -84,8 +84,10 @@ pub struct ServiceConfig {
     pub max_session_calls: usize,
     /// Whether read endpoints need a token too (mutating ones always do).
     pub read_requires_token: bool,
-    /// URL prefixes TUF admission may fetch from; local repository directories are always
-    /// allowed. Empty by default: the service fetches nothing it was not told to.
+    /// URL prefixes a caller-supplied TUF repository may be fetched from (with
+    /// `[trust] allow_caller_roots`); local repository directories are always allowed.
+    /// Empty by default: the service fetches nothing it was not told to. Configured TUF
+    /// anchors name their own repositories.
     pub tuf_repo_urls: Vec<String>,
     /// Which releases a formed call may run on (DESIGN §8): `exact_pin`,
     /// `release_wide_allow`, `release_wide_deny` or `call_specific` (default).
