@@ -70,6 +70,28 @@ pub struct SignedTarget {
     pub release: Option<ReleaseInfo>,
 }
 
+impl SignedTarget {
+    /// Of `targets`, the highest signed version of each release name (numeric where
+    /// numeric, as admission by name picks), plus every target without a name.
+    pub fn latest_per_name(targets: Vec<SignedTarget>) -> Vec<SignedTarget> {
+        let mut best: std::collections::BTreeMap<String, SignedTarget> = std::collections::BTreeMap::new();
+        let mut unnamed = Vec::new();
+        for t in targets {
+            let Some(r) = t.release.clone() else {
+                unnamed.push(t);
+                continue;
+            };
+            match best.get(&r.name) {
+                Some(b) if b.release.as_ref().map(|b| version_key(&b.version)) >= Some(version_key(&r.version)) => {}
+                _ => {
+                    best.insert(r.name, t);
+                }
+            }
+        }
+        best.into_values().chain(unnamed).collect()
+    }
+}
+
 /// One admission through TUF.
 #[derive(Debug, Clone)]
 pub struct TufAdmission {

@@ -276,3 +276,23 @@ fn signed_targets_are_listed_and_admitted_from_separate_metadata_and_targets_bas
     let err = fresh.admit_tuf(&req, &NoGermlineCheck).expect_err("tampered");
     assert!(matches!(err, AdmissionError::TargetHashMismatch { .. }), "{err}");
 }
+
+#[test]
+fn following_takes_the_highest_version_of_each_name() {
+    use germline_admission::{ReleaseInfo, SignedTarget};
+    let t = |path: &str, name_version: Option<(&str, &str)>| SignedTarget {
+        path: path.into(),
+        sha256: None,
+        length: 1,
+        release: name_version.map(|(n, v)| ReleaseInfo { name: n.into(), version: v.into() }),
+    };
+    let all = vec![
+        t("a-1.10.0", Some(("a", "1.10.0"))),
+        t("a-1.9.0", Some(("a", "1.9.0"))),
+        t("b-2", Some(("b", "2"))),
+        t("b-10", Some(("b", "10"))),
+        t("loose", None),
+    ];
+    let paths: Vec<String> = SignedTarget::latest_per_name(all).into_iter().map(|t| t.path).collect();
+    assert_eq!(paths, ["a-1.10.0", "b-10", "loose"]);
+}

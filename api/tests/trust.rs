@@ -413,6 +413,9 @@ fn a_followed_repository_has_new_targets_admitted_and_tampered_ones_refused() {
     let dir = tmp.path();
     let v1 = build(dir, "echo", "1.0.0");
     let (repo, keys) = publish(dir, &v1);
+    // An older version signed after it: following takes the highest version of a name.
+    let v0 = build(dir, "echo", "0.9.0");
+    germline(&["repo", "add", &repo.to_string_lossy(), &v0.to_string_lossy(), "--keys", &keys.to_string_lossy()], dir);
     let root_path = dir.join("pinned-root.json");
     std::fs::copy(repo.join("metadata/1.root.json"), &root_path).unwrap();
     let server = RepoServer::start(repo.clone());
@@ -430,6 +433,7 @@ fn a_followed_repository_has_new_targets_admitted_and_tampered_ones_refused() {
     let limit = Duration::from_secs(120);
     let (first, t1) = wait_for(&svc, "the first target admitted", limit, || svc.started("echo", "1.0.0"));
     assert_eq!(first["germline"], "running", "{first}");
+    assert!(svc.release("echo", "0.9.0").is_none(), "only the highest version of a name is followed");
 
     // A new version published (metadata and target swapped in at once) is admitted, and
     // its admission is a lifecycle event in the ledger.
@@ -478,6 +482,7 @@ fn a_followed_repository_has_new_targets_admitted_and_tampered_ones_refused() {
     let (_, t4) =
         wait_for(&svc, "the foreign metadata refused", limit, || (svc.metric(failed_metric) >= 2.0).then_some(()));
     assert!(svc.release("echo", "1.3.0").is_none(), "a foreign publisher's target is not admitted");
+    assert!(svc.release("echo", "0.9.0").is_none(), "the older version was never admitted");
     let admitted = svc.metric("germline_tuf_follow_targets_total{anchor=\"registry\",outcome=\"admitted\"}");
     assert_eq!(admitted, 2.0);
     assert_eq!(svc.get("/v1/releases").json().as_array().map(Vec::len), Some(2));

@@ -6,9 +6,10 @@
 //! request names one of them (`anchor`); a root, key, identity or trusted root sent by
 //! the caller is refused (403) unless `allow_caller_roots = true`. A TUF anchor with
 //! `follow = true` is polled in the background: its metadata is refreshed from the
-//! pinned root, and every signed target not admitted yet goes through the admission of
-//! the API (length and SHA-256, unpacking, G1–G3, germline start, the `admit` lifecycle
-//! event in the ledger), at most `max_admissions_per_poll` per poll.
+//! pinned root, and the highest signed version of each release name (every target with
+//! `versions = "all"`), when not admitted yet, goes through the admission of the API
+//! (length and SHA-256, unpacking, G1–G3, germline start, the `admit` lifecycle event in
+//! the ledger), at most `max_admissions_per_poll` per poll.
 //!
 //! ```toml
 //! [trust]
@@ -19,6 +20,7 @@
 //! repo = "https://registry.example/tuf"   # or metadata_url and targets_url
 //! follow = true
 //! poll_interval_ms = 60000
+//! versions = "latest"                 # or "all"
 //!
 //! [trust.sigstore.ci]
 //! identity = "https://github.com/org/repo/.github/workflows/release.yml@refs/heads/main"
@@ -35,7 +37,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use germline_admission::sigstore::{SignerPolicy, TrustedRootChoice};
-use germline_admission::{AdmissionError, TufAdmission};
+use germline_admission::{AdmissionError, SignedTarget, TufAdmission};
 use germline_model::ReleaseHash;
 use serde::Deserialize;
 
@@ -79,6 +81,7 @@ struct TufAnchorFile {
     follow: bool,
     poll_interval_ms: Option<u64>,
     max_admissions_per_poll: Option<usize>,
+    versions: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -130,6 +133,9 @@ pub struct Follow {
     pub interval: Duration,
     /// Most admissions one poll runs.
     pub max_per_poll: usize,
+    /// Admit every signed version (`versions = "all"`), not only the highest of each
+    /// release name (`"latest"`, the default).
+    pub all_versions: bool,
 }
 
 /// A Sigstore identity or a cosign key, and the trusted root bundles are checked with.
@@ -208,8 +214,16 @@ impl Trust {
             if !(1..=MAX_PER_POLL).contains(&per_poll) {
                 bail!("[trust.tuf.{name}] max_admissions_per_poll must be 1 to {MAX_PER_POLL}");
             }
-            let follow =
-                a.follow.then_some(Follow { interval: Duration::from_millis(interval), max_per_poll: per_poll });
+            let all_versions = match a.versions.as_deref() {
+                None | Some("latest") => false,
+                Some("all") => true,
+                Some(v) => bail!("[trust.tuf.{name}] versions must be \"latest\" or \"all\", not {v:?}"),
+            };
+            let follow = a.follow.then_some(Follow {
+                interval: Duration::from_millis(interval),
+                max_per_poll: per_poll,
+                all_versions,
+            });
             trust.tuf.insert(name.clone(), TufAnchor { name, root, metadata, targets, follow });
         }
         for (name, a) in file.sigstore {
@@ -303,7 +317,7 @@ async fn follow(st: AppState, anchor: TufAnchor, f: Follow) {
         let mut r = std::mem::take(&mut refused);
         let polled = tokio::task::spawn_blocking(move || {
             let _work = work;
-            poll(&st2, &a2, f.max_per_poll, &mut r);
+            poll(&st2, &a2, f, &mut r);
             r
         })
         .await;
@@ -316,14 +330,16 @@ async fn follow(st: AppState, anchor: TufAnchor, f: Follow) {
     }
 }
 
-/// One poll: refresh the metadata from the pinned root, then admit (at most `budget`)
-/// signed targets this host has not admitted and has not refused in this signed form.
-fn poll(st: &AppState, anchor: &TufAnchor, budget: usize, refused: &mut BTreeMap<String, String>) {
+/// One poll: refresh the metadata from the pinned root, then admit (at most
+/// `max_per_poll`) signed targets, by default the highest version of each release name,
+/// that this host has not admitted and has not refused in this signed form.
+fn poll(st: &AppState, anchor: &TufAnchor, follow: Follow, refused: &mut BTreeMap<String, String>) {
     let m = &st.metrics;
     let labels = |outcome: &'static str| FollowLabels { anchor: anchor.name.clone(), outcome };
     let store = st.releases.store();
     let targets = match store.tuf_targets(&anchor.admission("")) {
-        Ok(t) => t,
+        Ok(t) if follow.all_versions => t,
+        Ok(t) => SignedTarget::latest_per_name(t),
         Err(e) => {
             tracing::warn!(anchor = %anchor.name, "following: the repository's metadata was refused: {e}");
             m.follow_polls.get_or_create(&labels("failed")).inc();
@@ -331,7 +347,7 @@ fn poll(st: &AppState, anchor: &TufAnchor, budget: usize, refused: &mut BTreeMap
         }
     };
     m.follow_polls.get_or_create(&labels("ok")).inc();
-    let mut left = budget;
+    let mut left = follow.max_per_poll;
     for t in targets {
         let key = format!("{} {}", t.path, t.sha256.as_deref().unwrap_or("-"));
         if refused.contains_key(&key) {
@@ -413,6 +429,9 @@ mod tests {
         assert!(parse(&no_repo).is_err());
         let bad_poll = format!("{ok}poll_interval_ms = 1\n");
         assert!(parse(&bad_poll).is_err());
+        assert!(!a.follow.unwrap().all_versions, "the highest version of each name by default");
+        assert!(parse(&format!("{ok}versions = \"all\"\n")).unwrap().tuf["r"].follow.unwrap().all_versions);
+        assert!(parse(&format!("{ok}versions = \"some\"\n")).is_err());
         let twice = format!("{ok}[sigstore.r]\nidentity = \"a\"\nissuer = \"b\"\n");
         assert!(parse(&twice).is_err(), "one name, one anchor");
         let not_root = dir.path().join("other.json");
