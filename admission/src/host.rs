@@ -57,11 +57,49 @@ pub struct AdmittedRelease {
     pub length: u64,
 }
 
+/// A target as the repository's verified targets metadata signs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedTarget {
+    /// Target path.
+    pub path: String,
+    /// Signed SHA-256 (lower-case hex), if the entry has one.
+    pub sha256: Option<String>,
+    /// Signed length.
+    pub length: u64,
+    /// Release name and version from the custom fields, if present.
+    pub release: Option<ReleaseInfo>,
+}
+
+impl SignedTarget {
+    /// Of `targets`, the highest signed version of each release name (numeric where
+    /// numeric, as admission by name picks), plus every target without a name.
+    pub fn latest_per_name(targets: Vec<SignedTarget>) -> Vec<SignedTarget> {
+        let mut best: std::collections::BTreeMap<String, SignedTarget> = std::collections::BTreeMap::new();
+        let mut unnamed = Vec::new();
+        for t in targets {
+            let Some(r) = t.release.clone() else {
+                unnamed.push(t);
+                continue;
+            };
+            match best.get(&r.name) {
+                Some(b) if b.release.as_ref().map(|b| version_key(&b.version)) >= Some(version_key(&r.version)) => {}
+                _ => {
+                    best.insert(r.name, t);
+                }
+            }
+        }
+        best.into_values().chain(unnamed).collect()
+    }
+}
+
 /// One admission through TUF.
 #[derive(Debug, Clone)]
 pub struct TufAdmission {
-    /// Repository: a directory or `http(s)://` URL with `metadata/` and `targets/`.
+    /// Repository: a directory or `http(s)://` URL with `metadata/` and `targets/`; with
+    /// [`TufAdmission::targets_base`] set, the metadata base itself.
     pub repo: String,
+    /// Where targets are served when not under `repo/targets/` (a directory or URL).
+    pub targets_base: Option<String>,
     /// The pinned trust root (root.json bytes) this host was provisioned with.
     pub pinned_root: Vec<u8>,
     /// Target path, or a release name (the highest signed version of that name).
@@ -79,11 +117,27 @@ impl TufAdmission {
     pub fn new(repo: impl Into<String>, pinned_root: Vec<u8>, target: impl Into<String>) -> Self {
         Self {
             repo: repo.into(),
+            targets_base: None,
             pinned_root,
             target: target.into(),
             now: jiff::Timestamp::now(),
             limits: ArchiveLimits::default(),
             max_archive_bytes: 512 << 20,
+        }
+    }
+
+    /// The same admission with metadata under `metadata` and targets under `targets`
+    /// (each a directory or `http(s)://` URL), as a repository configured with two bases.
+    pub fn with_bases(mut self, metadata: impl Into<String>, targets: impl Into<String>) -> Self {
+        self.repo = metadata.into();
+        self.targets_base = Some(targets.into());
+        self
+    }
+
+    fn source(&self) -> RepoSource {
+        match &self.targets_base {
+            Some(t) => RepoSource::with_bases(&self.repo, t),
+            None => RepoSource::parse(&self.repo),
         }
     }
 
@@ -181,19 +235,43 @@ impl ReleaseStore {
         self.root.join("tuf").join(&id[..32])
     }
 
-    /// Verifies `req.target` through TUF from the pinned root, downloads it bounded
-    /// by its signed length, checks length and SHA-256, then extracts and runs
-    /// `check` (see [`ReleaseStore::admit_verified_archive`]).
-    pub fn admit_tuf(&self, req: &TufAdmission, check: &dyn GermlineCheck) -> Result<AdmittedRelease> {
-        let source = RepoSource::parse(&req.repo);
-        let config = UpdaterConfig::default();
+    /// A TUF client for `req`'s repository whose metadata was just refreshed from the
+    /// pinned root (trusted metadata persisted per root under `tuf/`).
+    fn refreshed(&self, req: &TufAdmission) -> Result<(RepoSource, Updater)> {
+        let source = req.source();
         let state = self.tuf_state(&req.pinned_root);
         fs::create_dir_all(&state).map_err(|e| AdmissionError::io(format!("creating {}", state.display()), e))?;
         let mut updater = Updater::new(source.clone(), &req.pinned_root)
             .map_err(tuf_error)?
-            .with_config(config)
+            .with_config(UpdaterConfig::default())
             .with_store(FileStore::new(&state));
         pollster::block_on(updater.refresh(req.now)).map_err(tuf_error)?;
+        Ok((source, updater))
+    }
+
+    /// Refreshes `req`'s repository from the pinned root and lists the targets its
+    /// top-level targets role signs (path order; delegated roles are not walked), for a
+    /// host that follows the repository. `req.target` is not used.
+    pub fn tuf_targets(&self, req: &TufAdmission) -> Result<Vec<SignedTarget>> {
+        let (_, updater) = self.refreshed(req)?;
+        let Some(targets) = updater.trusted().targets_role("targets") else { return Ok(Vec::new()) };
+        Ok(targets
+            .targets
+            .iter()
+            .map(|(path, t)| SignedTarget {
+                path: path.clone(),
+                sha256: t.hashes.get("sha256").map(|h| h.to_ascii_lowercase()),
+                length: t.length,
+                release: signed_release(t),
+            })
+            .collect())
+    }
+
+    /// Verifies `req.target` through TUF from the pinned root, downloads it bounded
+    /// by its signed length, checks length and SHA-256, then extracts and runs
+    /// `check` (see [`ReleaseStore::admit_verified_archive`]).
+    pub fn admit_tuf(&self, req: &TufAdmission, check: &dyn GermlineCheck) -> Result<AdmittedRelease> {
+        let (source, mut updater) = self.refreshed(req)?;
 
         let (path, info) = self.resolve_target(&mut updater, &req.target, req.now)?;
         let expected = info

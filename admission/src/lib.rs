@@ -19,7 +19,7 @@ pub mod host;
 pub mod publish;
 pub mod transport;
 
-pub use host::{AdmittedRelease, GermlineCheck, NoGermlineCheck, ReleaseStore, TufAdmission};
+pub use host::{AdmittedRelease, GermlineCheck, NoGermlineCheck, ReleaseStore, SignedTarget, TufAdmission};
 pub use publish::{InitOptions, PublisherRepo, TufKey};
 pub mod conformance;
 pub mod sigstore;

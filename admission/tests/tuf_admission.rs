@@ -249,3 +249,50 @@ fn manifest_disagreeing_with_signed_custom_fields_is_refused() {
     assert!(matches!(err, AdmissionError::ManifestMismatch { .. }), "{err}");
     assert!(fs::read_dir(f.store_dir.join("releases")).expect("ls").next().is_none(), "nothing left behind");
 }
+
+#[test]
+fn signed_targets_are_listed_and_admitted_from_separate_metadata_and_targets_bases() {
+    let f = fixture();
+    let store = ReleaseStore::open(&f.store_dir).expect("store");
+    let dir = f.repo.repo_dir();
+    let (metadata, targets) = (dir.join("metadata").display().to_string(), dir.join("targets").display().to_string());
+    let req = TufAdmission::new("", f.root.clone(), "notes").with_bases(metadata, targets).at(f.now);
+    let listed = store.tuf_targets(&req).expect("listed");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let t = &listed[0];
+    assert_eq!(t.path, "notes-1.0.0.tar.gz");
+    assert_eq!(t.release.as_ref().map(|r| r.label()), Some("notes@1.0.0".to_owned()), "{t:?}");
+    let admitted = store.admit_tuf(&req, &NoGermlineCheck).expect("admitted");
+    assert_eq!(t.sha256.as_deref(), Some(admitted.hash.to_hex().as_str()));
+    assert_eq!(t.length, admitted.length);
+
+    // A target whose stored bytes no longer match the signed entry is listed (the
+    // metadata is intact) but refused at admission.
+    let mut bytes = fs::read(f.target_file()).expect("target");
+    bytes[10] ^= 1;
+    fs::write(f.target_file(), bytes).expect("tamper");
+    let fresh = ReleaseStore::open(f.store_dir.with_extension("fresh")).expect("store");
+    assert_eq!(fresh.tuf_targets(&req).expect("listed").len(), 1);
+    let err = fresh.admit_tuf(&req, &NoGermlineCheck).expect_err("tampered");
+    assert!(matches!(err, AdmissionError::TargetHashMismatch { .. }), "{err}");
+}
+
+#[test]
+fn following_takes_the_highest_version_of_each_name() {
+    use germline_admission::{ReleaseInfo, SignedTarget};
+    let t = |path: &str, name_version: Option<(&str, &str)>| SignedTarget {
+        path: path.into(),
+        sha256: None,
+        length: 1,
+        release: name_version.map(|(n, v)| ReleaseInfo { name: n.into(), version: v.into() }),
+    };
+    let all = vec![
+        t("a-1.10.0", Some(("a", "1.10.0"))),
+        t("a-1.9.0", Some(("a", "1.9.0"))),
+        t("b-2", Some(("b", "2"))),
+        t("b-10", Some(("b", "10"))),
+        t("loose", None),
+    ];
+    let paths: Vec<String> = SignedTarget::latest_per_name(all).into_iter().map(|t| t.path).collect();
+    assert_eq!(paths, ["a-1.10.0", "b-10", "loose"]);
+}

@@ -66,7 +66,7 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize) -> anyhow
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npool = {pool}\nmax_session_calls = 10000\n",
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npool = {pool}\nmax_session_calls = 10000\ntrust.allow_caller_roots = true\n",
             data.display()
         ),
     )?;

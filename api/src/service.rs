@@ -14,6 +14,7 @@ mod formations;
 mod metrics;
 mod releases;
 mod routes;
+pub mod trust;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -308,6 +309,7 @@ async fn serve(state: AppState) -> anyhow::Result<()> {
     eprintln!("germline: serving the API on http://{local}");
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "listening");
     start_admitted(state.clone());
+    trust::start_following(&state);
     // The fleet: this host's log as C2SP tiles, `/lookup`, the witness endpoint and the
     // peer mirror, on the same ledger.
     let (fleet_routes, fleet) = crate::fleet::start(state.ledger.clone(), &state.config.data_dir, &state.config.fleet)?;

@@ -472,7 +472,7 @@ impl Service {
         std::fs::write(
             dir.join("serve.toml"),
             format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicy = \"{}\"\n",
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicy = \"{}\"\ntrust.allow_caller_roots = true\n",
                 data.display(),
                 dir.join("policy.toml").display()
             ),

@@ -86,8 +86,16 @@ impl Service {
     fn start(dir: &Path, extra: &str) -> Service {
         let data = dir.join("data");
         let config = dir.join("serve.toml");
-        std::fs::write(&config, format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n{extra}", data.display()))
-            .unwrap();
+        // These tests admit from repositories they publish as they go, with the root in
+        // the request: the operator's opt-in (`trust.rs` tests the configured anchors).
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\ntrust.allow_caller_roots = true\n{extra}",
+                data.display()
+            ),
+        )
+        .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_germline"))
             .args(["serve", "--config"])
             .arg(&config)

@@ -52,6 +52,7 @@ struct FileConfig {
     dispatch_policy: Option<String>,
     fleet: Option<crate::fleet::FleetConfig>,
     pool: Option<usize>,
+    trust: Option<super::trust::TrustFile>,
 }
 
 /// The resolved configuration.
@@ -83,8 +84,10 @@ pub struct ServiceConfig {
     pub max_session_calls: usize,
     /// Whether read endpoints need a token too (mutating ones always do).
     pub read_requires_token: bool,
-    /// URL prefixes TUF admission may fetch from; local repository directories are always
-    /// allowed. Empty by default: the service fetches nothing it was not told to.
+    /// URL prefixes a caller-supplied TUF repository may be fetched from (with
+    /// `[trust] allow_caller_roots`); local repository directories are always allowed.
+    /// Empty by default: the service fetches nothing it was not told to. Configured TUF
+    /// anchors name their own repositories.
     pub tuf_repo_urls: Vec<String>,
     /// Which releases a formed call may run on (DESIGN §8): `exact_pin`,
     /// `release_wide_allow`, `release_wide_deny` or `call_specific` (default).
@@ -92,6 +95,9 @@ pub struct ServiceConfig {
     /// The fleet (`[fleet]`, or the file `GERMLINE_FLEET_CONFIG` names): this host's log is
     /// always published as tiles; peers and witnesses only when configured.
     pub fleet: crate::fleet::FleetConfig,
+    /// Trust anchors (`[trust]`): TUF roots per repository, Sigstore identities, cosign
+    /// keys; whether callers may bring their own; which repositories are followed.
+    pub trust: super::trust::Trust,
 }
 
 impl ServiceConfig {
@@ -167,7 +173,9 @@ impl ServiceConfig {
                 None => file.pool,
             },
         };
+        let trust = super::trust::Trust::resolve(file.trust.unwrap_or_default())?;
         Ok(ServiceConfig {
+            trust,
             pool,
             fleet,
             listen,

@@ -24,6 +24,17 @@ pub struct CallLabels {
     pub outcome: &'static str,
 }
 
+/// A followed TUF repository's series: its anchor name (from the configuration) and an
+/// outcome word.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FollowLabels {
+    /// Anchor name.
+    pub anchor: String,
+    /// Polls: `ok` or `failed` (metadata refused or unreachable); targets: `admitted` or
+    /// `refused`.
+    pub outcome: &'static str,
+}
+
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
@@ -44,6 +55,10 @@ pub struct Metrics {
     pub suppressions: Family<ReleaseLabels, Counter>,
     /// Releases refused at germline start (G1–G3) or admission.
     pub germline_refusals: Family<ReleaseLabels, Counter>,
+    /// Polls of followed TUF repositories.
+    pub follow_polls: Family<FollowLabels, Counter>,
+    /// New targets of followed TUF repositories, admitted or refused.
+    pub follow_targets: Family<FollowLabels, Counter>,
 }
 
 fn copies_histogram() -> Histogram {
@@ -67,6 +82,8 @@ impl Metrics {
             refusals: Family::default(),
             suppressions: Family::default(),
             germline_refusals: Family::default(),
+            follow_polls: Family::default(),
+            follow_targets: Family::default(),
             registry: Registry::default(),
         };
         registry.register("germline_calls", "Tool calls by release and outcome", m.calls.clone());
@@ -80,6 +97,12 @@ impl Metrics {
             "germline_germline_refusals",
             "Releases refused at germline start or admission (G1-G3)",
             m.germline_refusals.clone(),
+        );
+        registry.register("germline_tuf_follow_polls", "Polls of followed TUF repositories", m.follow_polls.clone());
+        registry.register(
+            "germline_tuf_follow_targets",
+            "New signed targets of followed TUF repositories, admitted or refused",
+            m.follow_targets.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -265,17 +265,22 @@ pub struct SessionResponse {
     outcomes: Vec<CallResponse>,
 }
 
-/// Admit a release through TUF.
+/// Admit a release through TUF: name a TUF trust anchor of the service's configuration
+/// (`[trust.tuf.NAME]`: pinned root and repository), or, where the operator allowed
+/// caller-supplied roots, send `repo` and `root`.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TufAdmitBody {
-    /// Repository: an absolute local directory, or an http(s) URL under a configured
-    /// `tuf_repo_urls` prefix (others are refused with 403).
+    /// The configured TUF trust anchor whose root and repository to use.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
+    anchor: Option<String>,
+    /// Caller-supplied repository (only with `allow_caller_roots`): an absolute local
+    /// directory, or an http(s) URL under a configured `tuf_repo_urls` prefix.
     #[schema(min_length = 1, max_length = 4096, pattern = "^(/|https?://)[^\\x00]*$")]
-    repo: String,
-    /// The pinned trust root (root.json text) this host was provisioned with.
+    repo: Option<String>,
+    /// Caller-supplied trust root (root.json text; only with `allow_caller_roots`).
     #[schema(min_length = 1)]
-    root: String,
+    root: Option<String>,
     /// Target path or release name.
     #[schema(min_length = 1, max_length = 256, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$")]
     target: String,
@@ -288,16 +293,21 @@ pub struct SigstoreAdmitBody {
     /// The release archive (.tar.gz), base64.
     #[schema(min_length = 1, format = Byte)]
     archive_base64: String,
-    /// Sigstore bundle JSON, or a base64 cosign signature with `key`.
+    /// Sigstore bundle JSON, or a base64 cosign signature (with a key anchor or `key`).
     #[schema(min_length = 1)]
     bundle: String,
-    /// Pinned public key (PEM); or give identity and issuer.
+    /// The configured Sigstore identity (`[trust.sigstore.NAME]`) or cosign key
+    /// (`[trust.cosign.NAME]`) the bundle must satisfy.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
+    anchor: Option<String>,
+    /// Caller-supplied public key (PEM; only with `allow_caller_roots`); or identity and issuer.
     key: Option<String>,
-    /// Expected certificate identity (SAN).
+    /// Caller-supplied certificate identity (SAN; only with `allow_caller_roots`).
     certificate_identity: Option<String>,
-    /// Expected OIDC issuer.
+    /// Caller-supplied OIDC issuer (only with `allow_caller_roots`).
     certificate_oidc_issuer: Option<String>,
-    /// Trusted root JSON (default: the embedded Sigstore public-good root).
+    /// Caller-supplied trusted root JSON (only with `allow_caller_roots`; default: the
+    /// embedded Sigstore public-good root).
     trusted_root: Option<String>,
 }
 
@@ -567,38 +577,58 @@ pub async fn get_release(
         Guarded,
         JsonBody,
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
-        (status = 403, description = "Repository URL not under a configured prefix", body = ErrorBody),
+        (status = 403, description = "Caller-supplied root refused (name a configured `anchor`), or repository URL not under a configured prefix", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
-        (status = 422, description = "Verification or the germline check failed", body = ErrorBody)))]
+        (status = 422, description = "Unknown anchor, an anchor with a caller's root, verification or the germline check failed", body = ErrorBody)))]
 pub async fn admit_tuf(
     State(st): State<AppState>,
     body: Result<Json<TufAdmitBody>, JsonRejection>,
 ) -> Result<(StatusCode, Json<ReleaseView>), ApiError> {
     let b = body?.0;
-    let url = b.repo.starts_with("http://") || b.repo.starts_with("https://");
-    if !(url || b.repo.starts_with('/')) || b.repo.contains('\0') || b.repo.chars().count() > MAX_PATH {
-        return Err(ApiError::BadRequest(format!(
-            "repository {:?} is not an absolute directory or an http(s) URL",
-            b.repo
-        )));
-    }
     if !plain_text(&b.target, MAX_TOOL_NAME) {
         return Err(ApiError::BadRequest("target must be 1 to 256 characters without control characters".into()));
     }
-    if url && !st.config.tuf_repo_urls.iter().any(|p| b.repo.starts_with(p.as_str())) {
-        return Err(ApiError::Forbidden(format!(
-            "repository {:?} is not under a configured tuf_repo_urls prefix",
-            b.repo
+    let req = match (b.anchor, b.repo, b.root) {
+        (Some(name), None, None) => st.config.trust.tuf_anchor(&name)?.admission(b.target),
+        (Some(_), _, _) => {
+            return Err(ApiError::Unprocessable(
+                "a request naming an anchor takes root and repository from the configuration: send only `anchor` and `target`".into(),
+            ))
+        }
+        (None, repo, root) => {
+            st.config.trust.caller_trust("a TUF root")?;
+            let (Some(repo), Some(root)) = (repo, root) else {
+                return Err(ApiError::Unprocessable("send `anchor`, or `repo` with `root`".into()));
+            };
+            caller_tuf(&st, repo, root, b.target)?
+        }
+    };
+    admit(st, move |store, check| store.admit_tuf(&req, check)).await
+}
+
+/// A caller-supplied TUF repository and root (the operator allowed them), checked.
+fn caller_tuf(
+    st: &AppState,
+    repo: String,
+    root: String,
+    target: String,
+) -> Result<germline_admission::TufAdmission, ApiError> {
+    let url = repo.starts_with("http://") || repo.starts_with("https://");
+    if !(url || repo.starts_with('/')) || repo.contains('\0') || repo.chars().count() > MAX_PATH {
+        return Err(ApiError::BadRequest(format!(
+            "repository {repo:?} is not an absolute directory or an http(s) URL"
         )));
     }
-    if !url && !std::path::Path::new(&b.repo).is_dir() {
-        return Err(ApiError::Unprocessable(format!("repository directory {:?} does not exist", b.repo)));
+    if url && !st.config.tuf_repo_urls.iter().any(|p| repo.starts_with(p.as_str())) {
+        return Err(ApiError::Forbidden(format!("repository {repo:?} is not under a configured tuf_repo_urls prefix")));
     }
-    if serde_json::from_str::<Value>(&b.root).map(|v| !v.is_object()).unwrap_or(true) {
+    if !url && !std::path::Path::new(&repo).is_dir() {
+        return Err(ApiError::Unprocessable(format!("repository directory {repo:?} does not exist")));
+    }
+    if serde_json::from_str::<Value>(&root).map(|v| !v.is_object()).unwrap_or(true) {
         return Err(ApiError::Unprocessable("root must be the text of a root.json (a JSON object)".into()));
     }
-    let req = germline_admission::TufAdmission::new(b.repo, b.root.into_bytes(), b.target);
-    admit(st, move |store, check| store.admit_tuf(&req, check)).await
+    Ok(germline_admission::TufAdmission::new(repo, root.into_bytes(), target))
 }
 
 #[utoipa::path(post, path = "/v1/releases/sigstore", tag = "releases", request_body = SigstoreAdmitBody,
@@ -607,8 +637,9 @@ pub async fn admit_tuf(
         Guarded,
         JsonBody,
         (status = 201, description = "Verified, extracted, G1–G3 passed, germline started", body = ReleaseView),
+        (status = 403, description = "Caller-supplied key, identity or trusted root refused (name a configured `anchor`)", body = ErrorBody),
         (status = 409, description = "Admitted but its germline refused", body = ErrorBody),
-        (status = 422, description = "Verification or the germline check failed", body = ErrorBody)))]
+        (status = 422, description = "Unknown anchor, an anchor with a caller's key or identity, verification or the germline check failed", body = ErrorBody)))]
 pub async fn admit_sigstore(
     State(st): State<AppState>,
     body: Result<Json<SigstoreAdmitBody>, JsonRejection>,
@@ -616,18 +647,35 @@ pub async fn admit_sigstore(
     use base64::Engine;
     use germline_admission::sigstore::{SignerPolicy, TrustedRootChoice};
     let b = body?.0;
-    let archive = base64::engine::general_purpose::STANDARD
-        .decode(b.archive_base64.trim())
-        .map_err(|e| ApiError::Unprocessable(format!("archive_base64: {e}")))?;
-    let policy = match (b.key, b.certificate_identity, b.certificate_oidc_issuer) {
-        (Some(k), None, None) => SignerPolicy::Key(k),
-        (None, Some(identity), Some(issuer)) => SignerPolicy::Identity { identity, issuer },
+    let caller = b.key.is_some()
+        || b.certificate_identity.is_some()
+        || b.certificate_oidc_issuer.is_some()
+        || b.trusted_root.is_some();
+    let anchor = match b.anchor {
+        Some(_) if caller => {
+            return Err(ApiError::Unprocessable(
+                "a request naming an anchor takes key, identity, issuer and trusted root from the configuration".into(),
+            ))
+        }
+        Some(name) => Some(st.config.trust.signer_anchor(&name)?.clone()),
+        None => {
+            st.config.trust.caller_trust("a key, identity or trusted root")?;
+            None
+        }
+    };
+    let policy = match (&anchor, b.key, b.certificate_identity, b.certificate_oidc_issuer) {
+        (Some(a), ..) => a.policy.clone(),
+        (None, Some(k), None, None) => SignerPolicy::Key(k),
+        (None, None, Some(identity), Some(issuer)) => SignerPolicy::Identity { identity, issuer },
         _ => {
             return Err(ApiError::Unprocessable(
                 "give either key, or certificate_identity with certificate_oidc_issuer".into(),
             ))
         }
     };
+    let archive = base64::engine::general_purpose::STANDARD
+        .decode(b.archive_base64.trim())
+        .map_err(|e| ApiError::Unprocessable(format!("archive_base64: {e}")))?;
     let dir = tempfile::tempdir_in(&st.config.data_dir)
         .map_err(|e| ApiError::Internal(format!("temporary directory: {e}")))?;
     let write = |name: &str, bytes: &[u8]| {
@@ -636,9 +684,10 @@ pub async fn admit_sigstore(
     };
     let archive_path = write("release.tar.gz", &archive)?;
     let bundle_path = write("bundle", b.bundle.as_bytes())?;
-    let root = match b.trusted_root {
-        Some(r) => TrustedRootChoice::File(write("trusted_root.json", r.as_bytes())?),
-        None => TrustedRootChoice::default(),
+    let root = match (anchor, b.trusted_root) {
+        (Some(a), _) => a.trusted_root,
+        (None, Some(r)) => TrustedRootChoice::File(write("trusted_root.json", r.as_bytes())?),
+        (None, None) => TrustedRootChoice::default(),
     };
     admit(st, move |store, check| {
         let _keep = &dir;
@@ -654,7 +703,8 @@ pub async fn admit_sigstore(
     .await
 }
 
-/// Runs one admission (serialised with the others), records it and starts its germline.
+/// Runs one admission request (serialised with the others and with the followers of TUF
+/// repositories), records it and starts its germline.
 async fn admit(
     st: AppState,
     f: impl FnOnce(
@@ -669,36 +719,57 @@ async fn admit(
     let st2 = st.clone();
     let done = tokio::task::spawn_blocking(move || {
         let _work = work;
-        tracing::info!("admission: verifying signatures, hash and length, then the germline check (G1–G3)");
-        let check = crate::admission_cli::germline_check();
-        let admitted = f(st2.releases.store(), check.as_ref());
-        match admitted {
-            Ok(a) => {
-                tracing::info!(release = %a.hash, name = %a.info.name, version = %a.info.version, "admitted");
-                let slot = st2.releases.admitted(&a);
-                if let Err(e) = super::formations::register_one(&st2.formations, slot.dir(), slot.hash) {
-                    tracing::error!(release = %slot.hash, "recording the admission's lifecycle: {e:#}");
-                }
-                let started = st2.releases.ensure_started(&slot);
-                Ok((slot, started))
-            }
-            Err(germline_admission::AdmissionError::GermlineRefused(why)) => {
-                st2.metrics
-                    .germline_refusals
-                    .get_or_create(&metrics::ReleaseLabels { release: "unadmitted".into() })
-                    .inc();
-                Err(ApiError::Unprocessable(format!("germline check refused the release: {why}")))
-            }
-            Err(e) => Err(ApiError::Unprocessable(format!("admission refused: {e}"))),
-        }
+        admit_blocking(&st2, f)
     })
     .await
     .map_err(|e| ApiError::Internal(format!("admission task: {e}")))?;
-    let (slot, started) = done?;
+    let (slot, started) = match done {
+        Ok(done) => done,
+        Err(germline_admission::AdmissionError::GermlineRefused(why)) => {
+            return Err(ApiError::Unprocessable(format!("germline check refused the release: {why}")))
+        }
+        Err(e) => return Err(ApiError::Unprocessable(format!("admission refused: {e}"))),
+    };
     if let Err(why) = started {
         return Err(ApiError::Refused(why));
     }
     Ok((StatusCode::CREATED, Json(st.release_view(&slot)?)))
+}
+
+/// The admission path every admission takes, the API's and a follower's (blocking; the
+/// caller holds the admission lock): verify and unpack with the germline check (G1–G3),
+/// record the release, its `admit` lifecycle event in the ledger (and `promote` when its
+/// name had no current release), then start its germline. `Ok` carries the start's
+/// outcome (`Err` is the germline's refusal).
+pub(super) fn admit_blocking(
+    st: &AppState,
+    f: impl FnOnce(
+        &germline_admission::ReleaseStore,
+        &dyn germline_admission::GermlineCheck,
+    ) -> germline_admission::Result<germline_admission::AdmittedRelease>,
+) -> germline_admission::Result<(Arc<ReleaseSlot>, Result<(), String>)> {
+    tracing::info!("admission: verifying signatures, hash and length, then the germline check (G1–G3)");
+    let check = crate::admission_cli::germline_check();
+    match f(st.releases.store(), check.as_ref()) {
+        Ok(a) => {
+            tracing::info!(release = %a.hash, name = %a.info.name, version = %a.info.version, "admitted");
+            let slot = st.releases.admitted(&a);
+            if let Err(e) = super::formations::register_one(&st.formations, slot.dir(), slot.hash) {
+                tracing::error!(release = %slot.hash, "recording the admission's lifecycle: {e:#}");
+            }
+            let started = st.releases.ensure_started(&slot);
+            Ok((slot, started))
+        }
+        Err(e) => {
+            if matches!(e, germline_admission::AdmissionError::GermlineRefused(_)) {
+                st.metrics
+                    .germline_refusals
+                    .get_or_create(&metrics::ReleaseLabels { release: "unadmitted".into() })
+                    .inc();
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Runs `reqs` in order on the release's germline (on a blocking thread, holding the
