@@ -461,6 +461,7 @@ impl GermlineRuntime {
             seccomp: SeccompPolicy::germline(),
             env: crate::germline::startup_environment(&manifest, &policy)?,
             copy_source: manifest.copy_source.either(policy.limits.copy_source),
+            scratch_paths: manifest.scratch.clone(),
         };
         if policy.limits.pool > crate::policy::MAX_POOL {
             return Err(ExecutorError::Policy(format!(

@@ -60,6 +60,15 @@ pub struct Confinement {
     pub switches: SandboxSwitches,
     /// The syscall filter (the allowlist unless a test turns it off).
     pub seccomp: SeccompPolicy,
+    /// Absolute paths the manifest declares as scratch (`[release] scratch`): each is a link
+    /// to a directory of the scratch ([`scratch_target`]), private to the germline while it
+    /// imports and to each copy after.
+    pub scratch_paths: Vec<PathBuf>,
+}
+
+/// Where a declared scratch path leads: beneath [`SCRATCH_DIR`], in `.germline/`.
+pub fn scratch_target(declared: &Path) -> PathBuf {
+    Path::new(SCRATCH_DIR).join(".germline").join(declared.strip_prefix("/").unwrap_or(declared))
 }
 
 /// Where each copy finds its private writable scratch (`TMPDIR`): a fresh size-limited
@@ -230,6 +239,8 @@ pub struct PreparedSandbox {
     scratch: Option<CString>,
     /// Mount the germline's import scratch at [`SCRATCH_DIR`] ([`SandboxSwitches::import_scratch`]).
     import_scratch: bool,
+    /// Directories made in it: the targets of declared scratch paths, parents first.
+    import_dirs: Vec<CString>,
 }
 
 /// Mount options of the germline's import scratch: 16 MiB, 1024 files and directories,
@@ -392,9 +403,21 @@ impl<'a> RootPlan<'a> {
     }
 
     /// The copies' scratch directory ([`scratch_dir`]) and, where free, `/tmp` and
-    /// `/var/tmp` as links to it.
-    fn scratch(&mut self, read_only: &[PathBuf], data_roots: &[PathBuf]) -> Result<Option<PathBuf>, ExecutorError> {
+    /// `/var/tmp` as links to it; each of `declared` (the manifest's scratch paths) as a
+    /// link to its [`scratch_target`], or refused where it is not free.
+    fn scratch(
+        &mut self,
+        read_only: &[PathBuf],
+        data_roots: &[PathBuf],
+        declared: &[PathBuf],
+    ) -> Result<Option<PathBuf>, ExecutorError> {
         let Some(dir) = scratch_dir(read_only, data_roots) else {
+            if let Some(p) = declared.first() {
+                return Err(sandbox_err(format!(
+                    "scratch path {}: there is no scratch (a read-only path or data root overlaps {SCRATCH_PARENT})",
+                    p.display()
+                )));
+            }
             return Ok(None);
         };
         self.ensure_dir(&dir, "scratch directory", &dir)?;
@@ -407,6 +430,25 @@ impl<'a> RootPlan<'a> {
                 self.push(op, format!("linking {} to the copies' scratch", link.display()));
                 self.nodes.insert(link.to_path_buf(), Node::Symlink);
             }
+        }
+        for p in declared {
+            let plain = p.is_absolute()
+                && p.components().skip(1).next().is_some()
+                && p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+            let taken = self.nodes.keys().any(|n| n.starts_with(p));
+            if !plain || !free(p, read_only, data_roots) || p.starts_with(SCRATCH_PARENT) || taken {
+                return Err(sandbox_err(format!(
+                    "scratch path {}: it must be a plain absolute path that no read-only path, data root or other \
+                     entry of the germline's root lies at, beneath or above",
+                    p.display()
+                )));
+            }
+            if let Some(parent) = p.parent() {
+                self.ensure_dir(parent, "scratch path", p)?;
+            }
+            let op = RootOp::Symlink(cstring(&scratch_target(p))?, self.staged(p)?);
+            self.push(op, format!("linking scratch path {} to the scratch", p.display()));
+            self.nodes.insert(p.to_path_buf(), Node::Symlink);
         }
         Ok(Some(dir))
     }
@@ -564,7 +606,21 @@ impl Confinement {
                 plan.plain_data_root(r)?;
             }
         }
-        let scratch = plan.scratch(&self.read_only, &self.data_roots)?;
+        let scratch = plan.scratch(&self.read_only, &self.data_roots, &self.scratch_paths)?;
+        // The declared paths' directories, parents first, made in the import scratch (and
+        // so in every copy's, which starts as a copy of it).
+        let mut import_dirs: Vec<CString> = Vec::new();
+        for p in &self.scratch_paths {
+            let target = scratch_target(p);
+            for d in target.ancestors().collect::<Vec<_>>().into_iter().rev() {
+                if d.starts_with(SCRATCH_DIR) && d != Path::new(SCRATCH_DIR) {
+                    let c = cstring(d)?;
+                    if !import_dirs.contains(&c) {
+                        import_dirs.push(c);
+                    }
+                }
+            }
+        }
         if let Some(ids) = drop_to {
             for p in &plan.binds {
                 let meta =
@@ -615,6 +671,7 @@ impl Confinement {
             descriptions: plan.what,
             scratch: scratch.is_some().then(|| cstring(Path::new(SCRATCH_PARENT))).transpose()?,
             import_scratch: scratch.is_some() && self.switches.import_scratch,
+            import_dirs,
         })
     }
 }
@@ -861,6 +918,11 @@ impl PreparedSandbox {
                 )
             });
             self.step(Step::ImportScratch as u32, r)?;
+            for d in &self.import_dirs {
+                // SAFETY: mkdir on a NUL-terminated path prepared before fork.
+                let r = check(unsafe { mkdir(d.as_ptr(), 0o755) });
+                self.step(Step::ImportScratch as u32, r)?;
+            }
         }
         Ok(())
     }
@@ -1295,16 +1357,31 @@ mod tests {
     fn temporary_directories_lead_to_the_copies_scratch_where_free() {
         let usr = [PathBuf::from("/usr")];
         let mut plan = plan_for(&[Path::new("/usr")], &[], true).unwrap();
-        assert_eq!(plan.scratch(&usr, &[]).unwrap(), Some(PathBuf::from(SCRATCH_DIR)));
+        assert_eq!(plan.scratch(&usr, &[], &[]).unwrap(), Some(PathBuf::from(SCRATCH_DIR)));
         for link in ["/tmp", "/var/tmp"] {
             assert!(plan.what.iter().any(|w| w == &format!("linking {link} to the copies' scratch")), "{link}");
         }
         let data = [PathBuf::from("/tmp/app/data")];
         let mut plan = plan_for(&[Path::new("/usr")], &[Path::new("/tmp/app/data")], true).unwrap();
-        assert_eq!(plan.scratch(&usr, &data).unwrap(), Some(PathBuf::from(SCRATCH_DIR)));
+        assert_eq!(plan.scratch(&usr, &data, &[]).unwrap(), Some(PathBuf::from(SCRATCH_DIR)));
         assert!(!plan.what.iter().any(|w| w.starts_with("linking /tmp ")), "a data root lies under /tmp");
         assert!(plan.what.iter().any(|w| w.starts_with("linking /var/tmp ")));
         assert_eq!(scratch_dir(&[PathBuf::from("/.germline-scratch/x")], &[]), None);
+    }
+
+    #[test]
+    fn declared_scratch_paths_link_into_the_scratch_where_free() {
+        let usr = [PathBuf::from("/usr")];
+        let mut plan = plan_for(&[Path::new("/usr")], &[], true).unwrap();
+        let declared = [PathBuf::from("/var/cache/indexer")];
+        plan.scratch(&usr, &[], &declared).unwrap();
+        assert!(plan.what.iter().any(|w| w == "linking scratch path /var/cache/indexer to the scratch"));
+        assert_eq!(scratch_target(&declared[0]), Path::new("/.germline-scratch/tmp/.germline/var/cache/indexer"));
+        for bad in ["/usr/share/x", "/", "relative", "/var/../etc", "/.germline-scratch/tmp/x", "/tmp"] {
+            let mut plan = plan_for(&[Path::new("/usr")], &[], true).unwrap();
+            let e = plan.scratch(&usr, &[], &[PathBuf::from(bad)]).unwrap_err().to_string();
+            assert!(e.contains("scratch path"), "{bad}: {e}");
+        }
     }
 
     fn err(r: Result<RootPlan<'static>, ExecutorError>) -> String {

@@ -163,6 +163,8 @@ pub struct GermlineSpec {
     pub env: Vec<(String, String)>,
     /// Whether the germline imports the release (`fork`) or each copy does (`spawn`).
     pub copy_source: crate::manifest::CopySourceKind,
+    /// The manifest's scratch paths ([`crate::confine::Confinement::scratch_paths`]).
+    pub scratch_paths: Vec<PathBuf>,
 }
 
 /// Variables a manifest or policy may not set: the interpreter's and the loader's, and
@@ -692,6 +694,7 @@ impl Germline {
             limits: spec.limits.clone(),
             switches: spec.switches,
             seccomp: spec.seccomp.clone(),
+            scratch_paths: spec.scratch_paths.clone(),
         };
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
@@ -1415,6 +1418,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         seccomp: SeccompPolicy::germline(),
         env: germline_environment(&manifest.env, &Default::default())?,
         copy_source: manifest.copy_source,
+        scratch_paths: manifest.scratch.clone(),
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

@@ -36,6 +36,10 @@ pub struct Manifest {
     pub env: BTreeMap<String, String>,
     /// How copies are made (`[release] copy_source`; the policy may ask for `spawn` too).
     pub copy_source: CopySourceKind,
+    /// Absolute paths the server writes besides `TMPDIR` (`[release] scratch`: a cache or
+    /// log directory): each is private scratch to the germline while it imports and to each
+    /// copy after ([`crate::confine::Confinement::scratch_paths`]).
+    pub scratch: Vec<PathBuf>,
 }
 
 /// How the copies of a release are made.
@@ -148,6 +152,8 @@ struct RawRelease {
     deterministic: bool,
     #[serde(default)]
     copy_source: CopySourceKind,
+    #[serde(default)]
+    scratch: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -215,6 +221,16 @@ impl Manifest {
             }
             python_path.push(pb);
         }
+        let mut scratch = Vec::new();
+        for p in r.scratch {
+            let pb = PathBuf::from(&p);
+            if !pb.is_absolute() {
+                return Err(ExecutorError::Manifest(format!(
+                    "scratch {p:?} must be absolute: the release directory is the signed release and stays read-only"
+                )));
+            }
+            scratch.push(pb);
+        }
         let mut tools = BTreeMap::new();
         for (name, t) in raw.tools {
             let hosts = t
@@ -241,6 +257,7 @@ impl Manifest {
             tools,
             env: r.env,
             copy_source: r.copy_source,
+            scratch,
         })
     }
 

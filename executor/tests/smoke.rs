@@ -36,6 +36,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
         env: Vec::new(),
         copy_source: Default::default(),
+        scratch_paths: Vec::new(),
     };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);

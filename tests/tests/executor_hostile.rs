@@ -566,7 +566,7 @@ fn a_copy_that_dies_before_connecting_fails_the_call_at_once() {
 import sys
 def create_server():
     # Past the broker's checks after the fork, before the channel.
-    sys.modules["__main__"]._run_copy = lambda server: (time.sleep(0.3), os._exit(3))
+    sys.modules["__main__"]._run_copy = lambda *args: (time.sleep(0.3), os._exit(3))
     m = FastMCP("x")
     @m.tool()
     def ok() -> str:

@@ -523,3 +523,51 @@ fn a_shared_mapping_of_the_import_scratch_is_refused_by_g3() {
         }
     }
 }
+
+const DECLARED_SCRATCH: &str = r#"
+CACHE = "/var/cache/germline-test-indexer"
+os.makedirs(os.path.join(CACHE, "built"), exist_ok=True)
+with open(os.path.join(CACHE, "built", "index"), "w") as f:
+    f.write("at import")
+def create_server():
+    m = FastMCP("cacher")
+    @m.tool()
+    def cache(text: str) -> str:
+        with open(os.path.join(CACHE, "call.txt"), "w") as f:
+            f.write(text)
+        return json.dumps({"listing": sorted(os.listdir(CACHE)), "index": open(os.path.join(CACHE, "built", "index")).read(),
+                           "back": open(os.path.join(CACHE, "call.txt")).read()})
+    return m
+"#;
+
+/// Point 9, paths the manifest declares as scratch (`[release] scratch`, a cache
+/// directory outside `TMPDIR`): the germline writes there while it imports and each copy
+/// starts with that and writes its own, gone with it. Undeclared, the path lies on the
+/// read-only root and the release does not start. (No unprotected run: it would write the
+/// host's /var/cache.)
+#[test]
+fn a_declared_scratch_path_is_private_scratch_for_the_import_and_each_copy() {
+    let w = World::new();
+    let rel = w.release("cacher", "[tools.cache]\n", DECLARED_SCRATCH);
+    let policy = |pool: usize| w.policy(&[], &[("agent", &[])], &format!("[limits]\npool = {pool}\n"));
+    let err = w.start(RuntimeKind::Germline, &rel, policy(0)).err().map(|e| e.to_string()).unwrap_or_default();
+    eprintln!("undeclared: {}", err.lines().last().unwrap_or_default());
+    assert!(err.contains("Read-only file system"), "undeclared, the import cannot write there: {err}");
+    let manifest = rel.join("germline.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    let text = text.replace("[release]\n", "[release]\nscratch = [\"/var/cache/germline-test-indexer\"]\n");
+    std::fs::write(&manifest, text).expect("manifest");
+    for pool in [0, 2] {
+        let mut gl = w.start(RuntimeKind::Germline, &rel, policy(pool)).expect("germline start");
+        for i in 0..3 {
+            let o = gl.call(&request("cache", json!({"text": format!("call {i}")}), &[]));
+            let text = o.error.clone().unwrap_or_else(|| result_text(&o));
+            eprintln!("pool {pool}, call {i}: {text}");
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(v["listing"], json!(["built", "call.txt"]), "the import's entry and this call's own only");
+            assert_eq!(v["index"], "at import");
+            assert_eq!(v["back"], json!(format!("call {i}")));
+        }
+    }
+    assert!(!std::path::Path::new("/var/cache/germline-test-indexer").exists(), "nothing reached the host");
+}

@@ -473,7 +473,7 @@ fn portdest_run(off: bool) {
 /// connects 200 times to stats.example from the same address the broker uses, which moves
 /// exactly the `table_perturb` entry of the broker's connections there (a copy reaches any
 /// entry through an address of its own, as `portdest` shows). Off (kernel-picked egress
-/// ports) every step between the ports of the broker's consecutive connections is what
+/// ports) the steps between the ports of the broker's consecutive connections are what
 /// those 200 connects moved the entry by (2 to 16 each, plus the broker's own); on (ports
 /// the broker draws) the steps are unrelated to them.
 #[test]
@@ -522,7 +522,10 @@ def create_server():
             steps.push((p - last).rem_euclid(28232));
             last = p;
         }
-        let moved = steps.iter().all(|s| (400..=3500).contains(s));
+        // Four of five: a connection of another process to the same entry can move one
+        // step off (seen on a loaded host); unrelated steps land in the range by chance
+        // with p ~0.11 each, four of five with p < 0.001.
+        let moved = steps.iter().filter(|s| (400..=3500).contains(*s)).count() >= 4;
         eprintln!("broker source ports, kernel-picked {off}: steps {steps:?} after 200 connects each");
         assert_eq!(moved, off, "off: every step is what the connects moved the entry by; on: unrelated ({steps:?})");
     }
