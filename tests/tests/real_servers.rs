@@ -315,6 +315,40 @@ fn serve_site(route: fn(&str) -> (&'static str, String)) -> std::net::SocketAddr
     addr
 }
 
+/// A real server reaching `host`, an HTTPS site on loopback: the site behind a TLS front
+/// whose certificate a test CA signs, the policy trusting that CA, mapping `host` to the
+/// front and clearing it for nothing; the release laid out with `db` for `{DB}`.
+struct HttpsCase {
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    rel: PathBuf,
+    extra: String,
+    front: germline_tests::TlsFront,
+}
+
+impl HttpsCase {
+    fn new(name: &str, host: &str, site: std::net::SocketAddr, db: impl Fn(&Path) -> String) -> HttpsCase {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).expect("data");
+        let ca = germline_tests::TestCa::new(&format!("{host} test CA"));
+        let front = germline_tests::TlsFront::start(site, ca.server_config(&[host]));
+        let ca_path = ca.write_cert(&dir.path().join(format!("{name}-ca.pem")));
+        let rel = lay_out(dir.path(), name, &db(dir.path()));
+        let extra = format!(
+            "[destinations.\"{host}\"]\nclearance = []\n[hosts]\n\"{host}\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
+            front.tls_addr(),
+            ca_path.display()
+        );
+        HttpsCase { dir, data, rel, extra, front }
+    }
+
+    /// Runs `calls` unprotected and under germline ([`compare`]).
+    fn compare(&self, calls: &[(String, Value)]) -> Vec<Value> {
+        compare(&self.rel, policy(&self.data, &self.extra), &self.dir.path().join("home"), calls, None, |_, v| v)
+    }
+}
+
 /// 200 fetches of a loopback HTTPS site through the broker's TLS relay (the site's
 /// certificate is verified against a test CA the policy trusts; the copy trusts only the
 /// deployment CA). HTML simplification (`raw` false on an HTML page) is left out: with
@@ -323,19 +357,7 @@ fn serve_site(route: fn(&str) -> (&'static str, String)) -> std::net::SocketAddr
 /// back to Python; non-raw calls therefore fetch plain-text pages.
 #[test]
 fn mcp_server_fetch_matches_unprotected_over_https() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    let site = start_site();
-    let ca = germline_tests::TestCa::new("site test CA");
-    let front = germline_tests::TlsFront::start(site, ca.server_config(&["site.example"]));
-    let ca_path = ca.write_cert(&dir.path().join("site-ca.pem"));
-    let rel = lay_out(dir.path(), "fetch", "");
-    let extra = format!(
-        "[destinations.\"site.example\"]\nclearance = []\n[hosts]\n\"site.example\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
-        front.tls_addr(),
-        ca_path.display()
-    );
+    let case = HttpsCase::new("fetch", "site.example", start_site(), |_| String::new());
     let mut calls = Vec::new();
     for i in 0..200 {
         let mut args = if i % 4 == 1 {
@@ -351,7 +373,7 @@ fn mcp_server_fetch_matches_unprotected_over_https() {
         }
         calls.push(("fetch".to_owned(), args));
     }
-    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    let results = case.compare(&calls);
     for (i, r) in results.iter().enumerate() {
         let text = r["content"][0]["text"].as_str().unwrap_or_default();
         assert!(
@@ -359,7 +381,8 @@ fn mcp_server_fetch_matches_unprotected_over_https() {
             "call {i} fetched nothing: {r}"
         );
     }
-    assert!(front.handshakes() >= 400, "{} TLS handshakes: every fetch went to the site over TLS", front.handshakes());
+    let handshakes = case.front.handshakes();
+    assert!(handshakes >= 400, "{handshakes} TLS handshakes: every fetch went to the site over TLS");
 }
 
 /// Runs `code` with the vendored packages of `name` on the path (to build test data with
@@ -822,25 +845,13 @@ fn start_news_site() -> std::net::SocketAddr {
 /// (httpx for the page, feedparser's urllib for the feed), through the broker's TLS relay.
 #[test]
 fn mcp_server_rss_matches_unprotected_over_https() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    let site = start_news_site();
-    let ca = germline_tests::TestCa::new("news test CA");
-    let front = germline_tests::TlsFront::start(site, ca.server_config(&["news.example"]));
-    let ca_path = ca.write_cert(&dir.path().join("news-ca.pem"));
-    let rel = lay_out(dir.path(), "rss", "");
-    let extra = format!(
-        "[destinations.\"news.example\"]\nclearance = []\n[hosts]\n\"news.example\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
-        front.tls_addr(),
-        ca_path.display()
-    );
+    let case = HttpsCase::new("rss", "news.example", start_news_site(), |_| String::new());
     let calls = vec![
         ("feed".to_owned(), json!({"url": "https://news.example/", "limit": 3})),
         ("feed".to_owned(), json!({"url": "https://news.example/feed.xml", "limit": 2})),
         ("feed".to_owned(), json!({"url": "https://news.example/nothing"})),
     ];
-    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    let results = case.compare(&calls);
     assert!(results[0].to_string().contains("Story 1"), "the feed was parsed: {}", results[0]);
 }
 
@@ -869,28 +880,17 @@ fn start_search_site() -> std::net::SocketAddr {
 /// destination, mapped to a loopback HTTPS site) and formats the results it parses.
 #[test]
 fn duckduckgo_mcp_server_search_matches_unprotected_over_https() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    let host = "html.duckduckgo.com";
-    let ca = germline_tests::TestCa::new("search test CA");
-    let front = germline_tests::TlsFront::start(start_search_site(), ca.server_config(&[host]));
-    let ca_path = ca.write_cert(&dir.path().join("search-ca.pem"));
-    let rel = lay_out(dir.path(), "ddg", "");
-    let extra = format!(
-        "[destinations.\"{host}\"]\nclearance = []\n[hosts]\n\"{host}\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
-        front.tls_addr(),
-        ca_path.display()
-    );
+    let case = HttpsCase::new("ddg", "html.duckduckgo.com", start_search_site(), |_| String::new());
     let calls = vec![
         ("search".to_owned(), json!({"query": "loopback testing"})),
         ("search".to_owned(), json!({"query": "loopback testing", "max_results": 1})),
         ("search".to_owned(), json!({"query": "germline", "region": "uk-en"})),
     ];
-    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    let results = case.compare(&calls);
     let text = results[0].to_string();
     assert!(text.contains("docs.example/one") && !text.contains("ads.example"), "results parsed: {text}");
-    assert!(front.handshakes() >= 6, "{} TLS handshakes: every search reached the site", front.handshakes());
+    let handshakes = case.front.handshakes();
+    assert!(handshakes >= 6, "{handshakes} TLS handshakes: every search reached the site");
 }
 
 /// A loopback calendar site: `/team.ics` is an iCalendar feed (a weekly recurring
@@ -929,25 +929,14 @@ fn start_calendar_site() -> std::net::SocketAddr {
 /// expanded), one day, one event.
 #[test]
 fn webcal_mcp_matches_unprotected_over_https() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("data");
-    let ca = germline_tests::TestCa::new("calendar test CA");
-    let front = germline_tests::TlsFront::start(start_calendar_site(), ca.server_config(&["cal.example"]));
-    let ca_path = ca.write_cert(&dir.path().join("cal-ca.pem"));
     // The configuration ships with the deployment, in the release directory.
-    let config = dir.path().join("release-webcal").join("webcal.toml");
-    let rel = lay_out(dir.path(), "webcal", &config.to_string_lossy());
+    let config = |dir: &Path| dir.join("release-webcal").join("webcal.toml").to_string_lossy().into_owned();
+    let case = HttpsCase::new("webcal", "cal.example", start_calendar_site(), config);
     std::fs::write(
-        &config,
+        config(case.dir.path()),
         "[calendars.team]\nurl = \"https://cal.example/team.ics\"\ndescription = \"Team calendar\"\n",
     )
     .expect("config");
-    let extra = format!(
-        "[destinations.\"cal.example\"]\nclearance = []\n[hosts]\n\"cal.example\" = \"{}\"\n[tls]\nextra_roots = [\"{}\"]\n",
-        front.tls_addr(),
-        ca_path.display()
-    );
     let calls = vec![
         ("list_calendars".to_owned(), json!({})),
         ("list_events".to_owned(), json!({"start": "2026-06-01", "end": "2026-06-30"})),
@@ -959,7 +948,7 @@ fn webcal_mcp_matches_unprotected_over_https() {
         ("get_event".to_owned(), json!({"uid": "budget"})),
         ("get_event".to_owned(), json!({"uid": "missing"})),
     ];
-    let results = compare(&rel, policy(&data, &extra), &dir.path().join("home"), &calls, None, |_, v| v);
+    let results = case.compare(&calls);
     assert!(results[1].to_string().contains("Standup"), "the feed was read: {}", results[1]);
 }
 
