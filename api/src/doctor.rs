@@ -184,7 +184,7 @@ fn host_root() -> Check {
 }
 
 fn interpreter() -> Check {
-    let home = crate::exec_cmd::home();
+    let home = germline_host::home();
     let rt = match PythonRuntime::discover(&home) {
         Ok(rt) => rt,
         Err(e) => {

@@ -58,7 +58,8 @@ impl TwinInputs {
     pub fn fresh() -> Result<TwinInputs, ExecutorError> {
         let mut seed = [0u8; 32];
         getrandom::fill(&mut seed).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
-        let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let clock =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         Ok(TwinInputs { clock, seed: hex::encode(seed) })
     }
 }

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use germline_model::{HostName, RequestDigest};
 
-
 /// Largest header block accepted from a copy or a host.
 const MAX_HEAD: usize = 64 << 10;
 

@@ -50,7 +50,7 @@ struct FileConfig {
     read_requires_token: Option<bool>,
     tuf_repo_urls: Option<Vec<String>>,
     dispatch_policy: Option<String>,
-    fleet: Option<crate::fleet::FleetConfig>,
+    fleet: Option<germline_fleet::FleetConfig>,
     pool: Option<usize>,
 }
 
@@ -91,7 +91,7 @@ pub struct ServiceConfig {
     pub dispatch_policy: germline_model::DispatchPolicy,
     /// The fleet (`[fleet]`, or the file `GERMLINE_FLEET_CONFIG` names): this host's log is
     /// always published as tiles; peers and witnesses only when configured.
-    pub fleet: crate::fleet::FleetConfig,
+    pub fleet: germline_fleet::FleetConfig,
 }
 
 impl ServiceConfig {
@@ -154,7 +154,7 @@ impl ServiceConfig {
             None => germline_model::DispatchPolicy::default(),
         };
         let fleet = match env("GERMLINE_FLEET_CONFIG") {
-            Some(p) => crate::fleet::FleetConfig::load(Path::new(&p))?,
+            Some(p) => germline_fleet::FleetConfig::load(Path::new(&p))?,
             None => file.fleet.unwrap_or_default(),
         };
         fleet.validate()?;

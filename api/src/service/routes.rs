@@ -24,7 +24,7 @@ use super::error::{ApiError, ErrorBody, Guarded, JsonBody};
 use super::metrics::{self, CallLabels};
 use super::releases::{GermlineStatus, ReleaseSlot};
 use super::AppState;
-use crate::exec_cmd::refused_as_suppressed;
+use germline_host::refused_as_suppressed;
 
 const MAX_TOOL_NAME: usize = 256;
 const MAX_ITEMS: usize = 256;
@@ -41,7 +41,7 @@ const MAX_ENTRIES_PAGE: u64 = 1000;
         healthz, readyz, metrics, openapi, list_releases, get_release, admit_tuf, admit_sigstore, call, session,
         witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency,
         crate::fleet::routes::checkpoint, crate::fleet::routes::tile, crate::fleet::routes::lookup_release,
-        crate::fleet::routes::status, crate::fleet::witness::add_checkpoint,
+        crate::fleet::routes::status, crate::fleet::routes::add_checkpoint,
         super::formations::form, super::formations::dispatch, super::formations::lifecycle, super::formations::mcp
     ),
     modifiers(&BearerAuth),
@@ -473,7 +473,7 @@ impl AppState {
 
     fn dampening_view(&self, hash: &ReleaseHash) -> Result<DampeningView, ApiError> {
         let s = self.ledger.dampening_state(hash)?;
-        let p = germline_ledger::DampeningParams::default();
+        let p = self.ledger.dampening_params();
         Ok(DampeningView {
             release: hash.to_hex(),
             penalty: s.penalty,
