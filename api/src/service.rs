@@ -139,7 +139,7 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     let metrics = Arc::new(Metrics::new());
     let python_for_profiles = python.clone();
     let params = StartParams {
-        runtime: config.runtime,
+        runtime: config.runtime(),
         policy,
         python,
         ledger: ledger.clone(),

@@ -76,6 +76,11 @@ pub struct Health {
     /// host; starts with `NO per-copy cgroup limits` where only rlimits apply.
     #[serde(skip_serializing_if = "Option::is_none")]
     per_copy_limits: Option<String>,
+    /// `/readyz` only: the baseline releases run under instead of germline (`serve
+    /// --baseline`, for evaluation), or null when they run under germline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, nullable)]
+    baseline: Option<Option<String>>,
 }
 
 /// A release, its germline and its dampening.
@@ -509,7 +514,7 @@ impl AppState {
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "The process serves requests", body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok".into(), per_copy_limits: None })
+    Json(Health { status: "ok".into(), per_copy_limits: None, baseline: None })
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
@@ -517,7 +522,10 @@ pub async fn healthz() -> Json<Health> {
     (status = 503, description = "Starting or shutting down", body = Health)))]
 pub async fn readyz(State(st): State<AppState>) -> (StatusCode, Json<Health>) {
     let limits = Some(germline_executor::cgroup::host_support().describe().to_owned());
-    let health = |status: &str| Json(Health { status: status.into(), per_copy_limits: limits.clone() });
+    let baseline = Some(st.config.baseline.map(|k| k.name().to_owned()));
+    let health = |status: &str| {
+        Json(Health { status: status.into(), per_copy_limits: limits.clone(), baseline: baseline.clone() })
+    };
     if st.in_flight.closed.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, health("shutting_down"))
     } else if st.ready.load(Ordering::SeqCst) {
