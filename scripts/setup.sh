@@ -50,7 +50,7 @@ fi
 # compatibility tests and `germline bench --server` (pinned; downloads cached). The two
 # older mcp-server-git releases sit on either side of the upstream dash-target fix
 # (2025.12.18 added the `target.startswith("-")` rejection to git_diff) for the
-# formation-consistent dispatch tests and `germline eval fcd`.
+# formation-consistent dispatch tests and `germline-eval fcd`.
 # `datasci` is numpy, pandas and scikit-learn for the native-library tests; the other
 # additions are the issue-16 compatibility corpus (docs/compatibility.md).
 real="${GERMLINE_REAL_SERVERS:-/var/cache/germline/real-servers}"

@@ -238,8 +238,8 @@ impl GermlineCheck for ExecutorGermlineCheck {
             eprintln!("admission: signature, length and hash verified; unpacked to {}", release_dir.display());
             eprintln!("admission: starting the germline and checking G1–G3 ...");
         }
-        let python = germline_executor::germline::PythonRuntime::discover(&crate::exec_cmd::home())
-            .map_err(|e| e.to_string())?;
+        let python =
+            germline_executor::germline::PythonRuntime::discover(&germline_host::home()).map_err(|e| e.to_string())?;
         germline_executor::germline::check_release(release_dir, python).map(|_| ()).map_err(|e| e.to_string())
     }
 }

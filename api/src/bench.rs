@@ -130,7 +130,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         d = data.display()
     );
     let policy = Policy::parse(&policy_text)?;
-    let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    let python = PythonRuntime::discover(&germline_host::home())?;
     let mut rows = Vec::new();
 
     let cases: [(&str, &str, Vec<&Path>, usize); 3] =
@@ -324,7 +324,7 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(rel.join("vendor"));
         sh(std::process::Command::new("cp").arg("-r").arg(&vendor).arg(&rel))?;
     }
-    let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    let python = PythonRuntime::discover(&germline_host::home())?;
     let db = data.join("bench.db");
     let repo = data.join("repo");
     let (tool, arguments, extra_policy) = match server {

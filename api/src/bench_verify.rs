@@ -66,7 +66,7 @@ pub fn run(args: &BenchVerifyArgs) -> anyhow::Result<()> {
         "tags = [\"finance\", \"hr\"]\n[[items]]\npath = \"{d}/finance/**\"\nlabel = [\"finance\"]\n[[items]]\npath = \"{d}/hr/**\"\nlabel = [\"hr\"]\n[destinations.\"ocr.example\"]\nclearance = [\"finance\"]\n[consumers.agent]\nclearance = [\"finance\", \"hr\"]\n",
         d = data.display()
     ))?;
-    let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    let python = PythonRuntime::discover(&germline_host::home())?;
     let mut rt = GermlineRuntime::start(&rel, policy, python, Splitting::Plan)?;
     let req = CallRequest {
         tool: "scan".into(),

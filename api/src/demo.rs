@@ -155,7 +155,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<i32> {
     );
     std::fs::write(root.join("policy.toml"), &policy_text)?;
     let policy = Policy::parse(&policy_text)?;
-    let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    let python = PythonRuntime::discover(&germline_host::home())?;
     // The demo's release imports the SDK from the interpreter (it vendors none): say so
     // now rather than as a copy that closed its channel.
     if let Err(why) =

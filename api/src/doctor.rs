@@ -202,7 +202,7 @@ pub fn sdk_version(python: &Path) -> std::io::Result<Result<String, String>> {
 }
 
 fn interpreter() -> Check {
-    let home = crate::exec_cmd::home();
+    let home = germline_host::home();
     let rt = match PythonRuntime::discover(&home) {
         Ok(rt) => rt,
         Err(e) => {

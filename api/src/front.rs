@@ -143,10 +143,10 @@ impl Front {
         let manifest = Manifest::load(release)?;
         let name = ReleaseName::new(&manifest.name)?;
         let clearance = policy.consumer_clearance(&ConsumerName::new(&consumer)?)?;
-        let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
+        let python = PythonRuntime::discover(&germline_host::home()).context("finding the Python tool host")?;
         let max_message_bytes = policy.limits.max_message_bytes;
-        let data_dir = crate::exec_cmd::data_dir();
-        let ledger = crate::exec_cmd::open_ledger(&data_dir)?;
+        let data_dir = germline_host::data_dir();
+        let ledger = germline_host::open_ledger(&data_dir)?;
         let runner = Arc::new(FrontRunner {
             kind,
             policy,
@@ -191,7 +191,7 @@ impl Front {
         if manifest.name != self.name.as_str() {
             bail!("{} holds release {}, not {}", dir.display(), manifest.name, self.name);
         }
-        let hash = crate::exec_cmd::release_id(dir)?;
+        let hash = germline_host::release_id(dir)?;
         let hosted = self.formations.register(dir, Some(hash))?;
         let l = self.formations.lifecycle(&self.name).context("the release has no lifecycle")?;
         let state = l.releases.get(&hash).context("the release is not admitted")?;
@@ -446,12 +446,12 @@ enum Start {
 /// take seconds), started, or failed to start (the error answers every request that needs
 /// the release).
 enum Starting {
-    Pending(std::thread::JoinHandle<Result<crate::exec_cmd::Host, String>>),
-    Ready(Arc<Mutex<crate::exec_cmd::Host>>),
+    Pending(std::thread::JoinHandle<Result<germline_host::Host, String>>),
+    Ready(Arc<Mutex<germline_host::Host>>),
     Failed(String),
 }
 
-/// Runs the front's releases, one [`crate::exec_cmd::Host`] each (dampening before a call,
+/// Runs the front's releases, one [`germline_host::Host`] each (dampening before a call,
 /// witnesses after it), behind the fence the formation host hands it.
 struct FrontRunner {
     kind: RuntimeKind,
@@ -492,19 +492,19 @@ impl FrontRunner {
         data_dir: PathBuf,
         dir: &Path,
         release: ReleaseHash,
-    ) -> Result<crate::exec_cmd::Host, ExecutorError> {
+    ) -> Result<germline_host::Host, ExecutorError> {
         let mut rt = Runtime::start(kind, dir, policy, python)?;
         rt.set_trigger_log(data_dir.join("triggers.jsonl"));
         if let Runtime::Germline(g) = &mut rt {
             g.release = release;
         }
-        Ok(crate::exec_cmd::Host::new(rt, ledger, data_dir))
+        Ok(germline_host::Host::new(rt, ledger, data_dir))
     }
 
     /// The host of `release`: its runtime started on first use, or waited for while it
     /// starts on a thread. A runtime that failed to start on its thread answers with that
     /// error from then on; one started here is tried again by the next use.
-    fn host(&self, release: &HostedRelease) -> Result<Arc<Mutex<crate::exec_cmd::Host>>, ExecutorError> {
+    fn host(&self, release: &HostedRelease) -> Result<Arc<Mutex<germline_host::Host>>, ExecutorError> {
         let mut hosts = lock(&self.hosts);
         if let Some(Starting::Pending(_)) = hosts.get(&release.release) {
             let Some(Starting::Pending(handle)) = hosts.remove(&release.release) else {

@@ -18,10 +18,6 @@ use clap::{Parser, Subcommand};
 mod admission_cli;
 // --- end admission commands ---
 
-// --- eval commands ---
-mod eval_cmd;
-// --- end eval commands ---
-
 // --- fleet commands ---
 pub mod fleet;
 // --- end fleet commands ---
@@ -67,11 +63,6 @@ enum Command {
     #[command(flatten)]
     Admission(admission_cli::AdmissionCommand),
     // --- end admission commands ---
-    // --- eval commands ---
-    /// Attack matrix and existence-bit test (`germline eval matrix|existence-bit`).
-    #[command(subcommand)]
-    Eval(eval_cmd::EvalCommand),
-    // --- end eval commands ---
     // --- fleet commands ---
     /// Fleet-wide suppression over C2SP tlog-tiles: serve, status, keys, export, check-lookup.
     Fleet(fleet::FleetArgs),
@@ -126,9 +117,6 @@ fn main() -> anyhow::Result<()> {
             admission_cli::run(cmd)?;
             0
         } // --- end admission commands ---
-        // --- eval commands ---
-        Command::Eval(cmd) => eval_cmd::run(cmd)?,
-        // --- end eval commands ---
         // --- fleet commands ---
         Command::Fleet(a) => fleet::run(a)?,
         // --- end fleet commands ---

@@ -4,7 +4,7 @@
 //! readiness, Prometheus metrics and its own OpenAPI document.
 //!
 //! The service owns the only handle on the embedded ledger ([`Ledger`] behind an `Arc`),
-//! shared by every release's [`Host`](crate::exec_cmd::Host). Router and state are built
+//! shared by every release's [`Host`](germline_host::Host). Router and state are built
 //! in one place, [`app`], so other route sets (the fleet's public log) can be merged.
 
 mod auth;
@@ -128,7 +128,7 @@ impl AppState {
 /// store, the policy and the tokens (generating `<data-dir>/api-token` on first start).
 pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
-    let ledger = crate::exec_cmd::open_ledger_as(&config.data_dir, config.fleet.origin.clone())?;
+    let ledger = germline_host::open_ledger_as(&config.data_dir, config.fleet.origin.clone())?;
     let mut policy = match &config.policy {
         Some(p) => Policy::load(p).with_context(|| format!("policy {}", p.display()))?,
         None => Policy::parse(DEFAULT_POLICY)?,
@@ -136,11 +136,11 @@ pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     if let Some(n) = config.pool {
         policy.limits.pool = n;
     }
-    let python = PythonRuntime::discover(&crate::exec_cmd::home()).context("finding the Python tool host")?;
+    let python = PythonRuntime::discover(&germline_host::home()).context("finding the Python tool host")?;
     let metrics = Arc::new(Metrics::new());
     let python_for_profiles = python.clone();
     let params = StartParams {
-        runtime: config.runtime,
+        runtime: config.runtime(),
         policy,
         python,
         ledger: ledger.clone(),

@@ -1,18 +1,18 @@
-//! `germline verify`: re-check a witness offline with the release and the named items,
-//! and the online path that turns a call's triggers into signed witnesses.
+//! `germline verify`: re-check a witness offline with the release and the named items
+//! (the online path that writes witnesses is [`germline_host::witness`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use germline_executor::call::{CallOutcome, GermlineRuntime, Splitting};
+use germline_executor::call::{GermlineRuntime, Splitting};
 use germline_executor::evidence::TriggerEvidence;
 use germline_executor::germline::PythonRuntime;
-use germline_executor::manifest::Manifest;
 use germline_executor::policy::Policy;
+use germline_host::opening_path;
 use germline_model::{ItemName, ReleaseHash};
-use germline_verifier::{verify_trigger, ReplayReport, Verdict, Witness, WitnessBody, WitnessKey, WitnessOpening};
+use germline_verifier::{verify_trigger, Witness, WitnessOpening};
 
 /// `germline verify` options.
 #[derive(Args, Debug)]
@@ -94,7 +94,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     let ev = &opening.evidence;
     let tmp = tempfile::tempdir()?;
     let (release_dir, hash) = if args.release.is_dir() {
-        (args.release.canonicalize()?, crate::exec_cmd::release_id(&args.release)?)
+        (args.release.canonicalize()?, germline_host::release_id(&args.release)?)
     } else {
         let hash = ReleaseHash::of_bytes(&std::fs::read(&args.release).context("reading the release archive")?);
         if hash != ev.release {
@@ -114,7 +114,7 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
         });
     }
     let contents = load_items(ev, &args.items)?;
-    let python = PythonRuntime::discover(&crate::exec_cmd::home())?;
+    let python = PythonRuntime::discover(&germline_host::home())?;
     let mut rt = GermlineRuntime::start(&release_dir, replay_policy(ev)?, python, Splitting::Plan)?;
     rt.release = hash;
     let report = verify_trigger(&mut rt, ev, &contents, args.tries, w.body.declared_deterministic)?;
@@ -130,71 +130,4 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
         })
     );
     Ok(if report.verdict == w.body.report.verdict { 0 } else { 1 })
-}
-
-/// Where the opening of the witness at `witness` is kept: beside it, `.opening` appended.
-pub fn opening_path(witness: &Path) -> PathBuf {
-    let mut p = witness.as_os_str().to_owned();
-    p.push(".opening");
-    PathBuf::from(p)
-}
-
-/// Most triggers of one call that are verified (each costs 2 × tries replays).
-const MAX_VERIFIED_TRIGGERS: usize = 8;
-
-/// Orders verdicts for choosing the one witness a call publishes: the heaviest weight,
-/// then an item witness before the others.
-fn rank(r: &ReplayReport, declared: bool) -> (u32, bool) {
-    (r.verdict.weight(declared), r.verdict == Verdict::ItemWitness)
-}
-
-/// One verified trigger.
-pub struct Witnessed {
-    /// Where the signed witness was written.
-    pub path: PathBuf,
-    /// The encoded witness.
-    pub bytes: Vec<u8>,
-    /// Its verdict.
-    pub verdict: germline_verifier::Verdict,
-    /// Whether the release declared determinism for the tool.
-    pub declared: bool,
-}
-
-/// After a call: verify its triggers by probe and control replay on the same runtime (the
-/// call's result has already been delivered) and write one signed witness for the call,
-/// with its opening beside it (mode 0600). One call publishes at most one witness: the
-/// heaviest verdict among its first [`MAX_VERIFIED_TRIGGERS`] triggers, so the number of
-/// triggers a release provokes is not published.
-pub fn witness_triggers(
-    rt: &mut GermlineRuntime,
-    outcome: &CallOutcome,
-    req_items: &BTreeMap<ItemName, Vec<u8>>,
-    data_dir: &Path,
-) -> anyhow::Result<Vec<Witnessed>> {
-    if outcome.evidence.is_empty() {
-        return Ok(Vec::new());
-    }
-    let key = WitnessKey::load_or_create(data_dir, "germline-host")?;
-    let manifest: Manifest = rt.manifest.clone();
-    let mut best: Option<(&TriggerEvidence, bool, ReplayReport)> = None;
-    for ev in outcome.evidence.iter().take(MAX_VERIFIED_TRIGGERS) {
-        let decl = manifest.tool(&ev.tool);
-        let declared = decl.deterministic.unwrap_or(manifest.deterministic);
-        let report = verify_trigger(rt, ev, req_items, 3, declared)?;
-        if best.as_ref().is_none_or(|(_, d, b)| rank(&report, declared) > rank(b, *d)) {
-            best = Some((ev, declared, report));
-        }
-    }
-    let Some((ev, declared, report)) = best else { return Ok(Vec::new()) };
-    let verdict = report.verdict;
-    let (body, opening) = WitnessBody::seal(ev, declared, report, rt.evidence_switches.commitments)?;
-    let dir = data_dir.join("witnesses").join(ev.release.to_hex());
-    std::fs::create_dir_all(&dir)?;
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let path = dir.join(format!("{stamp}.witness"));
-    let bytes = key.sign(&body)?;
-    opening.write(&opening_path(&path))?;
-    std::fs::write(&path, &bytes)?;
-    tracing::warn!(witness = %path.display(), ?verdict, "trigger verified");
-    Ok(vec![Witnessed { path, bytes, verdict, declared }])
 }

@@ -84,6 +84,11 @@ impl Service {
     /// Starts `germline serve --config CONFIG` (the config is written from `extra` lines,
     /// listen and data_dir are set here) and waits for its address.
     fn start(dir: &Path, extra: &str) -> Service {
+        Service::start_with(dir, extra, &[], &[])
+    }
+
+    /// [`Service::start`] with more `serve` arguments and environment variables.
+    fn start_with(dir: &Path, extra: &str, args: &[&str], envs: &[(&str, &str)]) -> Service {
         let data = dir.join("data");
         let config = dir.join("serve.toml");
         // These tests admit from repositories they publish as they go, with the root in
@@ -99,11 +104,14 @@ impl Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_germline"))
             .args(["serve", "--config"])
             .arg(&config)
+            .args(args)
             .current_dir(dir)
             .env("GERMLINE_HOME", dir.join("home"))
             .env("GERMLINE_PYTHON", python())
             .env_remove("GERMLINE_DATA_DIR")
             .env_remove("GERMLINE_LISTEN")
+            .env_remove("GERMLINE_RUNTIME")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -254,6 +262,69 @@ fn mixer_world_declared(dir: &Path, deterministic: bool) -> (PathBuf, Vec<PathBu
     common::mixer_release(&rel, "mixer", deterministic);
     let (invoice, payslip, policy) = common::mixer_world(dir, 200, "");
     (rel, vec![invoice, payslip], format!("policy = \"{}\"\n", policy.display()))
+}
+
+/// A loopback sink answering 200 "ok" to up to `max` connections and keeping every byte
+/// it received; returns its port and those bytes.
+fn recording_sink(max: usize) -> (u16, Arc<Mutex<Vec<u8>>>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().take(max).flatten() {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut buf = [0u8; 65536];
+            let n = c.read(&mut buf).unwrap_or(0);
+            keep.lock().unwrap().extend_from_slice(&buf[..n]);
+            let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    (port, seen)
+}
+
+/// The service runs the unprotected baseline only when `--baseline` says so: with
+/// `GERMLINE_RUNTIME=sig-pin` in its environment it still runs germline (the hr payslip
+/// never reaches the finance-only OCR sink, `/readyz` reports `"baseline": null`); with
+/// `--baseline sig-pin` the mixer leaks the payslip to the sink and `/readyz` says
+/// `"baseline": "sig-pin"`.
+#[test]
+fn only_the_baseline_flag_runs_a_baseline_and_readyz_reports_it() {
+    let cases: [(&[&str], &[(&str, &str)], Option<&str>); 2] =
+        [(&[], &[("GERMLINE_RUNTIME", "sig-pin")], None), (&["--baseline", "sig-pin"], &[], Some("sig-pin"))];
+    for (args, envs, baseline) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (port, seen) = recording_sink(20);
+        let rel = dir.join("mixer");
+        common::mixer_release(&rel, "mixer", false);
+        let (invoice, payslip, policy) = common::mixer_world_at(dir, port, "");
+        let admit = publish(dir, &rel);
+        let svc = Service::start_with(dir, &format!("policy = \"{}\"\n", policy.display()), args, envs);
+        let ready = svc.get("/readyz").json();
+        assert_eq!(ready["baseline"], json!(baseline), "{args:?} {envs:?}: {ready}");
+        let token = svc.token();
+        let admitted = svc.post("/v1/releases/tuf", Some(&token), &admit);
+        assert_eq!(admitted.status, 201, "{admitted:?}\n{}", svc.log());
+        let hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+        let call =
+            json!({"tool": "scan", "arguments": {"document": invoice, "extra": payslip}, "items": [invoice, payslip]});
+        let r = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
+        assert_eq!(r.status, 200, "{r:?}\n{}", svc.log());
+        let out = r.json();
+        assert!(out["result"].to_string().contains("scanned"), "{out}");
+        let received = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        assert!(received.contains("invoice 12"), "the OCR host got the invoice either way: {received:?}");
+        let leaked = received.contains("salary 99");
+        eprintln!(
+            "{args:?} {envs:?}: baseline {baseline:?}, payslip at the finance-only sink: {leaked}, copies {}",
+            out["copies"]
+        );
+        assert_eq!(leaked, baseline.is_some(), "{args:?} {envs:?}: {received:?} {out}");
+        if baseline.is_none() {
+            assert_eq!(out["copies"], 2, "germline split the call: {out}");
+        }
+    }
 }
 
 #[test]

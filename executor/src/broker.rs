@@ -444,7 +444,7 @@ fn egress(
     };
     let (name, reply) = match decision {
         EgressDecision::Deliver => {
-            let reply = match http::resolve_destination(policy, &host, req.port, deadline) {
+            let reply = match http::resolve_destination(policy.host_address(&host), &host, req.port, deadline) {
                 Ok(addr) => deliver(req, addr, policy, deadline),
                 Err(why) => gateway_error(&why),
             };

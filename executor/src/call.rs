@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use germline_model::{
     plan_groups, CallRecords, Clearance, ConsumerName, Group, Horizon, HostName, Item, ItemName, Label, Member,
@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::broker::{serve_copy, CallShared, Channel, CopyJob, CopyResult, EgressEvent, ReplayState};
 use crate::cgroup::CgroupLimits;
 use crate::confine::{ResourceLimits, SandboxSwitches};
+pub use crate::evidence::TwinInputs;
 use crate::evidence::{encode_replies, fresh_secret, ItemRecord, TriggerEvidence, EVIDENCE_VERSION};
 use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
@@ -311,25 +312,6 @@ impl SlotStore {
     /// Replaces the slot for `key`.
     pub fn put(&mut self, key: SlotKey, slot: Slot) {
         self.slots.insert(key, slot);
-    }
-}
-
-/// Twin inputs: fixed per call without looking at item contents.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TwinInputs {
-    /// Frozen wall clock (seconds since the epoch).
-    pub clock: f64,
-    /// Seed for every RNG the shim controls (hex).
-    pub seed: String,
-}
-
-impl TwinInputs {
-    /// Fresh twin inputs for one call.
-    pub fn fresh() -> Result<TwinInputs, ExecutorError> {
-        let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
-        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-        Ok(TwinInputs { clock, seed: hex::encode(seed) })
     }
 }
 

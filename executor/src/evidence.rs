@@ -42,8 +42,27 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::call::TwinInputs;
 use crate::ExecutorError;
+
+/// Twin inputs: fixed per call without looking at item contents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TwinInputs {
+    /// Frozen wall clock (seconds since the epoch).
+    pub clock: f64,
+    /// Seed for every RNG the shim controls (hex).
+    pub seed: String,
+}
+
+impl TwinInputs {
+    /// Fresh twin inputs for one call.
+    pub fn fresh() -> Result<TwinInputs, ExecutorError> {
+        let mut seed = [0u8; 32];
+        getrandom::fill(&mut seed).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+        let clock =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        Ok(TwinInputs { clock, seed: hex::encode(seed) })
+    }
+}
 
 /// Version of the evidence encoding (2: published evidence is a commitment).
 pub const EVIDENCE_VERSION: u32 = 2;

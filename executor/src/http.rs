@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use germline_model::{HostName, RequestDigest};
 
-use crate::policy::Policy;
-
 /// Largest header block accepted from a copy or a host.
 const MAX_HEAD: usize = 64 << 10;
 
@@ -207,8 +205,9 @@ pub fn keeps_alive(reply: &[u8]) -> bool {
     framed && !close
 }
 
-/// Where the broker sends a request for `host:port`. Names in the policy's host map go
-/// where the map says (tests point them at loopback). Any other name is resolved by the
+/// Where the broker sends a request for `host:port`. A name in the policy's host map goes
+/// where the map says (`mapped`, the caller looks it up in the policy; tests point
+/// them at loopback). Any other name is resolved by the
 /// broker itself, and only public addresses are used: a name resolving to a loopback,
 /// private, link-local or otherwise special address is refused, as are reserved names
 /// (`.example`, `.test`, `.invalid`, `.local`) that have no public address by definition.
@@ -216,12 +215,12 @@ pub fn keeps_alive(reply: &[u8]) -> bool {
 /// The lookup runs on its own thread and is abandoned at `deadline`, so a slow resolver
 /// cannot hold a copy's broker past its budget.
 pub fn resolve_destination(
-    policy: &Policy,
+    mapped: Option<SocketAddr>,
     host: &HostName,
     port: u16,
     deadline: Instant,
 ) -> Result<SocketAddr, String> {
-    if let Some(addr) = policy.host_address(host) {
+    if let Some(addr) = mapped {
         return Ok(addr);
     }
     let name = host.as_str();
@@ -563,16 +562,16 @@ mod tests {
 
     #[test]
     fn unmapped_names_resolve_only_to_public_addresses() {
-        let p = Policy::parse("tags=['a']\n[hosts]\n'api.example'='127.0.0.1:9'").unwrap();
+        let mapped: Option<SocketAddr> = Some("127.0.0.1:9".parse().unwrap());
         let h = |s: &str| HostName::new(s).unwrap();
         let soon = Instant::now() + Duration::from_secs(5);
-        assert_eq!(resolve_destination(&p, &h("api.example"), 443, soon).unwrap().port(), 9, "the host map wins");
+        assert_eq!(resolve_destination(mapped, &h("api.example"), 443, soon).unwrap().port(), 9, "the host map wins");
         // `localhost` resolves through /etc/hosts (no DNS query) to a loopback address.
-        assert!(resolve_destination(&p, &h("localhost"), 443, soon).unwrap_err().contains("no public address"));
-        assert!(resolve_destination(&p, &h("evil.example"), 443, soon).unwrap_err().contains("reserved"));
+        assert!(resolve_destination(None, &h("localhost"), 443, soon).unwrap_err().contains("no public address"));
+        assert!(resolve_destination(None, &h("evil.example"), 443, soon).unwrap_err().contains("reserved"));
         for ip in ["127.0.0.1", "10.1.2.3", "192.168.0.1", "172.16.0.1", "169.254.1.1", "0.0.0.0", "100.64.0.1"] {
             assert!(!is_public(ip.parse().unwrap()), "{ip}");
-            assert!(resolve_destination(&p, &h(ip), 80, soon).is_err(), "{ip}");
+            assert!(resolve_destination(None, &h(ip), 80, soon).is_err(), "{ip}");
         }
         for ip in ["::1", "fe80::1", "fd00::1", "::ffff:10.0.0.1"] {
             assert!(!is_public(ip.parse().unwrap()), "{ip}");

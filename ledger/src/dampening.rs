@@ -25,6 +25,16 @@ pub enum Event {
 }
 
 impl Event {
+    /// The event of a call whose trigger was checked by replay: [`Event::Verified`] when
+    /// the verifier's verdict is a verified one, else [`Event::Unverified`].
+    pub fn of_trigger(verified: bool) -> Event {
+        if verified {
+            Event::Verified
+        } else {
+            Event::Unverified
+        }
+    }
+
     /// The lower-case name used in log entries and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {

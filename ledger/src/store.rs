@@ -1003,6 +1003,11 @@ impl Ledger {
         self.inner.size.load(Ordering::Acquire)
     }
 
+    /// The dampening parameters this ledger applies (its [`LedgerConfig`]).
+    pub fn dampening_params(&self) -> DampeningParams {
+        self.inner.config.dampening
+    }
+
     /// The log's origin line (also the checkpoint key name).
     pub fn origin(&self) -> &str {
         &self.inner.origin

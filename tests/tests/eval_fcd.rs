@@ -1,4 +1,4 @@
-//! Issue 14 acceptance in CI: `germline eval fcd`'s table has the expected shape. After
+//! Issue 14 acceptance in CI: `germline-eval fcd`'s table has the expected shape. After
 //! the change (rollback of mcp-server-git to the release before the dash-target fix;
 //! rollout of repohost to the release whose omitted `private` is public), exact pinning
 //! and release-wide deny complete neither call; release-wide allow (no fence between a

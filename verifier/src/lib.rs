@@ -58,14 +58,12 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The dampening weight of this event (DESIGN §2): 2000 for a verified witness from
-    /// a release that declared determinism or a broken declaration, 250 otherwise.
-    pub fn weight(self, declared_deterministic: bool) -> u32 {
-        match self {
-            Verdict::ItemWitness if declared_deterministic => 2000,
-            Verdict::DeclaredBroken => 2000,
-            _ => 250,
-        }
+    /// Whether this verdict is a verified dampening event (DESIGN §2): an item witness
+    /// from a release that declared determinism, or a broken declaration. The weights of
+    /// verified and unverified events are the ledger's `DampeningParams`, defined there
+    /// once.
+    pub fn is_verified(self, declared_deterministic: bool) -> bool {
+        matches!(self, Verdict::DeclaredBroken) || (self == Verdict::ItemWitness && declared_deterministic)
     }
 }
 
@@ -150,9 +148,9 @@ mod tests {
         assert_eq!(classify(&[false; 3], &[false; 3], true), Verdict::StateDivergence);
         assert_eq!(classify(&[true; 3], &[false, true, false], true), Verdict::DeclaredBroken);
         assert_eq!(classify(&[true; 3], &[false, true, false], false), Verdict::Unverified);
-        assert_eq!(Verdict::ItemWitness.weight(true), 2000);
-        assert_eq!(Verdict::ItemWitness.weight(false), 250);
-        assert_eq!(Verdict::StateDivergence.weight(true), 250);
-        assert_eq!(Verdict::DeclaredBroken.weight(true), 2000);
+        assert!(Verdict::ItemWitness.is_verified(true));
+        assert!(!Verdict::ItemWitness.is_verified(false));
+        assert!(!Verdict::StateDivergence.is_verified(true));
+        assert!(Verdict::DeclaredBroken.is_verified(true));
     }
 }

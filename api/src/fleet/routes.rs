@@ -1,4 +1,5 @@
-//! The public face of a host's ledger: C2SP tlog-tiles over HTTP, plus `/lookup`.
+//! The public face of a host's ledger: C2SP tlog-tiles over HTTP, plus `/lookup`, the
+//! tlog-witness endpoint and `/fleet/status`.
 //!
 //! Tiles and entry bundles are immutable once full, so they are served with long cache
 //! lifetimes and any CDN or object store can carry them; the checkpoint is the only
@@ -9,13 +10,14 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use germline_ledger::tiles::{parse_tile_path, TileRequest};
 use germline_ledger::{Ledger, LedgerError, TILE_WIDTH};
 use germline_model::ReleaseHash;
 
-use super::lookup;
+use germline_fleet::lookup;
+use germline_fleet::witness::{AddCheckpointError, WitnessService, MAX_REQUEST_BYTES};
 
 /// An error answer: a status and a JSON body `{"error": …}`.
 pub struct ApiError(StatusCode, String);
@@ -120,7 +122,51 @@ pub async fn lookup_release(
     (status = 200, description = "One object per peer: status, message, size, root, processed entries, evidence", body = Vec<serde_json::Value>)))]
 pub async fn status(State(ledger): State<Arc<Ledger>>) -> Result<Json<serde_json::Value>, ApiError> {
     let peers = blocking(move || ledger.peer_records()).await?;
-    Ok(Json(serde_json::json!(peers.into_iter().map(|(n, r)| super::status_json(&n, &r)).collect::<Vec<_>>())))
+    Ok(Json(serde_json::json!(peers.into_iter().map(|(n, r)| germline_fleet::status_json(&n, &r)).collect::<Vec<_>>())))
+}
+
+/// `POST /add-checkpoint` (C2SP tlog-witness).
+pub fn witness_routes(service: Arc<WitnessService>) -> Router {
+    Router::new().route("/add-checkpoint", post(add_checkpoint)).with_state(service)
+}
+
+/// C2SP tlog-witness `add-checkpoint`: cosigns a configured peer's checkpoint that is
+/// consistent with what this host cosigned before.
+#[utoipa::path(post, path = "/add-checkpoint", tag = "fleet",
+    request_body(content = String, content_type = "text/plain", description = "old size, consistency proof and signed checkpoint"),
+    responses(
+        (status = 200, description = "Cosignature lines", content_type = "text/plain", body = String),
+        (status = 400, description = "Malformed request", body = crate::service::error::ErrorBody),
+        (status = 403, description = "Not signed by a configured peer", body = crate::service::error::ErrorBody),
+        (status = 404, description = "Unknown log", body = crate::service::error::ErrorBody),
+        (status = 409, description = "Old size is not the latest cosigned size", content_type = "text/x.tlog.size", body = String),
+        (status = 413, description = "Request too large", body = crate::service::error::ErrorBody),
+        (status = 422, description = "Inconsistent with the cosigned checkpoint", body = crate::service::error::ErrorBody)))]
+pub async fn add_checkpoint(State(w): State<Arc<WitnessService>>, body: axum::body::Bytes) -> Response {
+    let err = |status: StatusCode, msg: String| (status, Json(serde_json::json!({ "error": msg }))).into_response();
+    if body.len() > MAX_REQUEST_BYTES {
+        return err(StatusCode::PAYLOAD_TOO_LARGE, "request too large".into());
+    }
+    let Ok(text) = String::from_utf8(body.to_vec()) else {
+        return err(StatusCode::BAD_REQUEST, "body is not UTF-8".into());
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1);
+    let result = tokio::task::spawn_blocking(move || w.add_checkpoint(&text, now)).await;
+    match result {
+        Ok(Ok(lines)) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], lines).into_response(),
+        Ok(Err(AddCheckpointError::Conflict(size))) => {
+            (StatusCode::CONFLICT, [(header::CONTENT_TYPE, "text/x.tlog.size")], format!("{size}\n")).into_response()
+        }
+        Ok(Err(AddCheckpointError::BadRequest(m))) => err(StatusCode::BAD_REQUEST, m),
+        Ok(Err(AddCheckpointError::Forbidden(m))) => err(StatusCode::FORBIDDEN, m),
+        Ok(Err(AddCheckpointError::UnknownLog(m))) => err(StatusCode::NOT_FOUND, format!("unknown log {m:?}")),
+        Ok(Err(AddCheckpointError::Unprocessable(m))) => {
+            tracing::error!("refused to cosign an inconsistent checkpoint: {m}");
+            err(StatusCode::UNPROCESSABLE_ENTITY, m)
+        }
+        Ok(Err(AddCheckpointError::Internal(m))) => err(StatusCode::INTERNAL_SERVER_ERROR, m),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, format!("worker failed: {e}")),
+    }
 }
 
 async fn blocking<T: Send + 'static>(

@@ -1,5 +1,6 @@
 //! The service's configuration: a TOML file, then `GERMLINE_*` environment overrides,
-//! then command-line flags. With none of them, `germline serve` runs on loopback with the
+//! then command-line flags. The one exception is the baseline (an unprotected runtime,
+//! for evaluation): only a flag or the file selects it, never the environment. With none of them, `germline serve` runs on loopback with the
 //! data directory of the CLI commands.
 
 use std::net::SocketAddr;
@@ -30,6 +31,11 @@ pub struct ServeArgs {
     /// policy's `[limits] pool`, else 2]; 0 forks the copies of each call as it comes.
     #[arg(long)]
     pub pool: Option<usize>,
+    /// For evaluation only: run admitted releases under an unprotected baseline instead of
+    /// germline (`nosplit`, `sig-pin`, `sig-ifc`, `confined-ifc`, `fresh-ifc`) [config
+    /// `baseline`; never from the environment]. `/readyz` reports it.
+    #[arg(long)]
+    pub baseline: Option<RuntimeKind>,
 }
 
 /// The configuration file's shape; every field is optional.
@@ -41,7 +47,7 @@ struct FileConfig {
     store_dir: Option<PathBuf>,
     tokens_file: Option<PathBuf>,
     policy: Option<PathBuf>,
-    runtime: Option<String>,
+    baseline: Option<String>,
     body_limit_bytes: Option<usize>,
     admission_body_limit_bytes: Option<usize>,
     call_deadline_ms: Option<u64>,
@@ -50,7 +56,7 @@ struct FileConfig {
     read_requires_token: Option<bool>,
     tuf_repo_urls: Option<Vec<String>>,
     dispatch_policy: Option<String>,
-    fleet: Option<crate::fleet::FleetConfig>,
+    fleet: Option<germline_fleet::FleetConfig>,
     pool: Option<usize>,
     trust: Option<super::trust::TrustFile>,
 }
@@ -68,8 +74,9 @@ pub struct ServiceConfig {
     pub tokens_file: Option<PathBuf>,
     /// The deployer's policy for calls; `None`: nothing labelled, the agent is the consumer.
     pub policy: Option<PathBuf>,
-    /// Runtime releases run under.
-    pub runtime: RuntimeKind,
+    /// The baseline releases run under instead of germline (evaluation only): set by
+    /// `--baseline` or the file's `baseline`, never by the environment.
+    pub baseline: Option<RuntimeKind>,
     /// Ready copies per germline, overriding the policy's `[limits] pool`.
     pub pool: Option<usize>,
     /// Largest request body, except admission uploads.
@@ -94,13 +101,18 @@ pub struct ServiceConfig {
     pub dispatch_policy: germline_model::DispatchPolicy,
     /// The fleet (`[fleet]`, or the file `GERMLINE_FLEET_CONFIG` names): this host's log is
     /// always published as tiles; peers and witnesses only when configured.
-    pub fleet: crate::fleet::FleetConfig,
+    pub fleet: germline_fleet::FleetConfig,
     /// Trust anchors (`[trust]`): TUF roots per repository, Sigstore identities, cosign
     /// keys; whether callers may bring their own; which repositories are followed.
     pub trust: super::trust::Trust,
 }
 
 impl ServiceConfig {
+    /// The runtime releases run under: germline unless a baseline was configured.
+    pub fn runtime(&self) -> RuntimeKind {
+        self.baseline.unwrap_or(RuntimeKind::Germline)
+    }
+
     /// Resolves file, environment (`env` looked up by name) and flags, in that order of
     /// increasing precedence.
     pub fn resolve(args: &ServeArgs, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<ServiceConfig> {
@@ -126,10 +138,18 @@ impl ServiceConfig {
             env("GERMLINE_STORE_DIR").map(PathBuf::from).or(file.store_dir).unwrap_or_else(|| data_dir.join("store"));
         let tokens_file = env("GERMLINE_TOKENS_FILE").map(PathBuf::from).or(file.tokens_file);
         let policy = env("GERMLINE_POLICY").map(PathBuf::from).or(file.policy);
-        let runtime = match env("GERMLINE_RUNTIME").or(file.runtime) {
-            Some(r) => r.parse::<RuntimeKind>().map_err(anyhow::Error::msg)?,
-            None => RuntimeKind::Germline,
+        // A baseline runs releases unprotected: only an explicit flag or configuration
+        // key selects one, so no inherited environment can turn the service into it.
+        if env("GERMLINE_RUNTIME").is_some() {
+            tracing::warn!("GERMLINE_RUNTIME is ignored by `germline serve`; a baseline needs --baseline");
+        }
+        let baseline = match args.baseline {
+            Some(kind) => Some(kind),
+            None => file.baseline.map(|r| r.parse::<RuntimeKind>().map_err(anyhow::Error::msg)).transpose()?,
         };
+        if baseline == Some(RuntimeKind::Germline) {
+            bail!("germline is not a baseline: leave --baseline (config `baseline`) unset to run germline");
+        }
         let num = |name: &str, from_file: Option<u64>, default: u64| -> anyhow::Result<u64> {
             match env(name) {
                 Some(v) => v.trim().parse::<u64>().with_context(|| format!("{name}={v:?} is not a number")),
@@ -160,7 +180,7 @@ impl ServiceConfig {
             None => germline_model::DispatchPolicy::default(),
         };
         let fleet = match env("GERMLINE_FLEET_CONFIG") {
-            Some(p) => crate::fleet::FleetConfig::load(Path::new(&p))?,
+            Some(p) => germline_fleet::FleetConfig::load(Path::new(&p))?,
             None => file.fleet.unwrap_or_default(),
         };
         fleet.validate()?;
@@ -183,7 +203,7 @@ impl ServiceConfig {
             store_dir,
             tokens_file,
             policy,
-            runtime,
+            baseline,
             body_limit_bytes: usize::try_from(body_limit_bytes).context("body limit")?,
             admission_body_limit_bytes: usize::try_from(admission_body_limit_bytes).context("admission body limit")?,
             call_deadline: Duration::from_millis(call_deadline_ms),
@@ -223,13 +243,12 @@ mod tests {
             "GERMLINE_DATA_DIR" => Some("/e".to_owned()),
             _ => None,
         };
-        let args =
-            ServeArgs { config: Some(file.clone()), listen: Some("127.0.0.1:3".into()), data_dir: None, pool: None };
+        let args = ServeArgs { config: Some(file.clone()), listen: Some("127.0.0.1:3".into()), ..ServeArgs::default() };
         let c = ServiceConfig::resolve(&args, env).unwrap();
         assert_eq!(c.listen.port(), 3);
         assert_eq!(c.data_dir, PathBuf::from("/e"));
         assert_eq!(c.call_deadline, Duration::from_millis(5));
-        let args = ServeArgs { config: Some(file), listen: None, data_dir: None, pool: None };
+        let args = ServeArgs { config: Some(file), ..ServeArgs::default() };
         assert_eq!(ServiceConfig::resolve(&args, |_| None).unwrap().listen.port(), 1);
     }
 
@@ -242,5 +261,23 @@ mod tests {
         assert!(ServiceConfig::resolve(&args, |_| None).is_err());
         let bad = |k: &str| (k == "GERMLINE_BODY_LIMIT").then(|| "lots".to_owned());
         assert!(ServiceConfig::resolve(&ServeArgs::default(), bad).is_err());
+    }
+
+    #[test]
+    fn a_baseline_comes_only_from_a_flag_or_the_file() {
+        let env = |k: &str| (k == "GERMLINE_RUNTIME").then(|| "sig-pin".to_owned());
+        let c = ServiceConfig::resolve(&ServeArgs::default(), env).unwrap();
+        assert_eq!((c.baseline, c.runtime()), (None, RuntimeKind::Germline), "the environment selects nothing");
+        let args = ServeArgs { baseline: Some(RuntimeKind::SigPin), ..ServeArgs::default() };
+        assert_eq!(ServiceConfig::resolve(&args, |_| None).unwrap().runtime(), RuntimeKind::SigPin);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("serve.toml");
+        std::fs::write(&file, "baseline = \"nosplit\"\n").unwrap();
+        let args = ServeArgs { config: Some(file.clone()), ..ServeArgs::default() };
+        assert_eq!(ServiceConfig::resolve(&args, |_| None).unwrap().baseline, Some(RuntimeKind::NoSplit));
+        std::fs::write(&file, "runtime = \"sig-pin\"\n").unwrap();
+        assert!(ServiceConfig::resolve(&args, |_| None).is_err(), "the old `runtime` key is refused, not ignored");
+        let args = ServeArgs { baseline: Some(RuntimeKind::Germline), ..ServeArgs::default() };
+        assert!(ServiceConfig::resolve(&args, |_| None).is_err());
     }
 }

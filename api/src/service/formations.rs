@@ -39,7 +39,7 @@ impl ServiceRunner {
     fn with_host<T>(
         &self,
         release: &HostedRelease,
-        f: impl FnOnce(&mut crate::exec_cmd::Host) -> Result<T, ExecutorError>,
+        f: impl FnOnce(&mut germline_host::Host) -> Result<T, ExecutorError>,
     ) -> Result<T, ExecutorError> {
         let slot = self
             .releases

@@ -14,7 +14,7 @@ use germline_ledger::Ledger;
 use germline_model::ReleaseHash;
 
 use super::metrics::{self, Metrics};
-use crate::exec_cmd::Host;
+use germline_host::Host;
 
 /// Where a release's germline stands.
 #[derive(Clone, Debug, PartialEq, Eq)]

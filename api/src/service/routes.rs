@@ -24,7 +24,7 @@ use super::error::{ApiError, ErrorBody, Guarded, JsonBody};
 use super::metrics::{self, CallLabels};
 use super::releases::{GermlineStatus, ReleaseSlot};
 use super::AppState;
-use crate::exec_cmd::refused_as_suppressed;
+use germline_host::refused_as_suppressed;
 
 const MAX_TOOL_NAME: usize = 256;
 const MAX_ITEMS: usize = 256;
@@ -41,7 +41,7 @@ const MAX_ENTRIES_PAGE: u64 = 1000;
         healthz, readyz, metrics, openapi, list_releases, get_release, admit_tuf, admit_sigstore, call, session,
         witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency,
         crate::fleet::routes::checkpoint, crate::fleet::routes::tile, crate::fleet::routes::lookup_release,
-        crate::fleet::routes::status, crate::fleet::witness::add_checkpoint,
+        crate::fleet::routes::status, crate::fleet::routes::add_checkpoint,
         super::formations::form, super::formations::dispatch, super::formations::lifecycle, super::formations::mcp
     ),
     modifiers(&BearerAuth),
@@ -76,6 +76,11 @@ pub struct Health {
     /// host; starts with `NO per-copy cgroup limits` where only rlimits apply.
     #[serde(skip_serializing_if = "Option::is_none")]
     per_copy_limits: Option<String>,
+    /// `/readyz` only: the baseline releases run under instead of germline (`serve
+    /// --baseline`, for evaluation), or null when they run under germline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, nullable)]
+    baseline: Option<Option<String>>,
 }
 
 /// A release, its germline and its dampening.
@@ -483,7 +488,7 @@ impl AppState {
 
     fn dampening_view(&self, hash: &ReleaseHash) -> Result<DampeningView, ApiError> {
         let s = self.ledger.dampening_state(hash)?;
-        let p = germline_ledger::DampeningParams::default();
+        let p = self.ledger.dampening_params();
         Ok(DampeningView {
             release: hash.to_hex(),
             penalty: s.penalty,
@@ -519,7 +524,7 @@ impl AppState {
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "The process serves requests", body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok".into(), per_copy_limits: None })
+    Json(Health { status: "ok".into(), per_copy_limits: None, baseline: None })
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
@@ -527,7 +532,10 @@ pub async fn healthz() -> Json<Health> {
     (status = 503, description = "Starting or shutting down", body = Health)))]
 pub async fn readyz(State(st): State<AppState>) -> (StatusCode, Json<Health>) {
     let limits = Some(germline_executor::cgroup::host_support().describe().to_owned());
-    let health = |status: &str| Json(Health { status: status.into(), per_copy_limits: limits.clone() });
+    let baseline = Some(st.config.baseline.map(|k| k.name().to_owned()));
+    let health = |status: &str| {
+        Json(Health { status: status.into(), per_copy_limits: limits.clone(), baseline: baseline.clone() })
+    };
     if st.in_flight.closed.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, health("shutting_down"))
     } else if st.ready.load(Ordering::SeqCst) {

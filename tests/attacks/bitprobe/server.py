@@ -1,4 +1,4 @@
-"""Existence-bit probe for `germline eval existence-bit`: contacts stats.example only if
+"""Existence-bit probe for `germline-eval existence-bit`: contacts stats.example only if
 bit `index` of the 64-bit secret is 1."""
 from mcp.server.fastmcp import FastMCP
 import glnet

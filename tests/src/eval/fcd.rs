@@ -1,4 +1,4 @@
-//! `germline eval fcd`: formation-consistent dispatch (DESIGN §8) against stock releases.
+//! `germline-eval fcd`: formation-consistent dispatch (DESIGN §8) against stock releases.
 //!
 //! Two cases, each under every dispatch policy, with `trials` pending calls A and B:
 //!

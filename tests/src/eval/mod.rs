@@ -1,4 +1,4 @@
-//! `germline eval`: the attack corpus under every runtime, judged by the oracle.
+//! `germline-eval`: the attack corpus under every runtime, judged by the oracle.
 //!
 //! [`world`] generates one user's labelled world with fresh canaries per trial;
 //! [`matrix`] runs each attack variant (`tests/attacks/`) under each runtime and counts

@@ -1,16 +1,26 @@
-//! `germline eval`: the attack matrix, the existence-bit test and formation-consistent
-//! dispatch against stock releases.
+//! `germline-eval`: the attack matrix, the existence-bit test and formation-consistent
+//! dispatch against stock releases. A binary of its own, built from the test crate, so
+//! the shipped `germline` binary does not link the test harness.
 
 use std::path::PathBuf;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::runtime::RuntimeKind;
 use germline_tests::eval::{run_existence_bit, run_fcd, run_matrix, FcdOptions, MatrixOptions};
 
-/// `germline eval ...`
+/// Attack matrix, existence-bit test and formation-consistent dispatch
+/// (`germline-eval matrix|existence-bit|fcd`).
+#[derive(Parser)]
+#[command(name = "germline-eval", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: EvalCommand,
+}
+
+/// `germline-eval ...`
 #[derive(Subcommand)]
-pub enum EvalCommand {
+enum EvalCommand {
     /// Every attack variant under every runtime: disclosing runs per cell, JSON + SVG.
     Matrix(MatrixArgs),
     /// The 64-bit existence-bit test under lazy (simulated) and declared splitting.
@@ -21,9 +31,9 @@ pub enum EvalCommand {
     Fcd(FcdArgs),
 }
 
-/// Options of `eval fcd`.
+/// Options of `germline-eval fcd`.
 #[derive(Args)]
-pub struct FcdArgs {
+struct FcdArgs {
     /// Pending A and B calls per policy.
     #[arg(long, default_value_t = 3)]
     trials: usize,
@@ -39,9 +49,9 @@ pub struct FcdArgs {
     out: PathBuf,
 }
 
-/// Options of `eval matrix`.
+/// Options of `germline-eval matrix`.
 #[derive(Args)]
-pub struct MatrixArgs {
+struct MatrixArgs {
     /// Trials per cell.
     #[arg(long, default_value_t = 3)]
     trials: usize,
@@ -56,9 +66,9 @@ pub struct MatrixArgs {
     out: PathBuf,
 }
 
-/// Options of `eval existence-bit`.
+/// Options of `germline-eval existence-bit`.
 #[derive(Args)]
-pub struct ExistenceArgs {
+struct ExistenceArgs {
     /// Where to write the JSON result.
     #[arg(long, default_value = "eval-existence-bit.json")]
     out: PathBuf,
@@ -69,10 +79,10 @@ fn python() -> anyhow::Result<PythonRuntime> {
     Ok(PythonRuntime::discover(&home)?)
 }
 
-/// Runs an eval command. `eval matrix` exits 1 when a cell errored (a runtime that did
+/// Runs an eval command. `matrix` exits 1 when a cell errored (a runtime that did
 /// not start or ran nothing) or an attack variant has no control (no disclosure under
 /// sig-pin): such a matrix does not tell "stopped" from "broken".
-pub fn run(cmd: EvalCommand) -> anyhow::Result<i32> {
+fn run(cmd: EvalCommand) -> anyhow::Result<i32> {
     match cmd {
         EvalCommand::Matrix(a) => {
             let m = run_matrix(
@@ -106,4 +116,18 @@ pub fn run(cmd: EvalCommand) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GERMLINE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let code = run(cli.command)?;
+    std::process::exit(code);
 }

@@ -1,7 +1,8 @@
 //! Split-view protection: each host is a C2SP tlog-witness for its peers' logs and
 //! gathers cosignatures on its own checkpoints from the witnesses it is configured with.
 //!
-//! Witness side: `POST /add-checkpoint` (C2SP tlog-witness) cosigns a peer's checkpoint
+//! Witness side: `POST /add-checkpoint` (C2SP tlog-witness, routed by the service)
+//! cosigns a peer's checkpoint
 //! (C2SP tlog-cosignature, `cosignature/v1`) only if it is signed by that peer's key and
 //! provably extends the last checkpoint this host cosigned for the same origin; the
 //! check and the update of that state happen under one lock, and the state is durable
@@ -17,20 +18,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::{Json, Router};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use germline_ledger::merkle;
 use germline_ledger::{Checkpoint, CosignatureVerifier, Cosigner, Ledger, NoteVerifier};
 
-use super::FleetConfig;
+use crate::FleetConfig;
 
 /// Largest add-checkpoint request body accepted.
-const MAX_REQUEST_BYTES: usize = 64 * 1024;
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// Why a checkpoint was not cosigned; each maps to the status the spec prescribes.
 #[derive(Debug, PartialEq, Eq)]
@@ -122,50 +118,6 @@ impl WitnessService {
             .put_cosigned_head(origin, cp.size, &cp.root)
             .map_err(|e| AddCheckpointError::Internal(e.to_string()))?;
         self.cosigner.cosign(text, now).map_err(|e| AddCheckpointError::Internal(e.to_string()))
-    }
-}
-
-/// `POST /add-checkpoint` (C2SP tlog-witness).
-pub fn witness_routes(service: Arc<WitnessService>) -> Router {
-    Router::new().route("/add-checkpoint", post(add_checkpoint)).with_state(service)
-}
-
-/// C2SP tlog-witness `add-checkpoint`: cosigns a configured peer's checkpoint that is
-/// consistent with what this host cosigned before.
-#[utoipa::path(post, path = "/add-checkpoint", tag = "fleet",
-    request_body(content = String, content_type = "text/plain", description = "old size, consistency proof and signed checkpoint"),
-    responses(
-        (status = 200, description = "Cosignature lines", content_type = "text/plain", body = String),
-        (status = 400, description = "Malformed request", body = crate::service::error::ErrorBody),
-        (status = 403, description = "Not signed by a configured peer", body = crate::service::error::ErrorBody),
-        (status = 404, description = "Unknown log", body = crate::service::error::ErrorBody),
-        (status = 409, description = "Old size is not the latest cosigned size", content_type = "text/x.tlog.size", body = String),
-        (status = 413, description = "Request too large", body = crate::service::error::ErrorBody),
-        (status = 422, description = "Inconsistent with the cosigned checkpoint", body = crate::service::error::ErrorBody)))]
-pub async fn add_checkpoint(State(w): State<Arc<WitnessService>>, body: axum::body::Bytes) -> Response {
-    let err = |status: StatusCode, msg: String| (status, Json(serde_json::json!({ "error": msg }))).into_response();
-    if body.len() > MAX_REQUEST_BYTES {
-        return err(StatusCode::PAYLOAD_TOO_LARGE, "request too large".into());
-    }
-    let Ok(text) = String::from_utf8(body.to_vec()) else {
-        return err(StatusCode::BAD_REQUEST, "body is not UTF-8".into());
-    };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1);
-    let result = tokio::task::spawn_blocking(move || w.add_checkpoint(&text, now)).await;
-    match result {
-        Ok(Ok(lines)) => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], lines).into_response(),
-        Ok(Err(AddCheckpointError::Conflict(size))) => {
-            (StatusCode::CONFLICT, [(header::CONTENT_TYPE, "text/x.tlog.size")], format!("{size}\n")).into_response()
-        }
-        Ok(Err(AddCheckpointError::BadRequest(m))) => err(StatusCode::BAD_REQUEST, m),
-        Ok(Err(AddCheckpointError::Forbidden(m))) => err(StatusCode::FORBIDDEN, m),
-        Ok(Err(AddCheckpointError::UnknownLog(m))) => err(StatusCode::NOT_FOUND, format!("unknown log {m:?}")),
-        Ok(Err(AddCheckpointError::Unprocessable(m))) => {
-            tracing::error!("refused to cosign an inconsistent checkpoint: {m}");
-            err(StatusCode::UNPROCESSABLE_ENTITY, m)
-        }
-        Ok(Err(AddCheckpointError::Internal(m))) => err(StatusCode::INTERNAL_SERVER_ERROR, m),
-        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, format!("worker failed: {e}")),
     }
 }
 
@@ -302,7 +254,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let a = log(&tmp.path().join("a"), 10);
         let config = FleetConfig {
-            peers: vec![super::super::PeerConfig {
+            peers: vec![crate::PeerConfig {
                 name: "a".into(),
                 url: "http://127.0.0.1:1".into(),
                 checkpoint_key: a.verifier().to_vkey(),

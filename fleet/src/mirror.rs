@@ -3,7 +3,7 @@
 //!
 //! Per peer and sync: fetch `/checkpoint`, open it with the peer's checkpoint key, check
 //! that it extends the last checkpoint verified from that peer (from authenticated
-//! tiles; see [`super::tiles`]), store it, then read the new entries in bounded chunks,
+//! tiles; see [`crate::tiles`]), store it, then read the new entries in bounded chunks,
 //! judge every witness entry and advance the stored cursor. A suppression is appended
 //! before the cursor moves and the ledger deduplicates by witness hash, so a crash at
 //! any point replays at most a few entries and never loses or doubles one.
@@ -28,14 +28,14 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use germline_ledger::{
-    Checkpoint, DampeningParams, Entry, EntryKind, Ledger, LedgerError, NoteVerifier, PeerRecord, PeerStatus,
+    Checkpoint, DampeningParams, Entry, EntryKind, Event, Ledger, LedgerError, NoteVerifier, PeerRecord, PeerStatus,
 };
 use germline_model::ReleaseHash;
 use germline_verifier::Witness;
 use sha2::Digest;
 
-use super::tiles::{check_consistency, TileSource, TiledTree, TilesError};
-use super::{FleetConfig, PeerConfig};
+use crate::tiles::{check_consistency, TileSource, TiledTree, TilesError};
+use crate::{FleetConfig, PeerConfig};
 
 /// Largest checkpoint note accepted.
 const MAX_CHECKPOINT_BYTES: u64 = 64 * 1024;
@@ -138,7 +138,7 @@ pub fn judge_witness(entry: &Entry, witness_key: &[u8; 32], params: &DampeningPa
     // with the items, lets anyone holding them re-derive it (`germline verify`).
     let r = &w.body.report;
     let declared = w.body.declared_deterministic;
-    if f64::from(r.verdict.weight(declared)) < params.suppress_at {
+    if params.weight(Event::of_trigger(r.verdict.is_verified(declared))) < params.suppress_at {
         return WitnessDecision::Ignore(format!(
             "verdict {:?} (declared deterministic: {declared}) does not suppress",
             r.verdict
@@ -289,7 +289,7 @@ pub fn sync_peer_from(
     }
 
     let mut suppressed = Vec::new();
-    let params = DampeningParams::default();
+    let params = ledger.dampening_params();
     let end = cp.size.min(rec.processed.saturating_add(config.max_entries_per_sync));
     let deadline = Instant::now() + Duration::from_millis(config.request_timeout_ms.saturating_mul(4));
     while rec.processed < end && Instant::now() < deadline {

@@ -3,7 +3,7 @@
 //!
 //! The answer proves that each listed entry is in the log; it does not prove that no
 //! other entry about the release exists (a mirror that needs completeness reads the
-//! whole log through tiles, as [`super::mirror`] does).
+//! whole log through tiles, as [`crate::mirror`] does).
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
