@@ -19,6 +19,7 @@
 //! [`Front`] is sans-I/O: one JSON-RPC message in, at most one out. The stdio loop and the
 //! HTTP handlers in [`http`] are thin shells around it.
 
+pub mod bridge;
 pub mod http;
 
 use std::io::{BufRead, Write};
@@ -93,9 +94,18 @@ pub struct WrapArgs {
     /// GERMLINE_DISPATCH_POLICY).
     #[arg(long)]
     pub dispatch_policy: Option<DispatchPolicy>,
+    /// Relay to the MCP endpoint of this `germline serve` (a loopback `http://` URL)
+    /// instead of running the release here: the service's ledger, dampening, witnesses and
+    /// fleet suppressions then hold for every agent host that wraps it this way. With
+    /// `--token-file` (or GERMLINE_SERVICE_TOKEN) naming the service's API token.
+    #[arg(long, requires = "release", conflicts_with_all = ["listen", "policy", "pool"])]
+    pub service: Option<String>,
+    /// The release name the service serves (with `--service`).
+    #[arg(long, requires = "service")]
+    pub release: Option<String>,
     /// A release directory (with `germline.toml`). Commands are not wrapped yet: an
     /// unsigned command has no manifest to declare its destinations.
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required_unless_present = "service")]
     pub target: Vec<String>,
 }
 
@@ -672,6 +682,17 @@ fn release_dir(target: &[String]) -> anyhow::Result<PathBuf> {
 
 /// `germline wrap`.
 pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
+    if let (Some(service), Some(name)) = (&args.service, &args.release) {
+        if !args.target.is_empty() {
+            bail!("--service relays to a release the service admitted: give no release directory");
+        }
+        let token = match (&args.token_file, std::env::var("GERMLINE_SERVICE_TOKEN")) {
+            (Some(p), _) => std::fs::read_to_string(p).with_context(|| format!("--token-file {}", p.display()))?,
+            (None, Ok(t)) => t,
+            (None, Err(_)) => bail!("--service needs the service's API token: --token-file FILE or GERMLINE_SERVICE_TOKEN"),
+        };
+        return bridge::run(service, name, token.trim());
+    }
     let release = release_dir(&args.target)?;
     let mut policy = load_policy(args.policy.as_deref())?;
     if let Some(n) = args.pool {

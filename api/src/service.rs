@@ -196,9 +196,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/formations", post(formations::form))
         .route("/v1/formations/{id}/dispatch", post(formations::dispatch))
         .route("/v1/releases/{hash}/lifecycle", post(formations::lifecycle))
-        .route("/v1/mcp/{name}", post(formations::mcp))
         .layer(DefaultBodyLimit::max(c.body_limit_bytes))
         .route_layer(auth.clone());
+    // The agent hosts' MCP endpoints (`germline wrap --service` relays to them): the
+    // token, and the Host and Origin checks a Streamable HTTP server needs against web
+    // pages (DNS rebinding, cross-origin requests).
+    let mcp = Router::new()
+        .route("/mcp/{name}", post(formations::mcp))
+        .route("/v1/mcp/{name}", post(formations::mcp))
+        .layer(DefaultBodyLimit::max(c.body_limit_bytes))
+        .route_layer(auth.clone())
+        .route_layer(middleware::from_fn_with_state(state.clone(), mcp_guard));
     let mut reads = Router::new()
         .route("/v1/releases", get(routes::list_releases))
         .route("/v1/releases/{hash}", get(routes::get_release))
@@ -219,12 +227,44 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(routes::readyz))
         .merge(reads)
         .merge(mutating)
+        .merge(mcp)
         .merge(admission)
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             ApiError::Internal("a request handler panicked".into()).into_response()
         }))
         .with_state(state)
+}
+
+/// The MCP endpoints' `Host` and `Origin` checks: `Host` names the listen address (any IP
+/// literal when it listens on all addresses, `localhost` on loopback) or a configured name;
+/// a present `Origin` must be configured.
+async fn mcp_guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let c = &st.config;
+    let host = req.headers().get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).map(str::to_ascii_lowercase);
+    let host_ok = host.as_deref().is_some_and(|h| {
+        let name = match h.rsplit_once(':') {
+            Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => h,
+        };
+        let bare = name.trim_start_matches('[').trim_end_matches(']');
+        let ip = bare.parse::<std::net::IpAddr>().ok();
+        let listen = c.listen.ip();
+        ip == Some(listen)
+            || (listen.is_unspecified() && ip.is_some())
+            || (listen.is_loopback() && (bare == "localhost" || ip.is_some_and(|i| i.is_loopback())))
+            || c.mcp_allowed_hosts.iter().any(|a| a == h || a == name)
+    });
+    if !host_ok {
+        return ApiError::Forbidden("Host is not this service's address (see mcp_allowed_hosts)".into()).into_response();
+    }
+    if let Some(origin) = req.headers().get(axum::http::header::ORIGIN) {
+        let o = origin.to_str().unwrap_or("").trim_end_matches('/').to_ascii_lowercase();
+        if !c.mcp_allowed_origins.contains(&o) {
+            return ApiError::Forbidden("Origin not allowed (see mcp_allowed_origins)".into()).into_response();
+        }
+    }
+    next.run(req).await
 }
 
 async fn require_token(State(st): State<AppState>, req: Request, next: Next) -> Response {

@@ -7,6 +7,9 @@
 //! and transparency log made in the test (offline), and refusals of a wrong identity, a
 //! modified archive and a foreign CA.
 
+mod common;
+
+use common::serve::*;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -16,25 +19,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-
-fn python() -> PathBuf {
-    std::env::var_os("GERMLINE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
-}
-
-fn germline(args: &[&str], cwd: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
-        .args(args)
-        .current_dir(cwd)
-        .env("GERMLINE_HOME", cwd.join("home"))
-        .env("GERMLINE_PYTHON", python())
-        .output()
-        .expect("run germline");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "germline {args:?}: {text}");
-    text
-}
 
 const ECHO: &str = "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('echo')\n    @m.tool()\n    def echo(text: str) -> str:\n        \"\"\"Echo.\"\"\"\n        return 'echo: ' + text\n    return m\n";
 
@@ -65,102 +49,40 @@ fn publish(dir: &Path, archive: &Path) -> (PathBuf, PathBuf) {
     (repo, keys)
 }
 
-/// The running service; killed when the test ends, pass or fail.
-struct Service {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-    data: PathBuf,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Service {
-    /// Starts `germline serve` with `extra` configuration lines in `dir/<tag>/` and waits
-    /// until it is ready.
-    fn start(dir: &Path, tag: &str, extra: &str) -> Service {
-        let home = dir.join(tag);
-        std::fs::create_dir_all(&home).unwrap();
-        let data = home.join("data");
-        let config = home.join("serve.toml");
-        std::fs::write(&config, format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n{extra}", data.display()))
-            .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_germline"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .current_dir(&home)
-            .env("GERMLINE_HOME", dir.join("home"))
-            .env("GERMLINE_PYTHON", python())
-            .env_remove("GERMLINE_DATA_DIR")
-            .env_remove("GERMLINE_LISTEN")
-            .env_remove("GERMLINE_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("germline serve");
-        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut line = String::new();
-        let port = loop {
-            line.clear();
-            let n = err.read_line(&mut line).expect("service stderr");
-            log.lock().unwrap().push_str(&line);
-            assert!(n > 0, "the service exited: {}", log.lock().unwrap());
-            if let Some(rest) = line.trim().strip_prefix("germline: serving the API on http://127.0.0.1:") {
-                break rest.parse::<u16>().expect("port");
-            }
-        };
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            while err.read_line(&mut line).is_ok_and(|n| n > 0) {
-                sink.lock().unwrap().push_str(&line);
-                line.clear();
-            }
-        });
-        let svc = Service { child, port, log, data };
-        let end = Instant::now() + Duration::from_secs(120);
-        while svc.get("/readyz").status != 200 {
-            assert!(Instant::now() < end, "not ready in 120 s: {}", svc.log());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        svc
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn token(&self) -> String {
-        std::fs::read_to_string(self.data.join("api-token")).expect("generated token").trim().to_owned()
-    }
-
-    fn get(&self, path: &str) -> Reply {
-        http(self.port, "GET", path, None, None)
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Reply {
-        http(self.port, "POST", path, Some(&self.token()), Some(body.to_string().as_bytes()))
-    }
-
+/// What these tests ask of a running service beyond the shared harness.
+trait TrustService {
+    /// `germline serve` with the `extra` configuration lines in `dir/<tag>/`.
+    fn start_tagged(dir: &Path, tag: &str, extra: &str) -> Service;
+    /// POST with the service's token.
+    fn send(&self, path: &str, body: &Value) -> Reply;
     /// The admitted release `name` at `version`, once its germline start was decided.
+    fn started(&self, name: &str, version: &str) -> Option<Value>;
+    /// The admitted release `name` at `version`, if any.
+    fn release(&self, name: &str, version: &str) -> Option<Value>;
+    /// Ledger entries of `kind` about `release`.
+    fn entries(&self, kind: &str, release: &str) -> Vec<Value>;
+    /// The value of the metric line starting with `line_prefix` (0 when absent).
+    fn metric(&self, line_prefix: &str) -> f64;
+}
+
+impl TrustService for Service {
+    fn start_tagged(dir: &Path, tag: &str, extra: &str) -> Service {
+        Service::launch(&dir.join(tag), extra, &[], &[])
+    }
+
+    fn send(&self, path: &str, body: &Value) -> Reply {
+        self.post(path, Some(&self.token()), body)
+    }
+
     fn started(&self, name: &str, version: &str) -> Option<Value> {
         self.release(name, version).filter(|r| r["germline"] != "not_started")
     }
 
-    /// The admitted release `name` at `version`, if any.
     fn release(&self, name: &str, version: &str) -> Option<Value> {
         let list = self.get("/v1/releases").json();
         list.as_array()?.iter().find(|r| r["name"] == name && r["version"] == version).cloned()
     }
 
-    /// Ledger entries of `kind` about `release`.
     fn entries(&self, kind: &str, release: &str) -> Vec<Value> {
         let page = self.get("/v1/ledger/entries?limit=1000").json();
         page["entries"]
@@ -177,62 +99,6 @@ impl Service {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     }
-}
-
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{} is not JSON ({e}): {}", self.status, self.body))
-    }
-
-    fn error(&self) -> String {
-        self.json()["error"].as_str().unwrap_or_default().to_owned()
-    }
-}
-
-/// One HTTP/1.1 request on a fresh loopback connection, bounded in time.
-fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&[u8]>) -> Reply {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(180))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    if let Some(b) = body {
-        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    if let Some(b) = body {
-        let _ = s.write_all(b);
-    }
-    let mut raw = Vec::new();
-    s.take(32 << 20).read_to_end(&mut raw).expect("response");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
-    Reply { status, body }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 /// Waits (bounded) until `f` gives a value; panics with `what` and the log otherwise.
@@ -261,23 +127,23 @@ fn admission_names_a_configured_tuf_anchor_and_caller_roots_are_refused_unless_a
     let caller = json!({"repo": repo, "root": root, "target": "echo"});
 
     // Default configuration: the caller's root is refused before anything is fetched.
-    let svc = Service::start(dir, "default", &anchor);
-    let r = svc.post("/v1/releases/tuf", &caller);
+    let svc = Service::start_tagged(dir, "default", &anchor);
+    let r = svc.send("/v1/releases/tuf", &caller);
     assert_eq!(r.status, 403, "{r:?}");
     assert!(r.error().contains("anchor") && r.error().contains("allow_caller_roots"), "a clear refusal: {r:?}");
     assert_eq!(svc.get("/v1/releases").json(), json!([]), "nothing admitted from a caller's root");
-    let unknown = svc.post("/v1/releases/tuf", &json!({"anchor": "elsewhere", "target": "echo"}));
+    let unknown = svc.send("/v1/releases/tuf", &json!({"anchor": "elsewhere", "target": "echo"}));
     assert!(unknown.status == 422 && unknown.error().contains("registry"), "{unknown:?}");
-    let mixed = svc.post("/v1/releases/tuf", &json!({"anchor": "registry", "root": root, "target": "echo"}));
+    let mixed = svc.send("/v1/releases/tuf", &json!({"anchor": "registry", "root": root, "target": "echo"}));
     assert_eq!(mixed.status, 422, "an anchor and a root together: {mixed:?}");
-    let key = svc.post(
+    let key = svc.send(
         "/v1/releases/sigstore",
         &json!({"archive_base64": "AAAA", "bundle": "c2ln", "key": "-----BEGIN PUBLIC KEY-----\n"}),
     );
     assert!(key.status == 403 && key.error().contains("allow_caller_roots"), "a caller's key too: {key:?}");
 
     // Naming the anchor admits: verified from the configured root, G1–G3, germline started.
-    let r = svc.post("/v1/releases/tuf", &json!({"anchor": "registry", "target": "echo"}));
+    let r = svc.send("/v1/releases/tuf", &json!({"anchor": "registry", "target": "echo"}));
     assert_eq!(r.status, 201, "{r:?}\n{}", svc.log());
     let admitted = r.json();
     assert_eq!((admitted["version"].as_str(), admitted["germline"].as_str()), (Some("1.0.0"), Some("running")));
@@ -288,8 +154,8 @@ fn admission_names_a_configured_tuf_anchor_and_caller_roots_are_refused_unless_a
     drop(svc);
 
     // The operator's opt-in: the same caller-supplied root is accepted.
-    let svc = Service::start(dir, "allowed", "trust.allow_caller_roots = true\n");
-    let r = svc.post("/v1/releases/tuf", &caller);
+    let svc = Service::start_tagged(dir, "allowed", "trust.allow_caller_roots = true\n");
+    let r = svc.send("/v1/releases/tuf", &caller);
     assert_eq!(r.status, 201, "allowed by the operator: {r:?}\n{}", svc.log());
     assert_eq!(r.json()["hash"], hash.as_str());
     println!("caller root: refused 403 by default, admitted 201 with allow_caller_roots");
@@ -420,7 +286,7 @@ fn a_followed_repository_has_new_targets_admitted_and_tampered_ones_refused() {
     std::fs::copy(repo.join("metadata/1.root.json"), &root_path).unwrap();
     let server = RepoServer::start(repo.clone());
     let poll_ms = 300;
-    let svc = Service::start(
+    let svc = Service::start_tagged(
         dir,
         "follower",
         &format!(
@@ -447,7 +313,7 @@ fn a_followed_repository_has_new_targets_admitted_and_tampered_ones_refused() {
     let admit = events.iter().find(|e| e["body"]["action"] == "admit").unwrap_or_else(|| panic!("{events:?}"));
     assert_eq!(admit["body"]["version"], "1.1.0", "{admit}");
     // The call path works on the followed release.
-    let call = svc.post(&format!("/v1/releases/{hash2}/calls"), &json!({"tool": "echo", "arguments": {"text": "hi"}}));
+    let call = svc.send(&format!("/v1/releases/{hash2}/calls"), &json!({"tool": "echo", "arguments": {"text": "hi"}}));
     assert!(call.status == 200 && call.body.contains("echo: hi"), "{call:?}");
 
     // A target whose stored bytes differ from what targets.json signs: refused, counted,
@@ -517,7 +383,7 @@ fn sigstore_admission_over_the_api_with_a_valid_bundle_and_a_pinned_cosign_key()
     let cosign = sigstore_verify::crypto::KeyPair::generate_ecdsa_p256().unwrap();
     let cosign_pub = dir.join("cosign.pub");
     std::fs::write(&cosign_pub, cosign.public_key_der().unwrap().to_pem()).unwrap();
-    let svc = Service::start(
+    let svc = Service::start_tagged(
         dir,
         "sigstore",
         &format!(
@@ -527,7 +393,7 @@ fn sigstore_admission_over_the_api_with_a_valid_bundle_and_a_pinned_cosign_key()
         ),
     );
     let admit = |archive: &[u8], bundle: String, anchor: &str| {
-        svc.post(
+        svc.send(
             "/v1/releases/sigstore",
             &json!({"archive_base64": B64.encode(archive), "bundle": bundle, "anchor": anchor}),
         )
@@ -546,7 +412,7 @@ fn sigstore_admission_over_the_api_with_a_valid_bundle_and_a_pinned_cosign_key()
     let foreign = Fulcio::new().bundle(&log, IDENTITY, true, &archive).to_string();
     let r = admit(&archive, foreign, "ci");
     assert_eq!(r.status, 422, "a CA the pinned trusted root does not list: {r:?}");
-    let caller = svc.post(
+    let caller = svc.send(
         "/v1/releases/sigstore",
         &json!({"archive_base64": B64.encode(&archive), "bundle": good, "certificate_identity": IDENTITY,
                 "certificate_oidc_issuer": ISSUER, "trusted_root": fulcio.trusted_root(&log)}),

@@ -59,6 +59,8 @@ struct FileConfig {
     fleet: Option<germline_fleet::FleetConfig>,
     pool: Option<usize>,
     trust: Option<super::trust::TrustFile>,
+    mcp_allowed_hosts: Option<Vec<String>>,
+    mcp_allowed_origins: Option<Vec<String>>,
 }
 
 /// The resolved configuration.
@@ -105,6 +107,12 @@ pub struct ServiceConfig {
     /// Trust anchors (`[trust]`): TUF roots per repository, Sigstore identities, cosign
     /// keys; whether callers may bring their own; which repositories are followed.
     pub trust: super::trust::Trust,
+    /// `Host` names the MCP endpoints answer to besides the listen address (and
+    /// `localhost` on loopback): a web page's DNS-rebinding request names its own host.
+    pub mcp_allowed_hosts: Vec<String>,
+    /// Browser `Origin`s allowed to call the MCP endpoints (none by default; a request
+    /// without `Origin` is not a browser's).
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 impl ServiceConfig {
@@ -194,8 +202,13 @@ impl ServiceConfig {
             },
         };
         let trust = super::trust::Trust::resolve(file.trust.unwrap_or_default())?;
+        let lower = |v: Option<Vec<String>>| -> Vec<String> {
+            v.unwrap_or_default().into_iter().map(|s| s.trim_end_matches('/').to_ascii_lowercase()).collect()
+        };
         Ok(ServiceConfig {
             trust,
+            mcp_allowed_hosts: lower(file.mcp_allowed_hosts),
+            mcp_allowed_origins: lower(file.mcp_allowed_origins),
             pool,
             fleet,
             listen,

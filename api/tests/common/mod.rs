@@ -1,6 +1,8 @@
 //! Shared by the CLI tests: a loopback stand-in for a destination.
 #![allow(dead_code)] // each test binary uses part of this module
 
+pub mod serve;
+
 use std::io::Read;
 use std::net::TcpListener;
 
