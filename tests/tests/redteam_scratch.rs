@@ -4,9 +4,13 @@
 //! (given an hr item) and `recv` (a later call, no items, unlabelled) try to pass the
 //! item's bytes from one copy to a later one.
 
-use germline_executor::confine::SandboxSwitches;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+
+use germline_executor::inspect::SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS;
 use germline_executor::runtime::RuntimeKind;
-use germline_tests::world::{request, result_text, World};
+use germline_tests::world::{label_tags, request, result_text, World};
 use serde_json::json;
 
 /// The import scratch's free blocks as a counter. At import the release makes two files
@@ -83,42 +87,69 @@ def create_server():
     return m
 "#;
 
-/// Leaks byte `index` of `secret` through a fresh germline of `rel`: returns the `recv`
-/// answer (unlabelled, no items) and asserts that call carried no label.
-fn free_blocks_round(w: &World, rel: &std::path::Path, secret: &std::path::Path, index: usize, switches: SandboxSwitches) -> String {
+/// Leaks byte `index` of `secret` through a fresh germline of `rel`: the `recv` answer
+/// (unlabelled, no items), or the start error.
+fn free_blocks_round(w: &World, rel: &Path, secret: &Path, index: usize) -> Result<String, String> {
     let policy = w.policy(&[], &[("agent", &["hr"])], "[limits]\npool = 0\n");
-    let mut gl = w.start_with(RuntimeKind::Germline, rel, policy, switches).expect("germline start");
+    let mut gl = w.start(RuntimeKind::Germline, rel, policy).map_err(|e| e.to_string())?;
     let sent = gl.call(&request("send", json!({"path": secret.to_string_lossy(), "index": index}), &[secret]));
     let got = gl.call(&request("recv", json!({}), &[]));
+    assert!(label_tags(&got).is_some_and(|l| l.is_empty()), "recv is unlabelled: {:?}", got.label);
     let text = got.error.clone().unwrap_or_else(|| result_text(&got));
     eprintln!("byte {index}: send {:?} / recv {text:?} label {:?}", result_text(&sent), got.label);
-    text
+    Ok(text)
 }
 
-/// Open: nothing refuses a private mapping of an import-scratch file (G3 looks at shared
-/// ones only), so every germline carries log2(K/4) ≈ 8 bits from an hr copy to a later
-/// unlabelled call. Off twin (`import_scratch: false`): there is no writable scratch at
-/// import, the release cannot set the channel up and `recv` carries nothing.
+/// The G3 switch is one static for the whole test binary: its tests take turns.
+static SWITCH: Mutex<()> = Mutex::new(());
+
+/// Sets [`SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS`] for as long as it lives, then clears it.
+struct CheckOff<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
+
+impl CheckOff<'_> {
+    fn set(off: bool) -> CheckOff<'static> {
+        let g = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+        SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS.store(off, Ordering::SeqCst);
+        CheckOff(g)
+    }
+}
+
+impl Drop for CheckOff<'_> {
+    fn drop(&mut self) {
+        SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Asserts that a start failed because G3 refused a private mapping of the import scratch.
+fn assert_g3_private(r: Result<String, String>) {
+    let e = r.expect_err("G3 refuses the germline");
+    eprintln!("on: {}", e.lines().next().unwrap_or_default());
+    assert!(e.contains("(G3)") && e.contains("private mapping") && e.contains("import scratch"), "{e}");
+}
+
+/// Off (G3 allows private mappings of the import scratch, as before): every germline
+/// carries one byte (8 bits, `K` = 1036 blocks at 4 per step) from an hr copy to a later
+/// unlabelled call; four germlines carry the item's last four bytes. On: G3 refuses the
+/// germline, naming the private mapping.
 #[test]
-#[ignore = "open channel: a private mapping of an unlinked sparse file of the import scratch keeps the detached \
-            tmpfs alive, and its free-block count is shared by every copy; G3 checks shared mappings only"]
 fn free_blocks_of_the_detached_import_scratch_carry_a_byte_per_germline() {
     let w = World::new();
     let canary = "GLC-hr-freeblk-7c1d";
     let secret = w.item("hr", "payslip.txt", canary);
     let rel = w.release("freeblocks", "[tools.send]\n[tools.recv]\n", FREE_BLOCKS);
-    let off = SandboxSwitches { import_scratch: false, ..Default::default() };
-    let text = free_blocks_round(&w, &rel, &secret, canary.len() - 1, off);
-    assert!(text.contains("no channel") && !text.contains('|'), "no import scratch, no channel: {text}");
-    let mut leaked = Vec::new();
-    for index in canary.len() - 4..canary.len() {
-        let text = free_blocks_round(&w, &rel, &secret, index, SandboxSwitches::default());
-        let v: u8 = text.rsplit('|').next().and_then(|v| v.parse().ok()).unwrap_or(0);
-        leaked.push(v);
+    {
+        let _off = CheckOff::set(true);
+        let mut leaked = Vec::new();
+        for index in canary.len() - 4..canary.len() {
+            let text = free_blocks_round(&w, &rel, &secret, index).expect("germline start");
+            leaked.push(text.rsplit('|').next().and_then(|v| v.parse().ok()).unwrap_or(0u8));
+        }
+        let leaked = String::from_utf8_lossy(&leaked).into_owned();
+        eprintln!("off: leaked {leaked:?} (4 bytes, one germline each, of the item's {})", canary.len());
+        assert_eq!(leaked, "7c1d", "mechanism off: the hr item's last four bytes reach unlabelled calls");
     }
-    let leaked = String::from_utf8_lossy(&leaked).into_owned();
-    eprintln!("leaked {leaked:?} (4 bytes, one germline each, out of {} bytes of the item)", canary.len());
-    assert_eq!(leaked, "7c1d", "the hr item's last four bytes reach unlabelled calls");
+    let _on = CheckOff::set(false);
+    assert_g3_private(free_blocks_round(&w, &rel, &secret, 0));
 }
 
 /// The same detached tmpfs read page by page: `send` faults in one hole of the sparse file
@@ -185,29 +216,32 @@ def create_server():
     return m
 "#;
 
-/// Open: as above, but the whole item in one call, and every later call reads it again.
-/// Figures: 152 bits of a 19-byte canary in one call (up to ~4000 one-bits per germline,
-/// the tmpfs's blocks). Off twin (`import_scratch: false`): no channel.
+/// As above, but the whole item in one call, and every later call reads it again. Off
+/// (G3 allows private mappings of the import scratch): a 20-byte canary (160 bits with its
+/// end mark) in one call, read twice; up to ~4000 one-bits per germline (the tmpfs's
+/// blocks). On: G3 refuses the germline.
 #[test]
-#[ignore = "open channel: pages of a privately mapped, unlinked sparse file of the detached import scratch are \
-            allocated by one copy and, once the tmpfs is full, tell a later copy which ones it faulted in; G3 \
-            checks shared mappings only"]
 fn page_faults_on_a_full_detached_import_scratch_read_an_item_bitmap() {
     let w = World::new();
     let canary = "GLC-hr-pagebits-5e2a";
     let secret = w.item("hr", "payslip.txt", canary);
     let rel = w.release("bitmap", "[tools.send]\n[tools.recv]\n", PAGE_BITMAP);
-    for import_scratch in [false, true] {
+    for off in [true, false] {
+        let _switch = CheckOff::set(off);
         let policy = w.policy(&[], &[("agent", &["hr"])], "[limits]\npool = 0\n");
-        let switches = SandboxSwitches { import_scratch, ..Default::default() };
-        let mut gl = w.start_with(RuntimeKind::Germline, &rel, policy, switches).expect("germline start");
+        let mut gl = match w.start(RuntimeKind::Germline, &rel, policy) {
+            Err(e) if !off => return assert_g3_private(Err(e.to_string())),
+            r => r.expect("mechanism off: the germline starts"),
+        };
+        assert!(off, "mechanism on: the germline must not start");
         let sent = gl.call(&request("send", json!({"path": secret.to_string_lossy()}), &[&secret]));
-        eprintln!("import scratch {import_scratch}: send {:?}", result_text(&sent));
+        eprintln!("off: send {:?}", result_text(&sent));
         for i in 0..2 {
             let got = gl.call(&request("recv", json!({}), &[]));
+            assert!(label_tags(&got).is_some_and(|l| l.is_empty()), "recv is unlabelled: {:?}", got.label);
             let text = got.error.clone().unwrap_or_else(|| result_text(&got));
-            eprintln!("import scratch {import_scratch}: recv {i} {text:?} label {:?}", got.label);
-            assert_eq!(text.contains(canary), import_scratch, "{text}");
+            eprintln!("off: recv {i} {text:?}");
+            assert!(text.contains(canary), "mechanism off: the whole canary reaches an unlabelled call: {text}");
         }
     }
 }
