@@ -428,10 +428,10 @@ const IMPORT_SCRATCH_BYTES: usize = 16 << 20;
 /// Copies out what the import left in the germline's scratch tmpfs (the germline is
 /// stopped; nothing else runs in its namespaces yet), then unmounts it in the germline, so
 /// no copy ever shares it: each copy's own scratch starts with these entries instead.
-/// Returns them and the tmpfs's device (major, minor), which G3 then refuses any shared
-/// mapping of ([`inspect::check_g3`]). Links are read, never followed (an absolute target
-/// would resolve in the broker's root here); anything but directories, regular files and
-/// links, and a working directory inside the scratch, are refused.
+/// Returns them and the tmpfs's device (major, minor), which G3 then refuses any mapping
+/// of, shared or private ([`inspect::check_g3`]). Links are read, never followed (an
+/// absolute target would resolve in the broker's root here); anything but directories,
+/// regular files and links, and a working directory inside the scratch, are refused.
 fn take_import_scratch(pid: i32, dir: &Path) -> Result<(Vec<crate::outside::ScratchEntry>, (u32, u32)), ExecutorError> {
     use crate::outside::{FileMeta, ScratchEntry};
     use std::io::Read;

@@ -107,8 +107,8 @@ pub struct AllowedFds {
     pub scratch_dev: Option<(u32, u32)>,
 }
 
-/// Test-only switch ("mechanism off"): G3 allows shared read-only mappings of files of the
-/// germline's import scratch. Never set outside tests.
+/// Test-only switch ("mechanism off"): G3 allows shared read-only and private mappings of
+/// files of the germline's import scratch. Never set outside tests.
 pub static SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
 /// G1: exactly one thread.
@@ -200,11 +200,15 @@ fn relaxed_allowance(pid: i32, fd: &str, target: &str, path: &std::path::Path) -
     read_only && regular && !anonymous
 }
 
-/// G3: no shared writable mapping, and no shared mapping of anything that could be made
-/// writable later (shared anonymous memory, memfd, SysV segments, deleted files, and any
-/// file of the import scratch on `scratch_dev`: a read-only mapping of a file opened for
-/// writing there can be made writable with `mprotect` in every copy, even once the scratch
-/// is unmounted, and its pages are the same in all of them).
+/// G3: no shared writable mapping, no shared mapping of anything that could be made
+/// writable later (shared anonymous memory, memfd, SysV segments, deleted files), and no
+/// mapping at all, private ones included, of a file of the import scratch on
+/// `scratch_dev`. A read-only shared mapping of a file opened for writing there can be made
+/// writable with `mprotect` in every copy, even once the scratch is unmounted, and its
+/// pages are the same in all of them. A private mapping keeps the detached tmpfs alive
+/// too, shared by every copy: a read fault on a hole of its file allocates a page in the
+/// file's page cache and a block of the tmpfs, so one copy can fill holes (and the tmpfs)
+/// and a later one learn which, or how many, by whether its own faults still succeed.
 pub fn check_g3(pid: i32, scratch_dev: Option<(u32, u32)>) -> Result<(), ExecutorError> {
     let scratch_dev = scratch_dev.filter(|_| !SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS.load(Ordering::SeqCst));
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -214,21 +218,22 @@ pub fn check_g3(pid: i32, scratch_dev: Option<(u32, u32)>) -> Result<(), Executo
         let (range, perms) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let path = parts.nth(3).unwrap_or("");
         let shared = perms.as_bytes().get(3) == Some(&b's');
-        if !shared {
-            continue;
-        }
-        let writable = perms.as_bytes().get(1) == Some(&b'w');
         let dev = line
             .split_whitespace()
             .nth(3)
             .and_then(|d| d.split_once(':'))
             .and_then(|(a, b)| Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?)));
         if scratch_dev.is_some() && dev == scratch_dev {
+            let kind = if shared { "shared" } else { "private" };
             return Err(ExecutorError::refused(
                 "G3",
-                format!("shared mapping {range} {perms} of a file of the germline's import scratch"),
+                format!("{kind} mapping {range} {perms} of a file of the germline's import scratch"),
             ));
         }
+        if !shared {
+            continue;
+        }
+        let writable = perms.as_bytes().get(1) == Some(&b'w');
         let anonymous = path.is_empty()
             || path.starts_with("/dev/zero")
             || path.starts_with("/memfd:")
