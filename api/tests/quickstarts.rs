@@ -76,12 +76,14 @@ fn germline(dir: &Path) -> Command {
     cmd
 }
 
-/// Clears inherited `GERMLINE_*` settings (a data directory or listen address from the
-/// caller's environment would override the blocks' configurations) and sets the
-/// interpreter, a home and a `TMPDIR` under `dir`.
+/// Clears inherited `GERMLINE_*` settings but the host's sandbox ids (a data directory,
+/// listen address or test switch from the caller's environment would change what the
+/// blocks run) and sets the interpreter, a home and a `TMPDIR` under `dir`.
 fn isolate(cmd: &mut Command, dir: &Path) {
+    const HOST_SETTINGS: [&str; 2] = ["GERMLINE_SANDBOX_IDS", "GERMLINE_COPY_IDS"];
     for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("GERMLINE_") {
+        let name = k.to_string_lossy();
+        if name.starts_with("GERMLINE_") && !HOST_SETTINGS.contains(&name.as_ref()) {
             cmd.env_remove(k);
         }
     }
