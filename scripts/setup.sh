@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs what germline's build and tests need on a fresh Debian machine: the C
 # toolchain bits for RocksDB (libclang), iproute2 for test network namespaces, pandoc for
-# the compatibility corpus (mcp-pandoc runs it), and a Python venv with the MCP SDK for the
-# tool host. Idempotent; safe to re-run.
+# the compatibility corpus (mcp-pandoc runs it), curl and jq for the README's quick starts,
+# and a Python venv with the MCP SDK for the tool host. Idempotent; safe to re-run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 need_apt=()
-for pkg in libclang-dev clang g++ iproute2 git sqlite3 python3 python3-venv util-linux pandoc; do
+for pkg in libclang-dev clang g++ iproute2 git sqlite3 python3 python3-venv util-linux pandoc curl jq; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
