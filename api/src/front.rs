@@ -689,7 +689,9 @@ pub fn wrap(args: WrapArgs) -> anyhow::Result<()> {
         let token = match (&args.token_file, std::env::var("GERMLINE_SERVICE_TOKEN")) {
             (Some(p), _) => std::fs::read_to_string(p).with_context(|| format!("--token-file {}", p.display()))?,
             (None, Ok(t)) => t,
-            (None, Err(_)) => bail!("--service needs the service's API token: --token-file FILE or GERMLINE_SERVICE_TOKEN"),
+            (None, Err(_)) => {
+                bail!("--service needs the service's API token: --token-file FILE or GERMLINE_SERVICE_TOKEN")
+            }
         };
         return bridge::run(service, name, token.trim());
     }

@@ -256,7 +256,8 @@ async fn mcp_guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
             || c.mcp_allowed_hosts.iter().any(|a| a == h || a == name)
     });
     if !host_ok {
-        return ApiError::Forbidden("Host is not this service's address (see mcp_allowed_hosts)".into()).into_response();
+        return ApiError::Forbidden("Host is not this service's address (see mcp_allowed_hosts)".into())
+            .into_response();
     }
     if let Some(origin) = req.headers().get(axum::http::header::ORIGIN) {
         let o = origin.to_str().unwrap_or("").trim_end_matches('/').to_ascii_lowercase();

@@ -63,8 +63,11 @@ impl StdioServer {
 
     /// `initialize`, `notifications/initialized` and `tools/list`, as an agent host does.
     fn open(&mut self) -> Value {
-        let init = self.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "agent-host", "version": "1"}}));
+        let init = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "agent-host", "version": "1"}}),
+        );
         assert!(init["result"]["protocolVersion"].is_string(), "{init}");
         self.notify("notifications/initialized");
         self.request("tools/list", json!({}))
@@ -98,7 +101,8 @@ fn standalone(rel: &Path, policy: &Path, dir: &Path, tag: &str) -> StdioServer {
 fn world(dir: &Path) -> (std::path::PathBuf, Vec<std::path::PathBuf>, std::path::PathBuf) {
     let rel = dir.join("mixer");
     common::mixer_release(&rel, "mixer", true);
-    let args = "[[items]]\nargument = \"document\"\nnames_path = true\n[[items]]\nargument = \"extra\"\nnames_path = true\n";
+    let args =
+        "[[items]]\nargument = \"document\"\nnames_path = true\n[[items]]\nargument = \"extra\"\nnames_path = true\n";
     let (invoice, payslip, policy) = common::mixer_world(dir, 200, args);
     (rel, vec![invoice, payslip], policy)
 }
@@ -206,4 +210,59 @@ fn the_service_mcp_endpoint_checks_host_origin_and_token() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("loopback"), "{err}");
+}
+
+/// A peer's fleet suppression reaches an agent host that wraps the release through its
+/// own service: host B mirrors host A; B's bridge serves an invoice-only call (no
+/// trigger) before A holds a witness, and refuses the release once A's verified witness is
+/// in A's log, naming the peer's witness.
+#[test]
+fn a_peers_witness_reaches_an_agent_host_through_its_service() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (rel, items, policy) = world(dir);
+    let admit = publish(dir, &rel);
+    let policy_line = format!("policy = \"{}\"\n", policy.display());
+    let host = |h: &str| {
+        let d = dir.join(h);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let a_keys = fleet_keys(&host("a").join("data"));
+    let a = Service::start(&host("a"), &format!("{policy_line}[fleet]\nsync_interval_ms = 300\n"));
+    let b = Service::start(
+        &host("b"),
+        &format!(
+            "{policy_line}[fleet]\nsync_interval_ms = 300\nrequest_timeout_ms = 2000\n[[fleet.peers]]\nname = \"a\"\nurl = \"http://127.0.0.1:{}\"\ncheckpoint_key = \"{}\"\nwitness_key = \"{}\"\n",
+            a.port,
+            a_keys["checkpoint_key"].as_str().unwrap(),
+            a_keys["witness_key"].as_str().unwrap()
+        ),
+    );
+    let mut hash = String::new();
+    for svc in [&a, &b] {
+        let admitted = svc.post("/v1/releases/tuf", Some(&svc.token()), &admit);
+        assert_eq!(admitted.status, 201, "{admitted:?}\n{}", svc.log());
+        hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+    }
+    let mut agent = bridge(&b, &host("b"));
+    assert_eq!(agent.open()["result"]["tools"][0]["name"], "scan");
+    let finance_only = json!({"name": "scan", "arguments": {"document": items[0], "extra": items[0]}});
+    let before = agent.request("tools/call", finance_only.clone());
+    eprintln!("before A's witness: {}", outcome(&before));
+    assert_eq!(outcome(&before), "answered \"scanned\"", "{before}");
+
+    let call = json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[1]}, "items": items});
+    let on_a = a.post(&format!("/v1/releases/{hash}/calls"), Some(&a.token()), &call);
+    assert_eq!(on_a.json()["triggers"].as_array().map(Vec::len), Some(1), "{on_a:?}");
+    let mut after = Value::Null;
+    for _ in 0..300 {
+        after = agent.request("tools/call", finance_only.clone());
+        if outcome(&after).contains("suppressed") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("after A's witness: {}", outcome(&after));
+    assert!(outcome(&after).contains("suppressed") && outcome(&after).contains("peer"), "{after}\n{}", b.log());
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -597,16 +597,6 @@ while time.time() < end:
 }
 
 /// `germline fleet keys` of a data directory (creating its keys on first use).
-fn fleet_keys(data: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
-        .args(["fleet", "keys", "--data-dir"])
-        .arg(data)
-        .output()
-        .expect("germline fleet keys");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("keys JSON")
-}
-
 /// Issue 6's fleet acceptance on three `germline serve` hosts: B and C mirror A; a call
 /// on B succeeds before A holds a witness, and once A's verified witness is in its log,
 /// B and C refuse calls to that release (409) without ever having run it leakily.
@@ -640,9 +630,13 @@ fn a_witness_on_one_service_makes_its_peers_refuse_the_release() {
         hash = admitted.json()["hash"].as_str().unwrap().to_owned();
     }
     let calls = format!("/v1/releases/{hash}/calls");
-    // Mechanism off: before A holds a witness, B serves the release.
-    let before = peers[0].post(&calls, Some(&peers[0].token()), &call);
+    // Mechanism off: before A holds a witness, B serves the release (an invoice-only call,
+    // which triggers nothing, so any later refusal on B is A's witness, not one of B's).
+    let finance_only =
+        json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[0]}, "items": [items[0]]});
+    let before = peers[0].post(&calls, Some(&peers[0].token()), &finance_only);
     assert_eq!(before.status, 200, "{before:?}\n{}", peers[0].log());
+    assert_eq!(before.json()["triggers"].as_array().map(Vec::len), Some(0), "{before:?}");
 
     // A's call triggers; its verified witness lands in A's log.
     let on_a = a.post(&calls, Some(&a.token()), &call);

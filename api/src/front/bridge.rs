@@ -89,7 +89,10 @@ pub fn run(service: &str, name: &str, token: &str) -> anyhow::Result<()> {
                 }
                 let mut body = String::new();
                 use std::io::Read;
-                resp.into_reader().take(MAX_ANSWER).read_to_string(&mut body).context("reading the service's answer")?;
+                resp.into_reader()
+                    .take(MAX_ANSWER)
+                    .read_to_string(&mut body)
+                    .context("reading the service's answer")?;
                 match serde_json::from_str::<Value>(&body) {
                     Ok(v) => v,
                     Err(_) => match &id {

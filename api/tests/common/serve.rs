@@ -249,3 +249,13 @@ pub fn mixer_world_declared(dir: &Path, deterministic: bool) -> (PathBuf, Vec<Pa
     (rel, vec![invoice, payslip], format!("policy = \"{}\"\n", policy.display()))
 }
 
+/// The fleet keys of the service whose data directory is `data` (`germline fleet keys`).
+pub fn fleet_keys(data: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .args(["fleet", "keys", "--data-dir"])
+        .arg(data)
+        .output()
+        .expect("germline fleet keys");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("keys JSON")
+}
