@@ -12,6 +12,7 @@ pub mod config;
 pub(crate) mod error;
 mod formations;
 mod metrics;
+pub mod policies;
 mod releases;
 mod routes;
 pub mod trust;
@@ -28,7 +29,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use germline_executor::germline::PythonRuntime;
-use germline_executor::policy::Policy;
 use germline_ledger::Ledger;
 
 pub use config::{ServeArgs, ServiceConfig};
@@ -38,7 +38,6 @@ use releases::{Releases, StartParams};
 
 /// Without a configured policy nothing is labelled and the agent is the only consumer:
 /// calls still run in fresh copies and egress to undeclared hosts is denied.
-const DEFAULT_POLICY: &str = "tags = []\n[consumers.agent]\nclearance = []\n";
 
 /// Everything the handlers share.
 pub struct Shared {
@@ -114,6 +113,15 @@ impl InFlight {
 }
 
 impl AppState {
+    /// Reads the configured policy files again; if all are valid, swaps them in and stops
+    /// the germline of each release whose policy changed (it restarts at its next call).
+    /// Returns those releases. Blocks (waits for their running calls).
+    pub fn reload_policies(&self) -> anyhow::Result<Vec<germline_model::ReleaseHash>> {
+        let c = &self.config;
+        let set = policies::PolicySet::load(c.policy.as_deref(), &c.policies, c.pool)?;
+        Ok(self.releases.reload(set))
+    }
+
     /// Starts a unit of work, or 503 once shutdown began.
     fn work(&self) -> Result<WorkGuard, ApiError> {
         if self.in_flight.enter() {
@@ -129,19 +137,13 @@ impl AppState {
 pub fn state(config: ServiceConfig) -> anyhow::Result<AppState> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let ledger = germline_host::open_ledger_as(&config.data_dir, config.fleet.origin.clone())?;
-    let mut policy = match &config.policy {
-        Some(p) => Policy::load(p).with_context(|| format!("policy {}", p.display()))?,
-        None => Policy::parse(DEFAULT_POLICY)?,
-    };
-    if let Some(n) = config.pool {
-        policy.limits.pool = n;
-    }
+    let policies = policies::PolicySet::load(config.policy.as_deref(), &config.policies, config.pool)?;
     let python = PythonRuntime::discover(&germline_host::home()).context("finding the Python tool host")?;
     let metrics = Arc::new(Metrics::new());
     let python_for_profiles = python.clone();
     let params = StartParams {
         runtime: config.runtime(),
-        policy,
+        policies: Arc::new(std::sync::RwLock::new(policies)),
         python,
         ledger: ledger.clone(),
         data_dir: config.data_dir.clone(),
@@ -196,6 +198,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/formations", post(formations::form))
         .route("/v1/formations/{id}/dispatch", post(formations::dispatch))
         .route("/v1/releases/{hash}/lifecycle", post(formations::lifecycle))
+        .route("/v1/policies/reload", post(routes::reload_policies))
         .layer(DefaultBodyLimit::max(c.body_limit_bytes))
         .route_layer(auth.clone());
     // The agent hosts' MCP endpoints (`germline wrap --service` relays to them): the
@@ -212,6 +215,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/releases/{hash}", get(routes::get_release))
         .route("/v1/releases/{hash}/witnesses", get(routes::witnesses))
         .route("/v1/releases/{hash}/dampening", get(routes::dampening))
+        .route("/v1/policies", get(routes::policies))
         .route("/v1/ledger/checkpoint", get(routes::checkpoint))
         .route("/v1/ledger/entries", get(routes::entries))
         .route("/v1/ledger/entries/{index}", get(routes::entry))
@@ -298,6 +302,29 @@ fn start_admitted(state: AppState) {
     });
 }
 
+/// SIGHUP reloads the policies, as `POST /v1/policies/reload` does (logged either way).
+fn reload_on_sighup(state: AppState) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot watch SIGHUP (reload policies over the API instead): {e}");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let st = state.clone();
+            let done = tokio::task::spawn_blocking(move || st.reload_policies()).await;
+            match done {
+                Ok(Ok(restarted)) => tracing::info!(restarted = restarted.len(), "SIGHUP: policies reloaded"),
+                Ok(Err(e)) => tracing::error!("SIGHUP: policies not reloaded, the previous ones stay: {e:#}"),
+                Err(e) => tracing::error!("SIGHUP: policy reload task: {e}"),
+            }
+        }
+    });
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let term = async {
@@ -351,6 +378,7 @@ async fn serve(state: AppState) -> anyhow::Result<()> {
     tracing::info!(%local, data_dir = %state.config.data_dir.display(), "listening");
     start_admitted(state.clone());
     trust::start_following(&state);
+    reload_on_sighup(state.clone());
     // The fleet: this host's log as C2SP tiles, `/lookup`, the witness endpoint and the
     // peer mirror, on the same ledger.
     let (fleet_routes, fleet) = crate::fleet::start(state.ledger.clone(), &state.config.data_dir, &state.config.fleet)?;

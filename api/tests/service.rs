@@ -271,6 +271,16 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
         mcp(svc.port, "mixer", &token, Some("nope"), &json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
     assert_eq!(status, 404, "an unknown session");
 
+    // Policies: what is in force, and a reload that changes nothing restarts nothing.
+    let policies = svc.get("/v1/policies");
+    assert_eq!(policies.status, 200, "{policies:?}");
+    assert!(policies.json()["default"]["sha256"].as_str().is_some_and(|d| d.len() == 64), "{policies:?}");
+    mark("get", "/v1/policies");
+    let reload = svc.post("/v1/policies/reload", Some(&token), &json!({}));
+    assert_eq!(reload.status, 200, "{reload:?}");
+    assert_eq!(reload.json()["restarted"], json!([]), "{reload:?}");
+    mark("post", "/v1/policies/reload");
+
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
         .unwrap()

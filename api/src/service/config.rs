@@ -47,6 +47,7 @@ struct FileConfig {
     store_dir: Option<PathBuf>,
     tokens_file: Option<PathBuf>,
     policy: Option<PathBuf>,
+    policies: Option<std::collections::BTreeMap<String, PathBuf>>,
     baseline: Option<String>,
     body_limit_bytes: Option<usize>,
     admission_body_limit_bytes: Option<usize>,
@@ -76,6 +77,9 @@ pub struct ServiceConfig {
     pub tokens_file: Option<PathBuf>,
     /// The deployer's policy for calls; `None`: nothing labelled, the agent is the consumer.
     pub policy: Option<PathBuf>,
+    /// Policies of particular releases, by release name (`[policies] NAME = "FILE"`);
+    /// the others run under `policy`.
+    pub policies: std::collections::BTreeMap<String, PathBuf>,
     /// The baseline releases run under instead of germline (evaluation only): set by
     /// `--baseline` or the file's `baseline`, never by the environment.
     pub baseline: Option<RuntimeKind>,
@@ -201,6 +205,15 @@ impl ServiceConfig {
                 None => file.pool,
             },
         };
+        let policies = file.policies.unwrap_or_default();
+        for name in policies.keys() {
+            let ok = !name.is_empty()
+                && name.len() <= 128
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+            if !ok {
+                bail!("[policies]: {name:?} is not a release name ([a-z0-9._-]+)");
+            }
+        }
         let trust = super::trust::Trust::resolve(file.trust.unwrap_or_default())?;
         let lower = |v: Option<Vec<String>>| -> Vec<String> {
             v.unwrap_or_default().into_iter().map(|s| s.trim_end_matches('/').to_ascii_lowercase()).collect()
@@ -216,6 +229,7 @@ impl ServiceConfig {
             store_dir,
             tokens_file,
             policy,
+            policies,
             baseline,
             body_limit_bytes: usize::try_from(body_limit_bytes).context("body limit")?,
             admission_body_limit_bytes: usize::try_from(admission_body_limit_bytes).context("admission body limit")?,

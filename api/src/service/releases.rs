@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use germline_admission::{AdmittedRelease, ReleaseStore};
 use germline_executor::germline::PythonRuntime;
-use germline_executor::policy::Policy;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_ledger::Ledger;
 use germline_model::ReleaseHash;
@@ -40,6 +39,8 @@ pub struct ReleaseSlot {
     dir: PathBuf,
     status: Mutex<GermlineStatus>,
     host: Mutex<Option<Host>>,
+    /// Digest of the policy its germline was started (or refused) under.
+    policy_digest: Mutex<Option<String>>,
 }
 
 impl ReleaseSlot {
@@ -63,8 +64,8 @@ impl ReleaseSlot {
 pub struct StartParams {
     /// Runtime kind.
     pub runtime: RuntimeKind,
-    /// The deployer's policy.
-    pub policy: Policy,
+    /// The deployer's policies (a default and per release name), swapped by a reload.
+    pub policies: Arc<RwLock<super::policies::PolicySet>>,
     /// The tool host's interpreter and shim.
     pub python: PythonRuntime,
     /// Shared ledger.
@@ -137,6 +138,7 @@ impl Releases {
             dir: self.store.release_dir(&hash),
             status: Mutex::new(GermlineStatus::NotStarted),
             host: Mutex::new(None),
+            policy_digest: Mutex::new(None),
         });
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         // A re-admission of the same bytes keeps the running germline.
@@ -182,7 +184,9 @@ impl Releases {
 
     fn start(&self, slot: &ReleaseSlot) -> Result<Host, String> {
         let p = &self.params;
-        let started = Runtime::start(p.runtime, &slot.dir, p.policy.clone(), p.python.clone());
+        let loaded = p.policies.read().unwrap_or_else(|e| e.into_inner()).for_release(&slot.name).clone();
+        *slot.policy_digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.digest.clone());
+        let started = Runtime::start(p.runtime, &slot.dir, (*loaded.policy).clone(), p.python.clone());
         match started {
             Ok(mut rt) => {
                 if let Runtime::Germline(g) = &mut rt {
@@ -201,6 +205,33 @@ impl Releases {
                 Err(why)
             }
         }
+    }
+
+    /// Swaps in `set` and stops the germline of every release whose policy changed (waiting
+    /// for its running call): its next call starts one under the new policy. A release
+    /// refused at start under its old policy gets another start. Returns those releases.
+    pub fn reload(&self, set: super::policies::PolicySet) -> Vec<ReleaseHash> {
+        *self.params.policies.write().unwrap_or_else(|e| e.into_inner()) = set.clone();
+        let mut restarted = Vec::new();
+        for slot in self.all() {
+            let want = set.for_release(&slot.name).digest.clone();
+            let mut host = slot.host.lock().unwrap_or_else(|e| e.into_inner());
+            let mut digest = slot.policy_digest.lock().unwrap_or_else(|e| e.into_inner());
+            if digest.as_ref().is_none_or(|d| *d == want) {
+                continue;
+            }
+            host.take();
+            *digest = None;
+            slot.set_status(GermlineStatus::NotStarted);
+            tracing::info!(release = %slot.hash, name = %slot.name, "policy changed: the germline restarts at the next call");
+            restarted.push(slot.hash);
+        }
+        restarted
+    }
+
+    /// The policies in force.
+    pub fn policies_view(&self) -> super::policies::PoliciesView {
+        self.params.policies.read().unwrap_or_else(|e| e.into_inner()).view()
     }
 
     /// Stops every germline (kills its processes) so nothing outlives the service.

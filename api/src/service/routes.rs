@@ -42,7 +42,8 @@ const MAX_ENTRIES_PAGE: u64 = 1000;
         witnesses, dampening, checkpoint, sign_checkpoint, entries, entry, inclusion, consistency,
         crate::fleet::routes::checkpoint, crate::fleet::routes::tile, crate::fleet::routes::lookup_release,
         crate::fleet::routes::status, crate::fleet::routes::add_checkpoint,
-        super::formations::form, super::formations::dispatch, super::formations::lifecycle, super::formations::mcp
+        super::formations::form, super::formations::dispatch, super::formations::lifecycle, super::formations::mcp,
+        policies, reload_policies
     ),
     modifiers(&BearerAuth),
     tags(
@@ -1165,4 +1166,44 @@ pub async fn consistency(
         new_root: hex::encode(st.ledger.root_at(new)?),
         proof: hexs(&st.ledger.consistency_proof(old, new)?),
     }))
+}
+
+#[utoipa::path(get, path = "/v1/policies", tag = "operations",
+    responses((status = 200, description = "The default policy and the per-release ones: file and SHA-256", body = super::policies::PoliciesView)))]
+pub async fn policies(State(st): State<AppState>) -> Json<super::policies::PoliciesView> {
+    Json(st.releases.policies_view())
+}
+
+/// What a policy reload did.
+#[derive(Serialize, ToSchema)]
+pub struct ReloadView {
+    /// Releases whose policy changed: their germlines were stopped and start again, under
+    /// the new policy, at their next call.
+    pub restarted: Vec<String>,
+    /// The policies now in force.
+    pub policies: super::policies::PoliciesView,
+}
+
+#[utoipa::path(post, path = "/v1/policies/reload", tag = "operations",
+    security(("bearer" = [])),
+    responses(
+        Guarded,
+        (status = 200, description = "Every policy file was valid and is in force; releases whose policy changed restart at their next call", body = ReloadView),
+        (status = 422, description = "A policy file is missing or invalid: nothing changed", body = ErrorBody)))]
+pub async fn reload_policies(State(st): State<AppState>) -> Result<Json<ReloadView>, ApiError> {
+    let work = st.work()?;
+    let st2 = st.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let _work = work;
+        st2.reload_policies()
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("policy reload task: {e}")))?;
+    match done {
+        Ok(restarted) => Ok(Json(ReloadView {
+            restarted: restarted.iter().map(|h| h.to_hex()).collect(),
+            policies: st.releases.policies_view(),
+        })),
+        Err(e) => Err(ApiError::Unprocessable(format!("policies not reloaded, the previous ones stay: {e:#}"))),
+    }
 }
