@@ -258,7 +258,11 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
     let now = Timestamp::now();
     match cmd {
         AdmissionCommand::Release(ReleaseCommand::Build { dir, out, pip }) => {
+            let what = if pip.is_empty() { "" } else { " (vendoring its requirements with pip)" };
+            let spinner =
+                crate::progress::Spinner::start(format!("building the release archive of {}{what}", dir.display()));
             let built = build_release_archive(&dir, &out, &BuildOptions { pip, python: None })?;
+            drop(spinner);
             println!("{}  {} bytes  {}", built.hash, built.length, out.display());
         }
         AdmissionCommand::Repo(RepoCommand::Init { repo, keys, root_keys, root_threshold }) => {
@@ -281,8 +285,12 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
             let store = ReleaseStore::open(&a.store)?;
             eprintln!("admission: refreshing TUF metadata from {} (pinned root {})", a.repo, a.root.display());
             eprintln!("admission: fetching target {:?} and checking its signed length and SHA-256 ...", a.target);
+            let spinner = crate::progress::Spinner::start(
+                "admitting: TUF metadata, target download, hash, unpack, germline check",
+            );
             let admitted =
                 store.admit_tuf(&TufAdmission::new(a.repo, root, a.target), germline_check_with_progress().as_ref())?;
+            drop(spinner);
             println!(
                 "admitted {}@{} {} at {}",
                 admitted.info.name,
@@ -295,6 +303,7 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
             let policy = signer_policy(a.key, a.certificate_identity, a.certificate_oidc_issuer)?;
             let store = ReleaseStore::open(&a.store)?;
             eprintln!("admission: verifying {} with {} ...", a.archive.display(), a.bundle.display());
+            let spinner = crate::progress::Spinner::start("admitting: signature, hash, unpack, germline check");
             let admitted = store.admit_sigstore(
                 &a.archive,
                 &a.bundle,
@@ -303,6 +312,7 @@ pub fn run(cmd: AdmissionCommand) -> Result<()> {
                 &ArchiveLimits::default(),
                 germline_check_with_progress().as_ref(),
             )?;
+            drop(spinner);
             println!("admitted {}@{} {}", admitted.info.name, admitted.info.version, admitted.hash);
         }
         AdmissionCommand::TufClient(t) => match t.action {

@@ -6,6 +6,7 @@ mod bench_verify;
 mod demo;
 mod doctor;
 mod exec_cmd;
+mod progress;
 mod service;
 mod verify_cmd;
 // --- front commands ---

@@ -173,6 +173,14 @@ pub fn run_matrix(opts: &MatrixOptions, python: &PythonRuntime) -> Result<Matrix
     }
     let mut releases = BTreeMap::new();
     let mut cells = Vec::new();
+    // One step per cell, on stderr when it is a terminal (hidden otherwise).
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some((variants.len() * kinds.len()) as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} cells {msg} ({elapsed})") {
+        bar.set_style(style);
+    }
     for var in &variants {
         let notes_rel = world.instantiate(var.notes, var.extra_hosts)?;
         releases.insert(var.notes.to_owned(), notes_rel.hash.clone());
@@ -185,11 +193,14 @@ pub fn run_matrix(opts: &MatrixOptions, python: &PythonRuntime) -> Result<Matrix
             r.dir
         };
         for &kind in &kinds {
+            bar.set_message(format!("{} under {}", var.name, kind.name()));
             let cell = run_cell(&world, var, kind, &notes, &docs, opts.trials, python)?;
+            bar.inc(1);
             tracing::info!(variant = var.name, runtime = kind.name(), disclosing = cell.disclosing, "cell done");
             cells.push(cell);
         }
     }
+    bar.finish_and_clear();
     if std::env::var_os("GERMLINE_EVAL_KEEP").is_some() {
         eprintln!("keeping the eval world at {}", world.dir.path().display());
         std::mem::forget(world);
