@@ -135,8 +135,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     let cases: [(&str, &str, Vec<&Path>, usize); 3] =
         [("noop", "1 copy", vec![], 1), ("noop2", "2 copies", vec![&x], 2), ("noop3", "3 copies", vec![&x, &y], 3)];
-    // From a full pool (each call waits, unmeasured, until the pool holds a copy per
-    // group: the latency a call sees when calls come slower than the pool refills), then
+    // From a full pool (each call waits, unmeasured, until the pool is full again: the
+    // latency a call sees when calls come slower than the pool refills), then
     // with the pool off (fork per call). Sustained load is `--concurrency`.
     for pool in [args.pool.max(3), 0] {
         let mut policy = policy.clone();
@@ -150,7 +150,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             };
             let o = rt.call(&req);
             anyhow::ensure!(o.error.is_none() && o.copies == *copies, "{name}: {:?} ({} copies)", o.error, o.copies);
-            let (samples, timings) = time_calls_pooled(&mut rt, &req, args.calls, if pool > 0 { *copies } else { 0 })?;
+            // A full pool: its refill done, so no copy is being readied (a call kills those
+            // first) and every earlier copy is gone.
+            let (samples, timings) = time_calls_pooled(&mut rt, &req, args.calls, pool)?;
             let how = if pool > 0 { "pooled" } else { "fork per call" };
             rows.push(Row { name: format!("germline, {name}, {how}"), copies: *copies, samples, timings });
         }

@@ -802,6 +802,12 @@ def germline_main(release_dir):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     ctid = _tid_field()
+    # Everything the germline made stays out of the copies' collections: a full collection
+    # writes into every tracked object, a copy-on-write fault for each page they occupy.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     # The control channel is signals: SIGUSR1 (blocked, waited for) asks for one fork;
     # the germline stops itself when ready and after each fork, and the broker reads the
     # outcome from /proc. No descriptor is held across a fork (G2): stdio would be open

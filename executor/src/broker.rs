@@ -162,6 +162,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
     let mut timings = CopyTimings::default();
+    let t_threads = Instant::now();
     let wake = match Wake::new() {
         Ok(w) => Arc::new(w),
         Err(e) => {
@@ -215,6 +216,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         thread::spawn(move || slot_loop(listener, &wake, &writes, max))
     };
 
+    timings.threads = t_threads.elapsed();
     let result = match channel {
         Channel::Fresh { listener, gate, preamble } => {
             talk(listener, gate, &wake, &preamble, method, params, deadline, max, &mut timings)

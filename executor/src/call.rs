@@ -816,8 +816,10 @@ impl GermlineRuntime {
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         // No refill while this copy runs (also for a list or a replay, outside a call).
         let _quiet = self.pool()?.begin_call();
+        let t_take = Instant::now();
         let taken = self.pool()?.take()?;
         let t_setup = Instant::now();
+        let take = t_setup - t_take;
         let CopyInputs { files, twin, slot, counted_clock } = inputs;
         let pooled = matches!(taken, Taken::Pooled(_));
         let (copy, job_parts) = match taken {
@@ -867,7 +869,9 @@ impl GermlineRuntime {
                 let t_kill = Instant::now();
                 let mut copy = copy;
                 // A pooled copy was made off this call's path: its fork phases are not the call's.
+                // A fresh one was made in the take: the take's own phase is what is left.
                 let fork = if pooled { Default::default() } else { std::mem::take(&mut copy.timings) };
+                let take = take.saturating_sub(fork.total());
                 pool.give_back(copy);
                 r.timings.teardown += t_kill.elapsed();
                 r.timings.reap = fork.reap;
@@ -876,6 +880,7 @@ impl GermlineRuntime {
                 r.timings.fork = fork.fork;
                 r.timings.checks_after = fork.checks_after;
                 r.timings.outside = outside;
+                r.timings.take = take;
                 Ok(r)
             }
             Err(e) => {

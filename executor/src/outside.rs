@@ -230,32 +230,74 @@ fn helper_reply(sock: &mut UnixStream) -> Result<(), ExecutorError> {
 /// once this returns.
 pub fn mount_view(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<(), ExecutorError> {
     let p = prepare(pid, CopyIds { offset: 0, uid: 0, gid: 0 }, data_roots, files)?;
-    let (mut ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for a copy's view"))?;
-    // SAFETY: the child only performs syscalls on buffers prepared above and exits with
-    // _exit; it never returns into Rust code of the parent.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(ExecutorError::io("forking the view helper")(io::Error::last_os_error()));
+    match vfork_helper(&|| view_main(&p)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err((step, errno))) => Err(ExecutorError::Sandbox(format!(
+            "the copy's set-up helper failed at step '{}': {}",
+            step as char,
+            io::Error::from_raw_os_error(errno)
+        ))),
+        Err(e) => Err(ExecutorError::io("starting the view helper")(e)),
     }
-    if child == 0 {
-        let fd = theirs.as_raw_fd();
-        let msg = match view_main(&p) {
-            Ok(()) => [b'D', 0, 0, 0],
-            Err((step, errno)) => [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8],
-        };
-        // SAFETY: write of a local buffer to an open socket, then leave without running
-        // destructors or atexit handlers of the parent.
-        unsafe {
-            libc::write(fd, msg.as_ptr().cast(), msg.len());
-            libc::_exit(0)
-        };
+}
+
+/// Runs `f` in a helper process that shares the broker's memory and borrows the calling
+/// thread until it exits (`CLONE_VM | CLONE_VFORK`, as `posix_spawn` does): nothing of the
+/// broker is copied (copying its page tables is most of what a forked helper costs), and
+/// the helper is a process of its own with one thread, as `setns(2)` into a user namespace
+/// requires. `f` may only make syscalls on buffers prepared before it runs (it must not
+/// allocate: the heap is the broker's), and every signal is blocked meanwhile, so no
+/// handler of the broker runs in the helper. Returns what `f` returned, or the error that
+/// kept the helper from starting or finishing.
+fn vfork_helper(f: &dyn Fn() -> Result<(), StepErr>) -> io::Result<Result<(), StepErr>> {
+    struct Job<'a> {
+        f: &'a dyn Fn() -> Result<(), StepErr>,
+        out: Option<Result<(), StepErr>>,
     }
-    drop(theirs);
-    let done = helper_reply(&mut ours);
-    let mut status = 0;
-    // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(child, &mut status, 0) };
-    done
+    extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `Job` below, which the suspended parent does not touch until
+        // this child has exited.
+        let job = unsafe { &mut *arg.cast::<Job<'_>>() };
+        job.out = Some((job.f)());
+        0
+    }
+    const STACK: usize = 256 << 10;
+    let mut stack = vec![0u8; STACK];
+    // The stack grows down from its (16-byte aligned) top.
+    let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+    let mut job = Job { f, out: None };
+    // SAFETY: signal masks on local sets; clone with a stack we own for the child's whole
+    // life (CLONE_VFORK: this thread resumes only once the child has exited); waitpid on
+    // our own child.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            entry,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut job as *mut Job<'_>).cast(),
+        );
+        let err = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(err);
+        }
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        drop(stack);
+        match job.out {
+            Some(out) if libc::WIFEXITED(status) => Ok(out),
+            _ => Err(io::Error::other(format!("the helper died (wait status {status:#x})"))),
+        }
+    }
 }
 
 fn view_main(p: &Prepared) -> Result<(), StepErr> {

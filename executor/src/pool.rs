@@ -370,12 +370,14 @@ fn ready_up(copy: CopyProcess, max_message: usize) -> Result<ReadyCopy, Executor
     let reader = BufReader::new(conn.try_clone().map_err(ExecutorError::io("channel"))?);
     let mut client = McpClient::new(reader, writer, max_message);
     client.initialize()?;
-    // One data-free request through the server's dispatch, so the pages a request touches
+    // Two data-free requests through the server's dispatch, so the pages a request touches
     // are the copy's own before a call waits on them (a fresh fork pays a copy-on-write
-    // fault for each).
+    // fault for each): a list, and a call of a tool no server has, which runs the call path
+    // up to the tool's lookup (its error answer is expected and dropped).
     client
         .request("tools/list", serde_json::json!({}))?
         .map_err(|e| ExecutorError::Copy(format!("tools/list: {e}")))?;
+    let _ = client.request("tools/call", serde_json::json!({"name": "germline warm-up", "arguments": {}}))?;
     copy.pause_idle(idle_checks())?;
     Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel: PooledChannel { client, conn } })
 }

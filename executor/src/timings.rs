@@ -7,6 +7,9 @@ use std::time::Duration;
 /// Duration of each phase of one copy's life, in call order.
 #[derive(Clone, Debug, Default)]
 pub struct CopyTimings {
+    /// Taking the copy from the pool: waiting for a fork in progress, killing copies being
+    /// readied, and for earlier copies of the germline to be gone.
+    pub take: Duration,
     /// Waiting for the previous copy of this germline to be gone (it is killed after its
     /// answer is returned; the next fork waits for its death).
     pub reap: Duration,
@@ -21,6 +24,8 @@ pub struct CopyTimings {
     pub checks_after: Duration,
     /// The broker's set-up inside the copy's namespaces (listeners, view).
     pub outside: Duration,
+    /// Starting the broker's threads for the copy (deadline, death, proxy, slot).
+    pub threads: Duration,
     /// Until the copy connected to its channel.
     pub connect: Duration,
     /// Sending the preamble (twin inputs, slot, environment).
@@ -37,14 +42,16 @@ pub struct CopyTimings {
 
 impl CopyTimings {
     /// Every phase with its name, in call order.
-    pub fn phases(&self) -> [(&'static str, Duration); 12] {
+    pub fn phases(&self) -> [(&'static str, Duration); 14] {
         [
+            ("take from pool", self.take),
             ("reap previous copy", self.reap),
             ("G1-G3 before fork", self.checks_before),
             ("enter copy cgroup", self.cgroup),
             ("fork", self.fork),
             ("G1-G3 after fork", self.checks_after),
             ("outside set-up", self.outside),
+            ("broker threads", self.threads),
             ("channel connect", self.connect),
             ("preamble", self.preamble),
             ("MCP initialize", self.initialize),
