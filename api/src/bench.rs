@@ -369,6 +369,7 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
     let req = CallRequest { tool: tool.into(), arguments, ..Default::default() };
     let mut bare = BareServer::start(&python, &rel)?;
     let mut pin = Runtime::start(RuntimeKind::SigPin, &rel, policy.clone(), python.clone())?;
+    let pool = policy.limits.pool;
     let mut gl = Runtime::start(RuntimeKind::Germline, &rel, policy, python)?;
     bare.call(&req)?;
     for rt in [&mut pin, &mut gl] {
@@ -390,7 +391,7 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
         // let both finish outside every measurement, so neither lands in the next round's
         // calls (each germline call is taken from a full pool; sustained load is
         // `--concurrency`). A release that is not pooled forks per call.
-        gl.wait_pool_ready(1, Duration::from_secs(30))?;
+        gl.wait_pool_ready(pool, Duration::from_secs(30))?;
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut rows = vec![

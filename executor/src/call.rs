@@ -472,7 +472,7 @@ impl GermlineRuntime {
         tracing::info!(release = %release, "germline ready in {:?}", germline.start_time);
         let max_message = policy.limits.max_message_bytes;
         Ok(GermlineRuntime {
-            pool: Some(CopyPool::new(Box::new(germline), pool_size, max_message)),
+            pool: Some(CopyPool::new(Box::new(germline), pool_size, max_message, manifest.warm_up_calls())),
             pool_size,
             spec,
             manifest,
@@ -781,7 +781,12 @@ impl GermlineRuntime {
     fn pool(&mut self) -> Result<&CopyPool, ExecutorError> {
         if self.pool.is_none() {
             let germline = Germline::start(&self.spec)?;
-            self.pool = Some(CopyPool::new(Box::new(germline), self.pool_size, self.policy.limits.max_message_bytes));
+            self.pool = Some(CopyPool::new(
+                Box::new(germline),
+                self.pool_size,
+                self.policy.limits.max_message_bytes,
+                self.manifest.warm_up_calls(),
+            ));
         }
         self.pool.as_ref().ok_or_else(|| ExecutorError::internal("pool"))
     }

@@ -119,6 +119,11 @@ pub struct ToolDecl {
     pub read_paths: Vec<String>,
     /// Per-tool determinism declaration (falls back to the release's).
     pub deterministic: Option<bool>,
+    /// Arguments of a call of this tool that every pooled copy makes while it is readied,
+    /// before it holds anything (its answer is dropped): a server that fills a cache at its
+    /// first call (a list of time zones, a parsed schema) has it filled before a call waits
+    /// on it. The copy has no view and no network then.
+    pub warm_up: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -165,6 +170,7 @@ struct RawTool {
     #[serde(default)]
     read_paths: Vec<String>,
     deterministic: Option<bool>,
+    warm_up: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Manifest {
@@ -245,6 +251,7 @@ impl Manifest {
                     host_argument: t.host_argument,
                     read_paths: t.read_paths,
                     deterministic: t.deterministic,
+                    warm_up: t.warm_up,
                 },
             );
         }
@@ -313,6 +320,15 @@ impl Manifest {
         }
         self.env.values_mut().try_for_each(|v| fill(v).map(|f| *v = f))?;
         Ok(())
+    }
+
+    /// The warm-up calls every pooled copy makes before it waits in the pool (tool name and
+    /// arguments), in tool order ([`ToolDecl::warm_up`]).
+    pub fn warm_up_calls(&self) -> Vec<(String, serde_json::Value)> {
+        self.tools
+            .iter()
+            .filter_map(|(name, t)| t.warm_up.clone().map(|a| (name.clone(), serde_json::Value::Object(a))))
+            .collect()
     }
 
     /// The declaration for `tool`; a tool the manifest does not declare has no

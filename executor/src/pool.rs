@@ -131,6 +131,8 @@ struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     max_message: usize,
+    /// The release's warm-up calls (tool, arguments), made in every copy as it is readied.
+    warm_up: Vec<(String, serde_json::Value)>,
 }
 
 impl Shared {
@@ -148,7 +150,12 @@ pub struct CopyPool {
 impl CopyPool {
     /// A pool of `size` ready copies of `source` (0: every call makes its copies as it
     /// needs them, and gives them their data before their server starts).
-    pub fn new(source: Box<dyn CopySource>, size: usize, max_message: usize) -> CopyPool {
+    pub fn new(
+        source: Box<dyn CopySource>,
+        size: usize,
+        max_message: usize,
+        warm_up: Vec<(String, serde_json::Value)>,
+    ) -> CopyPool {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 source,
@@ -163,6 +170,7 @@ impl CopyPool {
             }),
             changed: Condvar::new(),
             max_message,
+            warm_up,
         });
         let refill = (size > 0).then(|| {
             let shared = shared.clone();
@@ -330,7 +338,7 @@ fn refill_loop(shared: &Shared) {
             }
         };
         let pid = copy.pid;
-        let readied = ready_up(copy, shared.max_message);
+        let readied = ready_up(copy, shared.max_message, &shared.warm_up);
         let mut st = shared.lock();
         st.readying -= 1;
         // Its killer is gone from the list when a call killed it.
@@ -354,7 +362,11 @@ fn refill_loop(shared: &Shared) {
 
 /// Sets a data-free copy up without a view, lets it connect, checks its ids (the gate
 /// with no view to mount), starts its server and gets it past `initialize`, then stops it.
-fn ready_up(copy: CopyProcess, max_message: usize) -> Result<ReadyCopy, ExecutorError> {
+fn ready_up(
+    copy: CopyProcess,
+    max_message: usize,
+    warm_up: &[(String, serde_json::Value)],
+) -> Result<ReadyCopy, ExecutorError> {
     let listeners = prepare_copy(copy.pid, copy.ids(), &[], &[], copy.scratch.as_ref())?;
     copy.channel_ready()?;
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -378,6 +390,10 @@ fn ready_up(copy: CopyProcess, max_message: usize) -> Result<ReadyCopy, Executor
         .request("tools/list", serde_json::json!({}))?
         .map_err(|e| ExecutorError::Copy(format!("tools/list: {e}")))?;
     let _ = client.request("tools/call", serde_json::json!({"name": "germline warm-up", "arguments": {}}))?;
+    // The release's own warm-up calls (manifest `warm_up`), answers dropped likewise.
+    for (tool, arguments) in warm_up {
+        let _ = client.request("tools/call", serde_json::json!({"name": tool, "arguments": arguments}))?;
+    }
     copy.pause_idle(idle_checks())?;
     Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel: PooledChannel { client, conn } })
 }

@@ -140,3 +140,57 @@ fn a_pooled_copy_reads_the_twin_clock_from_the_first_line_of_the_call() {
         assert_eq!(v["d"][0] == v["d"][1], twin, "twin {twin}: datetime.now ({})", v["d"]);
     }
 }
+
+const LOOK: &str = r#"
+import json
+SEEN = {"calls": 0, "first": None}
+def create_server():
+    m = FastMCP("look")
+    @m.tool()
+    def look(path: str) -> str:
+        SEEN["calls"] += 1
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            text = "unreadable"
+        if SEEN["first"] is None:
+            SEEN["first"] = text
+        return json.dumps({"calls": SEEN["calls"], "first": SEEN["first"], "now": text})
+    return m
+"#;
+
+/// A tool's manifest `warm_up` call runs in every pooled copy while it is readied, before
+/// it holds anything: the call that follows finds the server's first-call state made, and
+/// that state was made without the item (the same read in the call sees it). Copies made
+/// per call have no warm-up.
+#[test]
+fn a_declared_warm_up_call_runs_in_each_pooled_copy_before_it_holds_anything() {
+    let w = World::new();
+    let secret = w.item("hr", "secret.txt", "GLC-hr-warm-up");
+    let tools = format!("[tools.look]\nwarm_up = {{ path = \"{}\" }}\n", secret.display());
+    let with = w.release("look-warm", &tools, LOOK);
+    let without = w.release("look", "", LOOK);
+    let look = |rt: &mut Runtime| -> Value {
+        let o = rt.call(&request("look", json!({"path": secret.to_string_lossy()}), &[&secret]));
+        serde_json::from_str(&result_text(&o)).unwrap_or_else(|e| panic!("{e}: {o:?}"))
+    };
+    let mut rt = pooled(&w, &with, 2, "");
+    for _ in 0..2 {
+        germline(&mut rt).wait_pool_ready(2, Duration::from_secs(60)).unwrap();
+        let v = look(&mut rt);
+        assert_eq!(v["calls"], 2, "the warm-up call came first: {v}");
+        assert_eq!(v["first"], "unreadable", "the warm-up ran with no view: {v}");
+        assert_eq!(v["now"], "GLC-hr-warm-up", "the call reads its item: {v}");
+    }
+    let mut rt = pooled(&w, &without, 2, "");
+    let v = look(&mut rt);
+    assert_eq!(
+        (v["calls"].clone(), v["first"].clone()),
+        (json!(1), json!("GLC-hr-warm-up")),
+        "no warm-up declared: {v}"
+    );
+    let mut rt = pooled(&w, &with, 0, "");
+    let v = look(&mut rt);
+    assert_eq!(v["calls"], 1, "a copy made per call has no warm-up: {v}");
+}
