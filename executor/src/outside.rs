@@ -210,16 +210,18 @@ fn helper_reply(sock: &mut UnixStream) -> Result<(), ExecutorError> {
     }
     match (n, buf[0]) {
         (1.., b'D') => Ok(()),
-        (4, b'E') => {
-            let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
-            Err(ExecutorError::Sandbox(format!(
-                "the copy's set-up helper failed at step '{}': {}",
-                buf[1] as char,
-                io::Error::from_raw_os_error(errno)
-            )))
-        }
+        (4, b'E') => Err(step_error(buf[1], i32::from(buf[2]) | (i32::from(buf[3]) << 8))),
         _ => Err(ExecutorError::Sandbox("the copy's set-up helper died before mounting its view".into())),
     }
+}
+
+/// A set-up helper's failure at `step`, with the error it met.
+fn step_error(step: u8, errno: i32) -> ExecutorError {
+    ExecutorError::Sandbox(format!(
+        "the copy's set-up helper failed at step '{}': {}",
+        step as char,
+        io::Error::from_raw_os_error(errno)
+    ))
 }
 
 /// Mounts a view into a pooled copy `pid` that was set up without one
@@ -230,14 +232,15 @@ fn helper_reply(sock: &mut UnixStream) -> Result<(), ExecutorError> {
 /// once this returns.
 pub fn mount_view(pid: i32, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<(), ExecutorError> {
     let p = prepare(pid, CopyIds { offset: 0, uid: 0, gid: 0 }, data_roots, files)?;
-    match vfork_helper(&|| view_main(&p)) {
+    run_helper(&|| view_main(&p))
+}
+
+/// [`vfork_helper`], its failure as an error.
+fn run_helper(f: &dyn Fn() -> Result<(), StepErr>) -> Result<(), ExecutorError> {
+    match vfork_helper(f) {
         Ok(Ok(())) => Ok(()),
-        Ok(Err((step, errno))) => Err(ExecutorError::Sandbox(format!(
-            "the copy's set-up helper failed at step '{}': {}",
-            step as char,
-            io::Error::from_raw_os_error(errno)
-        ))),
-        Err(e) => Err(ExecutorError::io("starting the view helper")(e)),
+        Ok(Err((step, errno))) => Err(step_error(step, errno)),
+        Err(e) => Err(ExecutorError::io("running a set-up helper")(e)),
     }
 }
 
@@ -633,45 +636,21 @@ pub fn unmount_in_germline(pid: i32, dir: &Path) -> Result<(), ExecutorError> {
     let user = c(format!("/proc/{pid}/ns/user"))?;
     let mnt = c(format!("/proc/{pid}/ns/mnt"))?;
     let target = CString::new(dir.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in path"))?;
-    let (mut ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for an unmount"))?;
-    // SAFETY: the child only performs syscalls on strings prepared above and exits with
-    // _exit; it never returns into Rust code of the parent.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(ExecutorError::io("forking the unmount helper")(io::Error::last_os_error()));
-    }
-    if child == 0 {
+    run_helper(&|| {
         use libc::*;
-        // SAFETY (whole block): raw syscalls on NUL-terminated strings prepared before fork.
-        let r = unsafe {
-            (|| -> Result<(), StepErr> {
-                let u = ck(b'a', open(user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
-                let m = ck(b'c', open(mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
-                ck(b'i', setns(u, CLONE_NEWUSER) as c_long)?;
-                ck(b'w', setresgid(0, 0, 0) as c_long)?;
-                ck(b'x', setresuid(0, 0, 0) as c_long)?;
-                ck(b'k', setns(m, CLONE_NEWNS) as c_long)?;
-                ck(b'U', umount2(target.as_ptr(), MNT_DETACH) as c_long)?;
-                Ok(())
-            })()
-        };
-        let msg = match r {
-            Ok(()) => [b'D', 0, 0, 0],
-            Err((step, errno)) => [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8],
-        };
-        // SAFETY: write of a local buffer to an open socket, then leave without running
-        // destructors or atexit handlers of the parent.
+        // SAFETY (whole block): raw syscalls on NUL-terminated strings prepared above.
         unsafe {
-            libc::write(theirs.as_raw_fd(), msg.as_ptr().cast(), msg.len());
-            libc::_exit(0)
-        };
-    }
-    drop(theirs);
-    let done = helper_reply(&mut ours);
-    let mut status = 0;
-    // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(child, &mut status, 0) };
-    done.map_err(|e| ExecutorError::Sandbox(format!("unmounting the germline's import scratch: {e}")))
+            let u = ck(b'a', open(user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+            let m = ck(b'c', open(mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
+            ck(b'i', setns(u, CLONE_NEWUSER) as c_long)?;
+            ck(b'w', setresgid(0, 0, 0) as c_long)?;
+            ck(b'x', setresuid(0, 0, 0) as c_long)?;
+            ck(b'k', setns(m, CLONE_NEWNS) as c_long)?;
+            ck(b'U', umount2(target.as_ptr(), MNT_DETACH) as c_long)?;
+            Ok(())
+        }
+    })
+    .map_err(|e| ExecutorError::Sandbox(format!("unmounting the germline's import scratch: {e}")))
 }
 
 fn timespec_of((sec, nsec): (i64, i64)) -> libc::timespec {

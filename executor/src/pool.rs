@@ -389,9 +389,9 @@ fn ready_up(
     client
         .request("tools/list", serde_json::json!({}))?
         .map_err(|e| ExecutorError::Copy(format!("tools/list: {e}")))?;
-    let _ = client.request("tools/call", serde_json::json!({"name": "germline warm-up", "arguments": {}}))?;
-    // The release's own warm-up calls (manifest `warm_up`), answers dropped likewise.
-    for (tool, arguments) in warm_up {
+    // Then the release's own warm-up calls (manifest `warm_up`), answers dropped likewise.
+    let nothing = ("germline warm-up".to_owned(), serde_json::json!({}));
+    for (tool, arguments) in std::iter::once(&nothing).chain(warm_up) {
         let _ = client.request("tools/call", serde_json::json!({"name": tool, "arguments": arguments}))?;
     }
     copy.pause_idle(idle_checks())?;
