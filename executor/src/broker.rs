@@ -269,6 +269,9 @@ fn talk(
     let conn = wake
         .accept(&channel, Some(deadline))
         .ok_or_else(|| ExecutorError::Copy("the copy never connected to its channel".into()))?;
+    // Connected: a refused ids check below keeps its own error, even when the copy is
+    // gone by the time the result is read.
+    timings.connect = t0.elapsed();
     // Nothing the copy may see reaches it before it runs as its own ids: its view is
     // mounted, and the preamble sent, only after the check.
     gate.open()?;
