@@ -48,9 +48,13 @@ pub struct BenchArgs {
     /// `--releases` admitted releases through `germline serve` (HTTP API).
     #[arg(long)]
     pub concurrency: Option<usize>,
-    /// Releases admitted for `--concurrency` (distinct germlines).
+    /// Releases admitted for `--concurrency`.
     #[arg(long, default_value_t = 20)]
     pub releases: usize,
+    /// Germlines each release may run on at once under `--concurrency` (the policy's
+    /// `[limits] lanes`; 1 queues the calls to one release).
+    #[arg(long, default_value_t = 2)]
+    pub lanes: usize,
     /// Seconds of load for `--concurrency`.
     #[arg(long, default_value_t = 20)]
     pub seconds: u64,
@@ -106,7 +110,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         return run_server(server, args);
     }
     if let Some(c) = args.concurrency {
-        return crate::bench_load::run(c, args.releases, args.seconds, args.pool);
+        return crate::bench_load::run(c, args.releases, args.seconds, args.pool, args.lanes);
     }
     let dir = tempfile::tempdir().context("temporary directory")?;
     let rel = dir.path().join("noop");

@@ -37,7 +37,7 @@ fn germline(exe: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<()> {
 }
 
 /// Builds, publishes and admits `releases` noop releases, then runs the load.
-pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize) -> anyhow::Result<()> {
+pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: usize) -> anyhow::Result<()> {
     anyhow::ensure!(clients > 0 && releases > 0, "--concurrency and --releases must be positive");
     let exe = std::env::current_exe().context("this executable")?;
     let tmp = tempfile::tempdir().context("temporary directory")?;
@@ -63,11 +63,15 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize) -> anyhow
     let root = std::fs::read_to_string(repo.join("metadata/1.root.json"))?;
     let data = dir.join("data");
     let config = dir.join("serve.toml");
+    let policy = dir.join("policy.toml");
+    std::fs::write(&policy, format!("{}[limits]\nlanes = {lanes}\n", crate::service::policies::DEFAULT_POLICY))?;
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npool = {pool}\nmax_session_calls = 10000\ntrust.allow_caller_roots = true\n",
-            data.display()
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\npolicy = \"{}\"\npool = {pool}\nmax_session_calls = 10000\n\
+             trust.allow_caller_roots = true\n",
+            data.display(),
+            policy.display()
         ),
     )?;
     let (served, port) = serve(&exe, dir, &config)?;
@@ -124,7 +128,7 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize) -> anyhow
     lat.sort();
     let pct = |p: f64| lat.get(((lat.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or_default();
     println!(
-        "service path, pool {pool}: {clients} clients, {releases} releases: {} calls in {:.1} s = {:.1} calls/s; \
+        "service path, pool {pool}, lanes {lanes}: {clients} clients, {releases} releases: {} calls in {:.1} s = {:.1} calls/s; \
          P50 {:.2} ms, P99 {:.2} ms",
         lat.len(),
         wall.as_secs_f64(),

@@ -507,7 +507,7 @@ def _run_copy(server, release_dir):
         _activate_twin(preamble["twin"])
     import germline_slot
 
-    germline_slot._attach(preamble.get("slot", {}), lambda: _connect_channel(SLOT_PORT))
+    germline_slot._attach(lambda: _connect_channel(SLOT_PORT))
     for k, v in preamble.get("env", {}).items():
         os.environ[k] = v
     wfile = chan.makefile("wb")
@@ -530,9 +530,9 @@ class _PooledStdin(io.RawIOBase):
     A pooled copy starts its server and answers `initialize` before it holds anything; a
     call then arrives as `{"germline": "twin", ...}` (twin inputs: activated here, in the
     thread that reads stdin, and acknowledged before the broker mounts the view), then
-    `{"germline": "data", ...}` (slot and environment) right before `tools/call`. Both are
-    handled before the next line reaches the server, so no release code of the call runs
-    before its twin inputs. Lines are passed on whole, in order.
+    `{"germline": "data"}` right before `tools/call` (the slot is asked of the broker at
+    its first use). Both are handled before the next line reaches the server, so no release
+    code of the call runs before its twin inputs. Lines are passed on whole, in order.
     """
 
     def __init__(self, rfile, chan):
@@ -568,7 +568,7 @@ class _PooledStdin(io.RawIOBase):
         elif msg["germline"] == "data":
             import germline_slot
 
-            germline_slot._attach(msg.get("slot", {}), lambda: _connect_channel(SLOT_PORT))
+            germline_slot._attach(lambda: _connect_channel(SLOT_PORT))
             for k, v in msg.get("env", {}).items():
                 os.environ[k] = v
 

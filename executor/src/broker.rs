@@ -20,6 +20,7 @@ use crate::http::{self, HttpRequest};
 use crate::mcp::McpClient;
 use crate::outside::{ViewGate, ViewMount};
 use crate::policy::Policy;
+use crate::slots::{SlotGiven, SlotSource};
 use crate::timings::CopyTimings;
 use crate::wake::{Ready, Wake};
 use crate::ExecutorError;
@@ -75,6 +76,8 @@ pub struct CopyResult {
     pub label: OutputLabel,
     /// Slot writes the copy made, in order.
     pub slot_writes: Vec<(String, Option<Value>)>,
+    /// The slot the copy asked for, as it was given (with its lease), if it asked.
+    pub slot: Option<SlotGiven>,
     /// Egress attempts.
     pub egress: Vec<EgressEvent>,
     /// Every reply the copy received from (or in the name of) each declared host, in
@@ -126,8 +129,10 @@ pub struct CopyJob<'a> {
     pub group_index: usize,
     /// The HTTP proxy listener in the copy's network namespace.
     pub proxy: TcpListener,
-    /// The slot-write listener in the copy's network namespace.
+    /// The slot listener in the copy's network namespace.
     pub slot: TcpListener,
+    /// Where the copy's slot comes from when it asks for it.
+    pub slot_source: SlotSource,
     /// The MCP channel.
     pub channel: Channel,
     /// The MCP request to make after `initialize` (`tools/call` with arguments whose
@@ -141,7 +146,7 @@ pub struct CopyJob<'a> {
     pub budget: Duration,
     /// Policy (host map, sizes).
     pub policy: &'a Policy,
-    /// Starting output label (view and slot).
+    /// Starting output label (the view; the slot's label joins when the copy asks for it).
     pub label: OutputLabel,
     /// Kills the copy (deadline watchdog).
     pub killer: CopyKiller,
@@ -156,11 +161,27 @@ struct CopyState {
 
 /// Serves one copy until it returns its tool result, fails, or runs out of time.
 pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResult {
-    let CopyJob { group_index, proxy, slot, channel, method, params, deadline, budget, policy, label, killer } = job;
+    let CopyJob {
+        group_index,
+        proxy,
+        slot,
+        slot_source,
+        channel,
+        method,
+        params,
+        deadline,
+        budget,
+        policy,
+        label,
+        killer,
+    } = job;
     let max = policy.limits.max_message_bytes;
     let state =
         Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
+    let slot_source = Arc::new(slot_source);
+    let slot_given: Arc<Mutex<Option<SlotGiven>>> = Arc::new(Mutex::new(None));
+    let slot_stop = Arc::new(AtomicBool::new(false));
     let mut timings = CopyTimings::default();
     let t_threads = Instant::now();
     let wake = match Wake::new() {
@@ -171,6 +192,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
                 result: Err(format!("broker: {e}")),
                 label: state.lock().unwrap_or_else(|p| p.into_inner()).label.clone(),
                 slot_writes: Vec::new(),
+                slot: None,
                 egress: Vec::new(),
                 received: BTreeMap::new(),
                 timings,
@@ -211,9 +233,16 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         thread::spawn(move || proxy_loop(listener, &wake, group_index, &state, &shared, &policy, deadline))
     };
     let slots = {
-        let (wake, writes) = (wake.clone(), slot_writes.clone());
-        let listener = slot;
-        thread::spawn(move || slot_loop(listener, &wake, &writes, max))
+        let copy_slot = CopySlot {
+            source: slot_source.clone(),
+            given: slot_given.clone(),
+            writes: slot_writes.clone(),
+            state: state.clone(),
+            stop: slot_stop.clone(),
+            deadline,
+        };
+        let (wake, listener) = (wake.clone(), slot);
+        thread::spawn(move || slot_loop(listener, &wake, &copy_slot, max))
     };
 
     timings.threads = t_threads.elapsed();
@@ -227,6 +256,8 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     };
     let t_down = Instant::now();
     wake.wake();
+    slot_stop.store(true, Ordering::SeqCst);
+    slot_source.interrupt();
     let _ = done_tx.send(());
     let _ = watchdog.join();
     let _ = death.join();
@@ -249,8 +280,9 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         }
     };
     let writes = std::mem::take(&mut *slot_writes.lock().unwrap_or_else(|p| p.into_inner()));
+    let given = slot_given.lock().unwrap_or_else(|p| p.into_inner()).take();
     timings.teardown = t_down.elapsed();
-    CopyResult { result, label, slot_writes: writes, egress, received, timings }
+    CopyResult { result, label, slot_writes: writes, slot: given, egress, received, timings }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -492,7 +524,21 @@ fn gateway_error(why: &str) -> Vec<u8> {
 
 const MAX_SLOT_WRITES: usize = 1024;
 
-fn slot_loop(listener: TcpListener, wake: &Wake, writes: &Mutex<Vec<(String, Option<Value>)>>, max: usize) {
+/// What the slot listener's thread needs: where the slot comes from, where it keeps what
+/// it gave and the writes, and the copy's label (joined with the slot's when it is given).
+struct CopySlot {
+    source: Arc<SlotSource>,
+    given: Arc<Mutex<Option<SlotGiven>>>,
+    writes: Arc<Mutex<Vec<(String, Option<Value>)>>>,
+    state: Arc<Mutex<CopyState>>,
+    stop: Arc<AtomicBool>,
+    deadline: Instant,
+}
+
+/// Serves the copy's slot: its first request (a read or a write) gives it the slot (under
+/// the slot's lease, waited for until the deadline) and joins the slot's label into the
+/// copy's; then `get` answers the slot's values, `set` and `delete` are recorded in order.
+fn slot_loop(listener: TcpListener, wake: &Wake, copy: &CopySlot, max: usize) {
     use std::io::Read;
     let Some(mut conn) = wake.accept(&listener, None) else {
         return;
@@ -518,8 +564,10 @@ fn slot_loop(listener: TcpListener, wake: &Wake, writes: &Mutex<Vec<(String, Opt
             if line.len() > max {
                 return;
             }
-            let reply = slot_write(&std::mem::take(&mut line), writes);
-            if conn.write_all(reply).is_err() {
+            let Some(reply) = slot_request(&std::mem::take(&mut line), copy) else {
+                return;
+            };
+            if conn.write_all(&reply).is_err() {
                 return;
             }
         }
@@ -530,22 +578,46 @@ fn slot_loop(listener: TcpListener, wake: &Wake, writes: &Mutex<Vec<(String, Opt
     }
 }
 
-fn slot_write(line: &[u8], writes: &Mutex<Vec<(String, Option<Value>)>>) -> &'static [u8] {
-    let parsed: Option<(String, Option<Value>)> = serde_json::from_slice::<Value>(line).ok().and_then(|v| {
-        let key = v.get("key")?.as_str()?.to_owned();
+/// One slot request's reply; `None` ends the copy's slot connection (no slot before the
+/// deadline or the end of the call).
+fn slot_request(line: &[u8], copy: &CopySlot) -> Option<Vec<u8>> {
+    enum Op {
+        Get,
+        Write(String, Option<Value>),
+    }
+    let parsed: Option<Op> = serde_json::from_slice::<Value>(line).ok().and_then(|v| {
+        let key = || v.get("key")?.as_str().map(str::to_owned);
         match v.get("op")?.as_str()? {
-            "set" => Some((key, Some(v.get("value")?.clone()))),
-            "delete" => Some((key, None)),
+            "get" => Some(Op::Get),
+            "set" => Some(Op::Write(key()?, Some(v.get("value")?.clone()))),
+            "delete" => Some(Op::Write(key()?, None)),
             _ => None,
         }
     });
-    let mut ws = writes.lock().unwrap_or_else(|p| p.into_inner());
-    match parsed {
-        Some(wr) if ws.len() < MAX_SLOT_WRITES => {
-            ws.push(wr);
-            b"ok\n"
-        }
-        Some(_) => b"too many slot writes\n",
-        None => b"malformed slot write\n",
+    let Some(op) = parsed else { return Some(b"malformed slot request\n".to_vec()) };
+    let mut given = copy.given.lock().unwrap_or_else(|p| p.into_inner());
+    if given.is_none() {
+        let g = copy.source.give(copy.deadline, &copy.stop)?;
+        copy.state.lock().unwrap_or_else(|p| p.into_inner()).label.add_slot(&g.slot().label());
+        *given = Some(g);
     }
+    let slot = given.as_ref().map(SlotGiven::slot)?;
+    Some(match op {
+        Op::Get => {
+            let values: serde_json::Map<String, Value> =
+                slot.iter().map(|(k, e)| (k.to_owned(), e.value.clone())).collect();
+            let mut reply = serde_json::to_vec(&json!({ "slot": values })).ok()?;
+            reply.push(b'\n');
+            reply
+        }
+        Op::Write(key, value) => {
+            let mut ws = copy.writes.lock().unwrap_or_else(|p| p.into_inner());
+            if ws.len() < MAX_SLOT_WRITES {
+                ws.push((key, value));
+                b"ok\n".to_vec()
+            } else {
+                b"too many slot writes\n".to_vec()
+            }
+        }
+    })
 }

@@ -24,6 +24,7 @@ use crate::outside::{prepare_copy, CopyFile, FileMeta, ViewMount};
 use crate::policy::Policy;
 use crate::pool::{CopyPool, ReadyCopy, Taken};
 use crate::seccomp::SeccompPolicy;
+use crate::slots::{SlotGiven, SlotSource, SlotTable};
 use crate::ExecutorError;
 
 /// The reverse-DNS key under which a result's `_meta` carries its output label.
@@ -297,24 +298,6 @@ pub enum Splitting {
     None,
 }
 
-/// Per-horizon state slots of a runtime, kept outside the copies.
-#[derive(Default)]
-pub struct SlotStore {
-    slots: BTreeMap<SlotKey, Slot>,
-}
-
-impl SlotStore {
-    /// The slot for `key` (empty if never written).
-    pub fn get(&self, key: &SlotKey) -> Slot {
-        self.slots.get(key).cloned().unwrap_or_default()
-    }
-
-    /// Replaces the slot for `key`.
-    pub fn put(&mut self, key: SlotKey, slot: Slot) {
-        self.slots.insert(key, slot);
-    }
-}
-
 /// SHA-256 over a release directory's files (sorted relative paths and contents): the
 /// release id of a directory that did not come through admission.
 pub fn release_dir_hash(dir: &Path) -> Result<ReleaseHash, ExecutorError> {
@@ -362,16 +345,25 @@ pub struct GermlineRuntime {
     pub policy: Policy,
     /// The release id.
     pub release: ReleaseHash,
-    /// Slots of this runtime.
-    pub slots: SlotStore,
+    /// The release's slots (shared with every other germline of the release in this
+    /// process, see [`crate::slots`]).
+    pub slots: Arc<SlotTable>,
     /// How calls are split.
     pub splitting: Splitting,
     /// Where triggers are appended (JSON lines), if anywhere.
     pub trigger_log: Option<PathBuf>,
     /// Evidence switches, on by default; tests turn them off to show what they do.
     pub evidence_switches: EvidenceSwitches,
-    refused: Option<String>,
-    refused_by_check: Option<&'static str>,
+    /// Why the release was refused while running, and by which germline check if by one;
+    /// shared by every lane of the release (a refusal in one stops them all).
+    refused: Arc<Mutex<Option<Refusal>>>,
+}
+
+/// A running release's refusal.
+#[derive(Clone)]
+struct Refusal {
+    why: String,
+    check: Option<&'static str>,
 }
 
 /// Switches for the evidence mechanisms (prevention never depends on them).
@@ -478,33 +470,68 @@ impl GermlineRuntime {
             manifest,
             policy,
             release,
-            slots: SlotStore::default(),
+            slots: Arc::new(SlotTable::default()),
             splitting,
             trigger_log: None,
             evidence_switches: EvidenceSwitches::default(),
-            refused: None,
-            refused_by_check: None,
+            refused: Arc::default(),
         })
     }
 
     /// Why the release was refused while running, when a germline check (G1–G3,
     /// namespaces, children) refused it: the mechanism stopping a release, as opposed to
     /// a germline that failed to start.
-    pub fn refusal(&self) -> Option<&str> {
-        self.refused_by_check.and(self.refused.as_deref())
+    pub fn refusal(&self) -> Option<String> {
+        self.refused_now().and_then(|r| r.check.map(|_| r.why))
+    }
+
+    fn refused_now(&self) -> Option<Refusal> {
+        self.refused.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Starts another germline of this release (a lane, see [`crate::lanes`]) when called:
+    /// same release, policy and switches, sharing this one's slots and refusal.
+    pub fn lane_maker(&self) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
+        let (spec, manifest, policy) = (self.spec.clone(), self.manifest.clone(), self.policy.clone());
+        let (release, slots, refused) = (self.release, self.slots.clone(), self.refused.clone());
+        let (pool_size, splitting, trigger_log, evidence_switches) =
+            (self.pool_size, self.splitting, self.trigger_log.clone(), self.evidence_switches);
+        move || {
+            if let Some(r) = refused.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                return Err(ExecutorError::Call(format!("release refused: {}", r.why)));
+            }
+            let germline = Germline::start(&spec)?;
+            tracing::info!(release = %release, "another germline of the release started, in {:?}", germline.start_time);
+            let max_message = policy.limits.max_message_bytes;
+            Ok(GermlineRuntime {
+                pool: Some(CopyPool::new(Box::new(germline), pool_size, max_message, manifest.warm_up_calls())),
+                pool_size,
+                spec: spec.clone(),
+                manifest: manifest.clone(),
+                policy: policy.clone(),
+                release,
+                slots: slots.clone(),
+                splitting,
+                trigger_log: trigger_log.clone(),
+                evidence_switches,
+                refused: refused.clone(),
+            })
+        }
     }
 
     /// Runs one call. Never panics on hostile input; errors come back in the outcome.
     pub fn call(&mut self, req: &CallRequest) -> CallOutcome {
-        if let Some(why) = &self.refused {
-            return CallOutcome::refused(format!("release refused: {why}"));
+        if let Some(r) = self.refused_now() {
+            self.pool = None;
+            return CallOutcome::refused(format!("release refused: {}", r.why));
         }
         match self.call_inner(req) {
             Ok(o) => o,
             Err(e) => {
                 if let ExecutorError::GermlineRefused { check, .. } = &e {
-                    self.refused = Some(e.to_string());
-                    self.refused_by_check = e.is_refusal().then_some(*check);
+                    let check = e.is_refusal().then_some(*check);
+                    *self.refused.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Refusal { why: e.to_string(), check });
                     self.pool = None;
                     return CallOutcome::refused(e);
                 }
@@ -530,9 +557,11 @@ impl GermlineRuntime {
 
         for (gi, group) in plan.groups.iter().enumerate() {
             let key = SlotKey::new(self.release, &self.policy.user, group.horizon.clone())?;
-            let slot = self.slots.get(&key);
-            let mut run = self.run_copy(gi, group, &prepared, &slot, &twin, &shared)?;
+            let mut run = self.run_copy(gi, group, &prepared, key, &twin, &shared)?;
             outcome.timings.push(std::mem::take(&mut run.timings));
+            // The slot as the copy was given it (under its lease), if it asked for it.
+            let given = run.slot.take();
+            let slot = given.as_ref().map(|g| g.slot().clone()).unwrap_or_default();
             let (result, label, writes) = (run.result, run.label, run.slot_writes);
             let copy_label = label.label();
             outcome.egress.extend(run.egress.into_iter().map(|e| EgressEventOut::of(e, &copy_label)));
@@ -544,13 +573,13 @@ impl GermlineRuntime {
                 label: copy_label.clone(),
             });
             let final_label = label.label();
-            if result.is_ok() && !writes.is_empty() {
+            if let (true, false, Some(SlotGiven::Leased(lease))) = (result.is_ok(), writes.is_empty(), &given) {
                 let mut slot = slot;
                 // Whether a write is refused is the copy's choice: a log line saying so is
                 // written only for a copy whose label is empty (else its presence is a bit of
                 // what the copy holds, for a log reader cleared for nothing).
                 match slot.apply_writes(writes, &final_label) {
-                    Ok(()) if slot.fits(&group.horizon) => self.slots.put(key, slot),
+                    Ok(()) if slot.fits(&group.horizon) => lease.store(slot),
                     Ok(()) if loggable(&final_label) => {
                         tracing::warn!("slot write refused: label escapes horizon {}", group.horizon)
                     }
@@ -561,6 +590,8 @@ impl GermlineRuntime {
                     _ => {}
                 }
             }
+            // The next update of this slot, in this call or another, starts from here.
+            drop(given);
             // A result and an error alike come from the copy: both carry its label.
             let mut cr = ConsumerResult::default();
             match result {
@@ -699,8 +730,8 @@ impl GermlineRuntime {
         files: Vec<CopyFile>,
         view_label: Label,
     ) -> Result<Value, ExecutorError> {
-        if let Some(why) = &self.refused {
-            return Err(ExecutorError::Call(format!("release refused: {why}")));
+        if let Some(r) = self.refused_now() {
+            return Err(ExecutorError::Call(format!("release refused: {}", r.why)));
         }
         let input = PlanInput {
             items: vec![],
@@ -710,7 +741,12 @@ impl GermlineRuntime {
         let plan = single_group_plan(&input);
         let shared =
             Arc::new(Mutex::new(CallShared { records: CallRecords::new(&plan, &BTreeMap::new())?, replay: None }));
-        let inputs = CopyInputs { files, twin: json!(TwinInputs::fresh()?), slot: json!({}), counted_clock: false };
+        let inputs = CopyInputs {
+            files,
+            twin: json!(TwinInputs::fresh()?),
+            slot: SlotSource::Fixed(Slot::new()),
+            counted_clock: false,
+        };
         let label = OutputLabel::new(view_label, Label::empty());
         let r = self.serve_one(0, inputs, method, json!({}), label, &shared)?;
         r.result.map_err(ExecutorError::Copy)
@@ -754,7 +790,12 @@ impl GermlineRuntime {
             records: CallRecords::new(&plan, &BTreeMap::new())?,
             replay: Some(replay),
         }));
-        let inputs = CopyInputs { files, twin: json!(ev.twin), slot: json!(ev.slot), counted_clock: false };
+        // The recorded slot, given when the replayed copy asks for it; nothing is stored back.
+        let mut slot = Slot::new();
+        let recorded = ev.slot.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+        slot.apply_writes(recorded, &Label::empty())
+            .map_err(|e| ExecutorError::Call(format!("the evidence's slot breaks a slot bound: {e}")))?;
+        let inputs = CopyInputs { files, twin: json!(ev.twin), slot: SlotSource::Fixed(slot), counted_clock: false };
         let params = json!({"name": ev.tool, "arguments": arguments});
         let label = OutputLabel::new(Label::empty(), Label::empty());
         // Whether the replayed copy answered is its choice (a probe holds the items the
@@ -835,15 +876,14 @@ impl GermlineRuntime {
                     twin_part["twin_clock"] = json!("counted");
                 }
                 let view = ViewMount { pid: copy.pid, roots, files };
-                let channel =
-                    Channel::Pooled { channel: Box::new(channel), twin: twin_part, view, data: json!({"slot": slot}) };
+                let channel = Channel::Pooled { channel: Box::new(channel), twin: twin_part, view, data: json!({}) };
                 let resumed = copy.resume();
                 (copy, resumed.map(|()| (proxy, slot_listener, channel)))
             }
             Taken::Fresh(copy) => {
                 let set_up = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_ref())
                     .and_then(|l| copy.channel_ready().map(|()| l));
-                let mut preamble = json!({"twin": twin, "slot": slot, "trace": trace});
+                let mut preamble = json!({"twin": twin, "trace": trace});
                 if counted_clock {
                     preamble["twin_clock"] = json!("counted");
                 }
@@ -860,6 +900,7 @@ impl GermlineRuntime {
                     group_index: gi,
                     proxy,
                     slot: slot_listener,
+                    slot_source: slot,
                     channel,
                     method,
                     params,
@@ -901,7 +942,7 @@ impl GermlineRuntime {
         gi: usize,
         group: &Group,
         prepared: &PreparedCall,
-        slot: &Slot,
+        slot_key: SlotKey,
         twin: &TwinInputs,
         shared: &Arc<Mutex<CallShared>>,
     ) -> Result<CopyResult, ExecutorError> {
@@ -918,15 +959,14 @@ impl GermlineRuntime {
             })
             .collect();
         let arguments = prepared.arguments_for(&group.view);
-        let slot_values: Map<String, Value> = slot.iter().map(|(k, e)| (k.to_string(), e.value.clone())).collect();
         let twin = if self.evidence_switches.twin_inputs { json!(twin) } else { Value::Null };
         let inputs = CopyInputs {
             files,
             twin,
-            slot: Value::Object(slot_values),
+            slot: SlotSource::Leased { table: self.slots.clone(), key: slot_key },
             counted_clock: self.evidence_switches.counted_twin_clock,
         };
-        let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), slot.label());
+        let label = OutputLabel::new(group.view.label_of(&prepared.plan_input.items), Label::empty());
         let params = json!({"name": prepared.tool, "arguments": arguments});
         let mut r = self.serve_one(gi, inputs, "tools/call", params, label, shared)?;
         let timings = std::mem::take(&mut r.timings);
@@ -953,8 +993,8 @@ struct CopyInputs {
     files: Vec<CopyFile>,
     /// Twin inputs (`null`: switched off, tests only).
     twin: Value,
-    /// Its slot's values.
-    slot: Value,
+    /// Where its slot comes from when it asks for it.
+    slot: SlotSource,
     /// Tests only: the counted twin clock ([`EvidenceSwitches::counted_twin_clock`]).
     counted_clock: bool,
 }
@@ -997,6 +1037,10 @@ fn append_evidence(path: &Path, evidence: &[TriggerEvidence], commitments: bool)
     let mut openings_path = path.as_os_str().to_owned();
     openings_path.push(".openings");
     let openings_path = PathBuf::from(openings_path);
+    // Calls of one release run side by side (lanes): one writer at a time, so each
+    // call's lines stay whole and its openings precede its public line.
+    static APPENDING: Mutex<()> = Mutex::new(());
+    let _one_writer = APPENDING.lock().unwrap_or_else(|p| p.into_inner());
     let mut buf = Vec::new();
     for e in evidence {
         serde_json::to_writer(&mut buf, e).map_err(|e| ExecutorError::Call(e.to_string()))?;

@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use crate::call::{release_dir_hash, CallOutcome, CallRequest};
 use crate::germline::PythonRuntime;
+use crate::lanes::{Lanes, Taken as LaneTaken};
 use crate::manifest::Manifest;
 use crate::policy::Policy;
 use crate::profile::{summarize, Profile, Registration};
@@ -79,15 +80,14 @@ pub trait ReleaseRunner: Send + Sync {
     fn stop(&self, release: &HostedRelease);
 }
 
-/// One release's runtime, started on first use.
-type RuntimeSlot = Arc<Mutex<Option<Runtime>>>;
-
-/// A [`ReleaseRunner`] owning one runtime per release, started on first use.
+/// A [`ReleaseRunner`] owning the runtimes of each release: a first one started on first
+/// use, more beside it while calls to the release overlap (up to `limits.lanes`, see
+/// [`crate::lanes`]).
 pub struct LocalRunner {
     kind: RuntimeKind,
     policy: Policy,
     python: PythonRuntime,
-    runtimes: Mutex<BTreeMap<ReleaseHash, RuntimeSlot>>,
+    runtimes: Mutex<BTreeMap<ReleaseHash, Arc<Lanes<Runtime>>>>,
 }
 
 impl LocalRunner {
@@ -101,15 +101,16 @@ impl LocalRunner {
         hosted: &HostedRelease,
         f: impl FnOnce(&mut Runtime) -> Result<T, ExecutorError>,
     ) -> Result<T, ExecutorError> {
-        let slot = lock(&self.runtimes).entry(hosted.release).or_default().clone();
-        let mut slot = lock(&slot);
-        if slot.is_none() {
-            *slot = Some(Runtime::start(self.kind, &hosted.dir, self.policy.clone(), self.python.clone())?);
-        }
-        match slot.as_mut() {
-            Some(rt) => f(rt),
-            None => Err(ExecutorError::internal("runtime slot empty after start")),
-        }
+        let lanes = lock(&self.runtimes).entry(hosted.release).or_default().clone();
+        let mut lane = match lanes.take() {
+            LaneTaken::Lane(lane) => lane,
+            LaneTaken::First(first) => {
+                let rt = Runtime::start(self.kind, &hosted.dir, self.policy.clone(), self.python.clone())?;
+                let grow = rt.lane_maker();
+                first.started(rt, self.policy.limits.lanes, grow)
+            }
+        };
+        f(&mut lane)
     }
 }
 
@@ -126,9 +127,9 @@ impl ReleaseRunner for LocalRunner {
     }
 
     fn stop(&self, release: &HostedRelease) {
-        let slot = lock(&self.runtimes).remove(&release.release);
-        if let Some(slot) = slot {
-            lock(&slot).take();
+        let lanes = lock(&self.runtimes).remove(&release.release);
+        if let Some(lanes) = lanes {
+            lanes.clear();
         }
     }
 }

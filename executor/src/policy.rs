@@ -73,6 +73,9 @@ pub struct Limits {
     pub require_limits: bool,
     /// Ready copies kept per germline ([`crate::pool`]); 0 makes copies per call.
     pub pool: usize,
+    /// Germlines a release may run on at once ([`crate::lanes`]): calls to one release run
+    /// side by side on up to this many, each with its own pool; 1 runs them one at a time.
+    pub lanes: usize,
     /// `spawn`: every copy imports the release itself (for releases whose import starts
     /// threads); `fork` (default) unless the manifest asks for `spawn`.
     pub copy_source: crate::manifest::CopySourceKind,
@@ -81,6 +84,9 @@ pub struct Limits {
 /// Most ready copies a germline may keep: each is a live process tree holding a lease of
 /// the broker's 1024 copy ids and counting against the germline's process limit.
 pub const MAX_POOL: usize = 32;
+
+/// Most germlines one release may run on at once.
+pub const MAX_LANES: usize = 16;
 
 /// Ready copies per germline unless the policy (`[limits] pool`) or a command's `--pool`
 /// says otherwise: `GERMLINE_POOL` if set (the test suite runs the security tests with it
@@ -99,6 +105,7 @@ impl Default for Limits {
             max_message_bytes: 8 << 20,
             require_limits: false,
             pool: default_pool(),
+            lanes: 2,
             copy_source: crate::manifest::CopySourceKind::Fork,
         }
     }
@@ -170,6 +177,7 @@ struct RawLimits {
     max_message_bytes: Option<usize>,
     require_limits: Option<bool>,
     pool: Option<usize>,
+    lanes: Option<usize>,
     copy_source: Option<crate::manifest::CopySourceKind>,
 }
 
@@ -265,10 +273,14 @@ impl Policy {
             max_message_bytes: l.max_message_bytes.unwrap_or(d.max_message_bytes),
             require_limits: l.require_limits.unwrap_or(d.require_limits),
             pool: l.pool.unwrap_or(d.pool),
+            lanes: l.lanes.unwrap_or(d.lanes),
             copy_source: l.copy_source.unwrap_or(d.copy_source),
         };
         if limits.pool > MAX_POOL {
             return Err(perr(format!("limits: pool = {} is more than {MAX_POOL} copies per germline", limits.pool)));
+        }
+        if !(1..=MAX_LANES).contains(&limits.lanes) {
+            return Err(perr(format!("limits: lanes = {} is not between 1 and {MAX_LANES} germlines", limits.lanes)));
         }
         if limits.deadline.is_zero() || limits.max_message_bytes < 1024 {
             return Err(perr("limits: deadline must be positive and max_message_bytes at least 1024"));

@@ -175,7 +175,7 @@ impl Runtime {
     }
 
     /// Why a germline check refused the release while it ran (germline runtimes only).
-    pub fn refusal(&self) -> Option<&str> {
+    pub fn refusal(&self) -> Option<String> {
         match self {
             Runtime::Germline(g) => g.refusal(),
             _ => None,
@@ -188,6 +188,21 @@ impl Runtime {
         match self {
             Runtime::Germline(g) => g.wait_pool_ready(n, timeout),
             _ => Ok(0),
+        }
+    }
+
+    /// How to start another germline of this release beside this one (a lane, see
+    /// [`crate::lanes`]), sharing its slots; `None` for runtimes that run one process per
+    /// release (the baselines), whose calls stay one at a time.
+    pub fn lane_maker(&self) -> Option<crate::lanes::Grow<Runtime>> {
+        match self {
+            Runtime::Germline(g) => {
+                let make = g.lane_maker();
+                Some(std::sync::Arc::new(move || {
+                    make().map(|g| Runtime::Germline(Box::new(g))).map_err(|e| e.to_string())
+                }))
+            }
+            _ => None,
         }
     }
 

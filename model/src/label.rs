@@ -32,6 +32,12 @@ impl OutputLabel {
         OutputLabel { view: view_label, slot: slot_label, replies: BTreeSet::new() }
     }
 
+    /// Records that the copy was given its slot, which carries `slot_label`
+    /// ([`crate::Slot::label`]); a copy that never asks for its slot is not labelled by it.
+    pub fn add_slot(&mut self, slot_label: &Label) {
+        self.slot = self.slot.join(slot_label);
+    }
+
     /// Records that information carrying `c` reached the copy: a live or recorded reply
     /// from a host with clearance `c`, or a comparison against that host's non-empty
     /// record while admissible. `positional_reply` calls this; call it directly only for

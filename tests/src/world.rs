@@ -135,6 +135,11 @@ impl World {
         MixingCase { fin, hr, invoice, payslip, release }
     }
 
+    /// The Python runtime of this world (its own home).
+    pub fn python(&self) -> PythonRuntime {
+        python(&self.dir.path().join("home"))
+    }
+
     /// Starts `release` under `kind`.
     pub fn start(&self, kind: RuntimeKind, release: &Path, policy: Policy) -> Result<Runtime, ExecutorError> {
         Runtime::start(kind, release, policy, python(&self.dir.path().join("home")))

@@ -1,6 +1,7 @@
-//! The admitted releases of this host and their started germlines: one germline per
-//! release behind its own mutex, so calls to one release queue and calls to different
-//! releases run side by side.
+//! The admitted releases of this host and their started germlines: calls to different
+//! releases run side by side, and so do calls to one release, each on a germline of its
+//! own (up to the policy's `limits.lanes`, see `germline_executor::lanes`); past that
+//! they queue.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use germline_admission::{AdmittedRelease, ReleaseStore};
 use germline_executor::germline::PythonRuntime;
+use germline_executor::lanes::{Grow, Lanes, Taken as LaneTaken};
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_ledger::Ledger;
 use germline_model::ReleaseHash;
@@ -38,7 +40,7 @@ pub struct ReleaseSlot {
     pub admitted_at: Option<String>,
     dir: PathBuf,
     status: Mutex<GermlineStatus>,
-    host: Mutex<Option<Host>>,
+    lanes: Arc<Lanes<Host>>,
     /// Digest of the policy its germline was started (or refused) under.
     policy_digest: Mutex<Option<String>>,
 }
@@ -137,7 +139,7 @@ impl Releases {
             admitted_at,
             dir: self.store.release_dir(&hash),
             status: Mutex::new(GermlineStatus::NotStarted),
-            host: Mutex::new(None),
+            lanes: Arc::default(),
             policy_digest: Mutex::new(None),
         });
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
@@ -161,20 +163,25 @@ impl Releases {
         self.map.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
 
-    /// Runs `f` on the release's started germline, starting it first if needed. Blocks:
-    /// call from a blocking thread. `Err` is the refusal reason.
+    /// Runs `f` on a started germline of the release (a free lane; the first one started
+    /// here if none runs; waits while every lane is busy). Blocks: call from a blocking
+    /// thread. `Err` is the refusal reason.
     pub fn with_host<T>(&self, slot: &ReleaseSlot, f: impl FnOnce(&mut Host) -> T) -> Result<T, String> {
-        let mut host = slot.host.lock().unwrap_or_else(|p| p.into_inner());
         if let GermlineStatus::Refused(why) = slot.status() {
             return Err(why);
         }
-        if host.is_none() {
-            *host = Some(self.start(slot)?);
-        }
-        match host.as_mut() {
-            Some(h) => Ok(f(h)),
-            None => Err("germline not started".into()),
-        }
+        let mut lane = match slot.lanes.take() {
+            LaneTaken::Lane(lane) => lane,
+            LaneTaken::First(first) => {
+                // Refused while this call waited for the start before it.
+                if let GermlineStatus::Refused(why) = slot.status() {
+                    return Err(why);
+                }
+                let (host, max, grow) = self.start(slot)?;
+                first.started(host, max, grow)
+            }
+        };
+        Ok(f(&mut lane))
     }
 
     /// Starts the germline of `slot` if it is not running (blocking). `Err` is the refusal.
@@ -182,7 +189,9 @@ impl Releases {
         self.with_host(slot, |_| ())
     }
 
-    fn start(&self, slot: &ReleaseSlot) -> Result<Host, String> {
+    /// Starts the release's first germline; with it, how many it may run on and how to
+    /// start the others.
+    fn start(&self, slot: &ReleaseSlot) -> Result<(Host, usize, Option<Grow<Host>>), String> {
         let p = &self.params;
         let loaded = p.policies.read().unwrap_or_else(|e| e.into_inner()).for_release(&slot.name).clone();
         *slot.policy_digest.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded.digest.clone());
@@ -195,7 +204,12 @@ impl Releases {
                 rt.set_trigger_log(p.data_dir.join("triggers.jsonl"));
                 slot.set_status(GermlineStatus::Running);
                 tracing::info!(release = %slot.hash, name = %slot.name, "germline started");
-                Ok(Host::new(rt, Some(p.ledger.clone()), p.data_dir.clone()))
+                // The others are made like this one (release id and trigger log set above).
+                let grow: Option<Grow<Host>> = rt.lane_maker().map(|make| {
+                    let (ledger, data_dir) = (p.ledger.clone(), p.data_dir.clone());
+                    Arc::new(move || Ok(Host::new(make()?, Some(ledger.clone()), data_dir.clone()))) as Grow<Host>
+                });
+                Ok((Host::new(rt, Some(p.ledger.clone()), p.data_dir.clone()), loaded.policy.limits.lanes, grow))
             }
             Err(e) => {
                 let why = format!("release {} refused at germline start: {e}", slot.hash);
@@ -207,20 +221,20 @@ impl Releases {
         }
     }
 
-    /// Swaps in `set` and stops the germline of every release whose policy changed (waiting
-    /// for its running call): its next call starts one under the new policy. A release
+    /// Swaps in `set` and stops the germlines of every release whose policy changed (a
+    /// germline running a call stops when the call ends): its next call starts one under
+    /// the new policy. A release
     /// refused at start under its old policy gets another start. Returns those releases.
     pub fn reload(&self, set: super::policies::PolicySet) -> Vec<ReleaseHash> {
         *self.params.policies.write().unwrap_or_else(|e| e.into_inner()) = set.clone();
         let mut restarted = Vec::new();
         for slot in self.all() {
             let want = set.for_release(&slot.name).digest.clone();
-            let mut host = slot.host.lock().unwrap_or_else(|e| e.into_inner());
             let mut digest = slot.policy_digest.lock().unwrap_or_else(|e| e.into_inner());
             if digest.as_ref().is_none_or(|d| *d == want) {
                 continue;
             }
-            host.take();
+            slot.lanes.clear();
             *digest = None;
             slot.set_status(GermlineStatus::NotStarted);
             tracing::info!(release = %slot.hash, name = %slot.name, "policy changed: the germline restarts at the next call");
@@ -238,9 +252,7 @@ impl Releases {
     pub fn stop_all(&self) {
         for slot in self.all() {
             // A call past the grace period keeps its germline; the process exit ends it.
-            if let Ok(mut host) = slot.host.try_lock() {
-                host.take();
-            }
+            slot.lanes.clear();
         }
     }
 }
