@@ -75,6 +75,8 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
         ),
     )?;
     let (served, port) = serve(&exe, dir, &config)?;
+    // Before any germline starts: they and their copies inherit the accounting group.
+    let account = CpuAccount::new(served.0.id());
     let token = std::fs::read_to_string(data.join("api-token")).context("the service's token")?;
     let token = token.trim().to_owned();
     let base = format!("http://127.0.0.1:{port}");
@@ -100,6 +102,8 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
     // Let every pool refill after the warm-up calls.
     std::thread::sleep(Duration::from_secs(3));
     let pss_before = service_pss(served.0.id() as i32);
+    let cpu_before = machine_cpu();
+    let (service0, broker0) = (account.as_ref().and_then(CpuAccount::usage), process_cpu(served.0.id()));
     let until = Instant::now() + Duration::from_secs(seconds);
     let t0 = Instant::now();
     let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|s| {
@@ -121,6 +125,8 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("client panicked")))).collect()
     });
     let wall = t0.elapsed();
+    let cpu_after = machine_cpu();
+    let (service1, broker1) = (account.as_ref().and_then(CpuAccount::usage), process_cpu(served.0.id()));
     let mut lat = Vec::new();
     for r in results {
         lat.extend(r?);
@@ -136,6 +142,30 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
         pct(0.5).as_secs_f64() * 1e3,
         pct(0.99).as_secs_f64() * 1e3
     );
+    // Where the time goes under load: the whole machine's busy CPU time per call (this
+    // client included), against the cores there are.
+    if let (Some((busy0, all0)), Some((busy1, all1))) = (cpu_before, cpu_after) {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let busy = (busy1 - busy0) as f64 / (all1 - all0).max(1) as f64;
+        let per_call_ms = busy * cores as f64 * wall.as_secs_f64() * 1e3 / lat.len().max(1) as f64;
+        println!(
+            "CPU: {:.1} ms busy per call, machine {:.0}% busy ({} cores): at most {:.0} calls/s at this cost",
+            per_call_ms,
+            100.0 * busy,
+            cores,
+            cores as f64 * 1e3 / per_call_ms.max(1e-9)
+        );
+    }
+    if let (Some(s0), Some(s1), Some(b0), Some(b1)) = (service0, service1, broker0, broker1) {
+        let calls = lat.len().max(1) as f64;
+        let all = (s1 - s0).as_secs_f64() * 1e3 / calls;
+        let broker = (b1 - b0).as_secs_f64() * 1e3 / calls;
+        println!(
+            "CPU of the service per call: {all:.1} ms: broker process {broker:.1} ms (HTTP, ledger, broker threads, \
+             view helpers), germlines and copies {:.1} ms (forks, copies' start, MCP, answer, exit)",
+            all - broker
+        );
+    }
     if let Some((germlines, copies)) = pss_before {
         println!(
             "memory (PSS, idle): {} germlines, median {:.1} MiB each; {} idle pooled copies, median {:.2} MiB each",
@@ -235,6 +265,69 @@ fn service_pss(service: i32) -> Option<(Vec<f64>, Vec<f64>)> {
 pub fn pss_kib(pid: i32) -> Option<f64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     text.lines().find_map(|l| l.strip_prefix("Pss:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// CPU time of the service and every process it starts (germlines, copies, helpers), by a
+/// cgroup v1 `cpuacct` group the service is moved into before it starts any (children
+/// inherit it; germline moves copies only in the `memory` and `pids` hierarchies). `None`
+/// where the host has no such hierarchy.
+struct CpuAccount {
+    dir: std::path::PathBuf,
+}
+
+impl CpuAccount {
+    fn new(service: u32) -> Option<CpuAccount> {
+        let root = Path::new("/sys/fs/cgroup/cpuacct");
+        if !root.join("cpuacct.usage").exists() {
+            return None;
+        }
+        let dir = root.join(format!("germline-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let account = CpuAccount { dir };
+        std::fs::write(account.dir.join("cgroup.procs"), service.to_string()).ok()?;
+        Some(account)
+    }
+
+    fn usage(&self) -> Option<Duration> {
+        let ns = std::fs::read_to_string(self.dir.join("cpuacct.usage")).ok()?;
+        Some(Duration::from_nanos(ns.trim().parse().ok()?))
+    }
+}
+
+impl Drop for CpuAccount {
+    fn drop(&mut self) {
+        // Empty once the service and its processes are gone (dropped before this).
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// User and system CPU time of one process, all its threads (`/proc/PID/stat`, in the
+/// kernel's fixed user tick of 1/100 s).
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // After the name, from field 3 (state): utime is field 14, stime 15, cutime 16 and
+    // cstime 17 (waited-for children: the view helpers).
+    let tick = |field: usize| f.get(field - 3)?.parse::<u64>().ok();
+    let ticks = tick(14)? + tick(15)? + tick(16)? + tick(17)?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Busy and total CPU ticks of the whole machine (`/proc/stat`, first line).
+fn machine_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user)
+    let get = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    let idle = get(3) + get(4);
+    let all: u64 = (0..8).map(get).sum();
+    Some((all - idle, all))
 }
 
 fn median_kib(v: &[f64]) -> f64 {

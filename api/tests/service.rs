@@ -816,3 +816,46 @@ fn mcp(port: u16, name: &str, token: &str, session: Option<&str>, msg: &Value) -
         if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.into() };
     (status, sid, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
+
+/// Calls to one release through the API run side by side, each on a germline of its own
+/// (`[limits] lanes`): two calls meet at a loopback rendezvous. With `lanes = 1` ("mechanism
+/// off") the second call waits for the first, and each is alone there.
+#[test]
+fn calls_to_one_release_overlap_on_lanes_through_the_api() {
+    const MEET: &str = "import urllib.request\nfrom mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('meet')\n    @m.tool()\n    def meet() -> str:\n        \"\"\"Meet.\"\"\"\n        return urllib.request.urlopen('http://rendezvous.example/', timeout=20).read().decode()\n    return m\n";
+    let at = germline_tests::sink::rendezvous(Duration::from_secs(3));
+    let answers = |lanes: usize| -> Vec<String> {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let rel = write_release(dir, "meet", "[tools.meet]\nhosts = [\"rendezvous.example\"]\n", MEET);
+        let policy = dir.join("policy.toml");
+        std::fs::write(
+            &policy,
+            format!("tags = []\n[destinations.\"rendezvous.example\"]\nclearance = []\n[consumers.agent]\nclearance = []\n[hosts]\n\"rendezvous.example\" = \"{at}\"\n[limits]\nlanes = {lanes}\n"),
+        )
+        .unwrap();
+        let admit = publish(dir, &rel);
+        let svc = Service::start(dir, &format!("policy = \"{}\"\n", policy.display()));
+        let token = svc.token();
+        let admitted = svc.post("/v1/releases/tuf", Some(&token), &admit);
+        assert_eq!(admitted.status, 201, "{admitted:?}");
+        let hash = admitted.json()["hash"].as_str().unwrap().to_owned();
+        let path = format!("/v1/releases/{hash}/calls");
+        let mut out: Vec<String> = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let r = svc.post(&path, Some(&token), &json!({"tool": "meet"}));
+                        assert_eq!(r.status, 200, "{r:?}\n{}", svc.log());
+                        r.json()["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned()
+                    })
+                })
+                .collect();
+            calls.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        out.sort();
+        out
+    };
+    assert_eq!(answers(1), ["alone", "alone"], "one lane: the calls queue");
+    assert_eq!(answers(2), ["met", "met"], "two lanes: the calls overlap");
+}

@@ -936,6 +936,50 @@ fn tls_front(
     let _ = tcp.shutdown(Shutdown::Both);
 }
 
+/// A loopback rendezvous for calls that must be shown to overlap (copies never see each
+/// other; only this does): answers a request `met` if another request was waiting when it
+/// arrived or arrives while it waits (at most `alone_after`), else `alone`. Serves at
+/// most 16 requests, for 120 s.
+pub fn rendezvous(alone_after: Duration) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    // (requests waiting, meetings so far)
+    let state = Arc::new((Mutex::new((0usize, 0usize)), Condvar::new()));
+    let end = Instant::now() + Duration::from_secs(120);
+    std::thread::spawn(move || {
+        for conn in l.incoming().take(16) {
+            let Ok(mut c) = conn else { continue };
+            if Instant::now() > end {
+                return;
+            }
+            let state = state.clone();
+            std::thread::spawn(move || {
+                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let (lock, cv) = &*state;
+                let mut st = lock.lock().unwrap();
+                let met = if st.0 > 0 {
+                    st.1 += 1;
+                    cv.notify_all();
+                    true
+                } else {
+                    st.0 += 1;
+                    let before = st.1;
+                    st = cv.wait_timeout_while(st, alone_after, |st| st.1 == before).unwrap().0;
+                    st.0 -= 1;
+                    st.1 != before
+                };
+                drop(st);
+                let body = if met { "met" } else { "alone" };
+                let _ =
+                    write!(c, "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            });
+        }
+    });
+    addr
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,17 +6,16 @@
 //! the broker) and the rendezvous answers `met` only when both requests are there at once,
 //! `alone` after 3 s otherwise. Copies never see each other; only the rendezvous does.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use germline_executor::call::release_dir_hash;
 use germline_executor::dispatch::{HostedRelease, LocalRunner, ReleaseRunner};
 use germline_executor::runtime::RuntimeKind;
 use germline_executor::slots::SLOT_LEASES_OFF_FOR_TESTS;
 use germline_model::{FenceGrant, ReleaseName};
+use germline_tests::sink::rendezvous;
 use germline_tests::world::{request, result_text, World};
 use serde_json::json;
 
@@ -42,49 +41,6 @@ def create_server():
 
 /// How long the rendezvous waits for a second request.
 const ALONE_AFTER: Duration = Duration::from_secs(3);
-
-/// A loopback rendezvous: answers a request `met` if another request was waiting when it
-/// arrived or arrives while it waits (at most [`ALONE_AFTER`]), else `alone`. Serves at
-/// most 16 requests, for 120 s.
-fn rendezvous() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    // (requests waiting, meetings so far)
-    let state = Arc::new((Mutex::new((0usize, 0usize)), Condvar::new()));
-    let end = Instant::now() + Duration::from_secs(120);
-    std::thread::spawn(move || {
-        for conn in l.incoming().take(16) {
-            let Ok(mut c) = conn else { continue };
-            if Instant::now() > end {
-                return;
-            }
-            let state = state.clone();
-            std::thread::spawn(move || {
-                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
-                let (lock, cv) = &*state;
-                let mut st = lock.lock().unwrap();
-                let met = if st.0 > 0 {
-                    st.1 += 1;
-                    cv.notify_all();
-                    true
-                } else {
-                    st.0 += 1;
-                    let before = st.1;
-                    st = cv.wait_timeout_while(st, ALONE_AFTER, |st| st.1 == before).unwrap().0;
-                    st.0 -= 1;
-                    st.1 != before
-                };
-                drop(st);
-                let body = if met { "met" } else { "alone" };
-                let _ =
-                    write!(c, "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-            });
-        }
-    });
-    addr
-}
 
 fn runner(w: &World, lanes: usize, at: SocketAddr) -> (LocalRunner, HostedRelease) {
     let rel = w.release(
@@ -126,7 +82,7 @@ fn twice(runner: &LocalRunner, hosted: &HostedRelease, tool: &str) -> Vec<String
 #[test]
 fn calls_to_one_release_run_side_by_side_each_on_a_germline_of_its_own() {
     let w = World::new();
-    let at = rendezvous();
+    let at = rendezvous(ALONE_AFTER);
     let (one, hosted) = runner(&w, 1, at);
     assert_eq!(twice(&one, &hosted, "meet"), ["alone", "alone"], "one lane: the calls queue");
     drop(one);
@@ -140,7 +96,7 @@ fn calls_to_one_release_run_side_by_side_each_on_a_germline_of_its_own() {
 #[test]
 fn overlapping_updates_of_one_slot_are_never_lost() {
     let w = World::new();
-    let at = rendezvous();
+    let at = rendezvous(ALONE_AFTER);
     let tally = |leases: bool| {
         SLOT_LEASES_OFF_FOR_TESTS.store(!leases, Ordering::SeqCst);
         let (r, hosted) = runner(&w, 2, at);
