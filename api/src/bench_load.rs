@@ -2,7 +2,7 @@
 //! path. R noop releases are built, published in one local TUF repository and admitted
 //! into a `germline serve` child process (loopback only); C client threads then call them
 //! round-robin over HTTP for a fixed time. Prints calls per second and the latency
-//! percentiles the clients saw, and the resident memory (PSS) of the service's processes.
+//! percentiles the clients saw, the CPU time per call, and the memory of the service's processes.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -99,39 +99,46 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
     for h in &hashes {
         call(&agent, h)?;
     }
-    // Let every pool refill after the warm-up calls.
+    // `clients` threads calling the releases round-robin until `until`; every latency, sorted.
+    let load = |until: Instant| -> anyhow::Result<Vec<Duration>> {
+        let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..clients)
+                .map(|c| {
+                    let (hashes, call, agent) = (&hashes, &call, agent.clone());
+                    s.spawn(move || {
+                        let mut lat = Vec::new();
+                        let mut k = c;
+                        // Bounded in time and count.
+                        while Instant::now() < until && lat.len() < 1_000_000 {
+                            lat.push(call(&agent, &hashes[k % hashes.len()])?);
+                            k += clients;
+                        }
+                        Ok(lat)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("client panicked")))).collect()
+        });
+        let mut lat = Vec::new();
+        for r in results {
+            lat.extend(r?);
+        }
+        lat.sort();
+        Ok(lat)
+    };
+    // The same load for a while first, unmeasured: the germlines it needs (more than one
+    // per release where calls to one release overlap) are started before the measurement.
+    load(Instant::now() + Duration::from_secs((seconds / 4).clamp(3, 15)))?;
+    // Let every pool refill after the warm-up.
     std::thread::sleep(Duration::from_secs(3));
-    let pss_before = service_pss(served.0.id() as i32);
+    let memory_before = service_memory(served.0.id() as i32);
     let cpu_before = machine_cpu();
     let (service0, broker0) = (account.as_ref().and_then(CpuAccount::usage), process_cpu(served.0.id()));
-    let until = Instant::now() + Duration::from_secs(seconds);
     let t0 = Instant::now();
-    let results: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..clients)
-            .map(|c| {
-                let (hashes, call, agent) = (&hashes, &call, agent.clone());
-                s.spawn(move || {
-                    let mut lat = Vec::new();
-                    let mut k = c;
-                    // Bounded in time and count.
-                    while Instant::now() < until && lat.len() < 1_000_000 {
-                        lat.push(call(&agent, &hashes[k % hashes.len()])?);
-                        k += clients;
-                    }
-                    Ok(lat)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("client panicked")))).collect()
-    });
+    let lat = load(t0 + Duration::from_secs(seconds))?;
     let wall = t0.elapsed();
     let cpu_after = machine_cpu();
     let (service1, broker1) = (account.as_ref().and_then(CpuAccount::usage), process_cpu(served.0.id()));
-    let mut lat = Vec::new();
-    for r in results {
-        lat.extend(r?);
-    }
-    lat.sort();
     let pct = |p: f64| lat.get(((lat.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or_default();
     println!(
         "service path, pool {pool}, lanes {lanes}: {clients} clients, {releases} releases: {} calls in {:.1} s = {:.1} calls/s; \
@@ -166,13 +173,16 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
             all - broker
         );
     }
-    if let Some((germlines, copies)) = pss_before {
+    if let Some((germlines, copies)) = memory_before {
+        let mib = |v: &[Memory], f: fn(&Memory) -> f64| median_kib(&v.iter().map(f).collect::<Vec<_>>()) / 1024.0;
         println!(
-            "memory (PSS, idle): {} germlines, median {:.1} MiB each; {} idle pooled copies, median {:.2} MiB each",
+            "memory (idle): {} germlines, median PSS {:.1} MiB each; {} idle pooled copies, median PSS {:.2} MiB, \
+             private {:.2} MiB each (what a copy adds)",
             germlines.len(),
-            median_kib(&germlines) / 1024.0,
+            mib(&germlines, |m| m.pss),
             copies.len(),
-            median_kib(&copies) / 1024.0
+            mib(&copies, |m| m.pss),
+            mib(&copies, |m| m.private)
         );
     }
     drop(served);
@@ -224,10 +234,10 @@ fn serve(exe: &Path, dir: &Path, config: &Path) -> anyhow::Result<(Served, u16)>
     Ok((served, port))
 }
 
-/// PSS (KiB) of the service's germlines and idle pooled copies: germlines are the
+/// Memory of the service's germlines and idle pooled copies: germlines are the
 /// processes named `python…` whose parent is not a germline; pooled copies are the
 /// stopped children of a germline.
-fn service_pss(service: i32) -> Option<(Vec<f64>, Vec<f64>)> {
+fn service_memory(service: i32) -> Option<(Vec<Memory>, Vec<Memory>)> {
     let mut procs: Vec<(i32, i32, String, char)> = Vec::new();
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
@@ -257,14 +267,26 @@ fn service_pss(service: i32) -> Option<(Vec<f64>, Vec<f64>)> {
     let stopped = |pid: i32| ours.iter().any(|q| q.0 == pid && q.3 == 'T');
     let germlines: Vec<i32> = ours.iter().filter(|p| p.3 == 'T' && !stopped(p.1)).map(|p| p.0).collect();
     let copies: Vec<i32> = ours.iter().filter(|p| p.3 == 'T' && germlines.contains(&p.1)).map(|p| p.0).collect();
-    let pss = |pids: &[i32]| -> Vec<f64> { pids.iter().filter_map(|p| pss_kib(*p)).collect() };
-    Some((pss(&germlines), pss(&copies)))
+    let mem = |pids: &[i32]| -> Vec<Memory> { pids.iter().filter_map(|p| memory_kib(*p)).collect() };
+    Some((mem(&germlines), mem(&copies)))
 }
 
-/// Proportional set size of `pid`, KiB.
-pub fn pss_kib(pid: i32) -> Option<f64> {
+/// Memory of one process, KiB: its proportional set size (shared pages split among their
+/// sharers), and its private pages (what it adds: a copy's pages it wrote since the fork).
+#[derive(Clone, Copy)]
+struct Memory {
+    pss: f64,
+    private: f64,
+}
+
+fn memory_kib(pid: i32) -> Option<Memory> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    text.lines().find_map(|l| l.strip_prefix("Pss:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    let field = |name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    };
+    Some(Memory { pss: field("Pss:")?, private: field("Private_Clean:")? + field("Private_Dirty:")? })
 }
 
 /// CPU time of the service and every process it starts (germlines, copies, helpers), by a

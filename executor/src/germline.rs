@@ -1229,6 +1229,49 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd, ExecutorError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// [`CopyProcess::pause_idle`] by the copy's pidfd and pid.
+fn pause_stopped(pidfd: &OwnedFd, pid: i32, check_children: bool) -> Result<(), ExecutorError> {
+    signal(pidfd, libc::SIGSTOP)?;
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", pid))
+            .map_err(ExecutorError::io("listing a pooled copy's threads"))?;
+        let mut running = false;
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
+            running |= !matches!(state, Some('T' | 't' | 'Z' | 'X') | None);
+        }
+        if !running {
+            break;
+        }
+        if Instant::now() > until {
+            return Err(ExecutorError::Copy("a pooled copy did not stop".into()));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    if check_children {
+        if let Some(&c) = inspect::live_children(pid)?.first() {
+            return Err(ExecutorError::Copy(format!(
+                "a data-free copy keeps a process of its own running ({c}, {}) once its server is ready: \
+                 it cannot wait in the pool",
+                inspect::comm(c)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Sends `sig` to a copy through its pidfd.
+fn signal(pidfd: &OwnedFd, sig: i32) -> Result<(), ExecutorError> {
+    // SAFETY: signalling through a pidfd we own.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, 0, 0) };
+    if rc < 0 {
+        return Err(ExecutorError::io("signalling a copy")(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 fn pidfd_kill(fd: &OwnedFd) -> std::io::Result<()> {
     // SAFETY: signalling through a pidfd we own.
     let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, 0, 0) };
@@ -1271,35 +1314,7 @@ impl CopyProcess {
     /// copy of its germline holds data (`crate::pool`). With `check_children` off (tests
     /// only, "mechanism off") the children are left running.
     pub fn pause_idle(&self, check_children: bool) -> Result<(), ExecutorError> {
-        self.send(libc::SIGSTOP)?;
-        let until = Instant::now() + Duration::from_secs(2);
-        loop {
-            let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid))
-                .map_err(ExecutorError::io("listing a pooled copy's threads"))?;
-            let mut running = false;
-            for t in tasks.flatten() {
-                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
-                running |= !matches!(state, Some('T' | 't' | 'Z' | 'X') | None);
-            }
-            if !running {
-                break;
-            }
-            if Instant::now() > until {
-                return Err(ExecutorError::Copy("a pooled copy did not stop".into()));
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        if check_children {
-            if let Some(&c) = inspect::live_children(self.pid)?.first() {
-                return Err(ExecutorError::Copy(format!(
-                    "a data-free copy keeps a process of its own running ({c}, {}) once its server is ready: \
-                     it cannot wait in the pool",
-                    inspect::comm(c)
-                )));
-            }
-        }
-        Ok(())
+        pause_stopped(&self.pidfd, self.pid, check_children)
     }
 
     /// Whether the copy is stopped and has no other process (checked again when a call
@@ -1322,12 +1337,7 @@ impl CopyProcess {
     }
 
     fn send(&self, sig: i32) -> Result<(), ExecutorError> {
-        // SAFETY: signalling through a pidfd we own.
-        let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), sig, 0, 0) };
-        if rc < 0 {
-            return Err(ExecutorError::io("signalling a copy")(std::io::Error::last_os_error()));
-        }
-        Ok(())
+        signal(&self.pidfd, sig)
     }
 
     /// Kills the copy; as PID 1 of its PID namespace, every descendant dies with it.
@@ -1392,6 +1402,17 @@ impl CopyKiller {
     /// A duplicate of the copy's pidfd: readable once the copy has exited.
     pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
         self.0.try_clone()
+    }
+
+    /// Stops the copy (pid `pid`) as [`CopyProcess::pause_idle`] does: every thread
+    /// stopped, and (`check_children`) no other process of it.
+    pub fn pause(&self, pid: i32, check_children: bool) -> Result<(), ExecutorError> {
+        pause_stopped(&self.0, pid, check_children)
+    }
+
+    /// Lets a copy stopped by [`CopyKiller::pause`] run again.
+    pub fn resume(&self) -> Result<(), ExecutorError> {
+        signal(&self.0, libc::SIGCONT)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Pooled copies: made ahead of time, set up from outside, checked, connected and past MCP
-//! `initialize` — with no data — so that a call only mounts its view, sends its twin
-//! inputs and slot, and asks.
+//! `initialize` — with no data — so that a call only sends its twin inputs, mounts its
+//! view, and asks (the copy asks for its slot when it needs it, [`crate::slots`]).
 //!
 //! The pool does not know how a copy is made: a [`CopySource`] makes one data-free copy at
 //! a time (a fork from a Python germline today; a fresh sandboxed process per copy for a
@@ -16,7 +16,11 @@
 //!   they are retired, and retired ones are awaited before the next fork). A call taking a
 //!   copy waits for a fork in progress to end before the copy gets its view.
 //! - **Idle copies are stopped.** A ready copy waits under SIGSTOP, so it is not running
-//!   while another copy holds data; it runs again when a call takes it.
+//!   while another copy holds data; it runs again when a call takes it. A copy still being
+//!   readied when a call takes a copy is stopped the same way (every thread, no process of
+//!   its own, else it is killed and awaited) and runs on only once no copy holds data: no
+//!   call in progress, every taken copy awaited gone. (Killing it instead threw away the
+//!   readying of about one copy per call under concurrent load.)
 //! - **One copy, one group of one call.** A taken copy is never returned to the pool: it
 //!   is killed after its answer, and the pool refills in the background.
 //! - **Every check of a forked copy holds for a pooled one**: the same fork checks (G1–G3
@@ -117,14 +121,27 @@ struct State {
     calls: usize,
     /// Copies made and being readied (data-free).
     readying: usize,
-    /// How to kill the copies being readied (by pid): a call kills them before it gives
-    /// any copy data, as their servers run release code.
-    readying_killers: Vec<(i32, CopyKiller)>,
+    /// The copies being readied that may be stopped or killed: a call stops them (or kills
+    /// one that cannot be stopped whole) before it gives any copy data, as their servers
+    /// run release code; they run on once no copy holds data. A copy that finished
+    /// readying, or was killed, is no longer listed.
+    readying_copies: Vec<Readying>,
     /// Ready copies wanted; 0 once pooling is off for this source.
     size: usize,
     /// A failure of the source itself (a germline check): every later take returns it.
     failed: Option<ExecutorError>,
     closed: bool,
+}
+
+/// A copy being readied.
+struct Readying {
+    pid: i32,
+    killer: CopyKiller,
+    /// Stopped by a call, to run on once no copy holds data.
+    paused: bool,
+    /// Stopped by a call at some point: a readying that fails afterwards (it may have
+    /// timed out while stopped) says nothing about the release.
+    was_paused: bool,
 }
 
 struct Shared {
@@ -144,7 +161,8 @@ impl Shared {
 /// Ready copies of one release, refilled in the background.
 pub struct CopyPool {
     shared: Arc<Shared>,
-    refill: Option<JoinHandle<()>>,
+    /// The refill thread, and the thread that lets stopped copies being readied run on.
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl CopyPool {
@@ -163,7 +181,7 @@ impl CopyPool {
                 holding: 0,
                 calls: 0,
                 readying: 0,
-                readying_killers: Vec::new(),
+                readying_copies: Vec::new(),
                 size,
                 failed: None,
                 closed: false,
@@ -172,11 +190,13 @@ impl CopyPool {
             max_message,
             warm_up,
         });
-        let refill = (size > 0).then(|| {
+        let spawn = |name: &str, f: fn(&Shared)| {
             let shared = shared.clone();
-            std::thread::Builder::new().name("germline-pool".into()).spawn(move || refill_loop(&shared)).ok()
-        });
-        CopyPool { shared, refill: refill.flatten() }
+            (size > 0).then(|| std::thread::Builder::new().name(name.into()).spawn(move || f(&shared)).ok()).flatten()
+        };
+        let refill = spawn("germline-pool", refill_loop);
+        let resume = spawn("germline-resume", resume_loop);
+        CopyPool { shared, threads: refill.into_iter().chain(resume).collect() }
     }
 
     /// Ready copies right now (for tests and the bench).
@@ -224,17 +244,27 @@ impl CopyPool {
                 return Err(e.clone_refusal());
             }
             // Nothing of this germline runs while the copy taken here holds data: copies an
-            // earlier group or call held are dead, copies being readied (release code
-            // running, data-free) are killed and gone, ready ones are stopped with no
-            // process of their own. (A process beside a data-holding copy could read what
-            // that copy moves in the levels all copies of a germline share — its process
-            // count, its queued signals — and serve a later call.)
-            if idle_checks() && st.readying > 0 {
-                for (_, k) in st.readying_killers.drain(..) {
-                    k.kill();
+            // earlier group or call held are dead; copies being readied (release code
+            // running, data-free) are stopped like ready ones, every thread, with no process
+            // of their own (one that has one is killed and awaited), and run on only once no
+            // copy holds data; ready ones are stopped with no process of their own. (A
+            // process beside a data-holding copy could read what that copy moves in the
+            // levels all copies of a germline share — its process count, its queued signals
+            // — and serve a later call.)
+            if idle_checks() {
+                for r in st.readying_copies.iter_mut().filter(|r| !r.paused) {
+                    match r.killer.pause(r.pid, true) {
+                        Ok(()) => (r.paused, r.was_paused) = (true, true),
+                        // Not listed once killed: its readying thread counts it out.
+                        Err(_) => r.killer.kill(),
+                    }
                 }
-                st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-                continue;
+                st.readying_copies.retain(|r| r.paused);
+                // Killed ones are counted until their readying thread sees them gone.
+                if st.readying > st.readying_copies.len() {
+                    st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                    continue;
+                }
             }
             st.source.settle()?;
             while let Some(r) = st.ready.pop_front() {
@@ -298,7 +328,7 @@ impl Drop for CopyPool {
             st.ready.clear();
         }
         self.shared.changed.notify_all();
-        if let Some(h) = self.refill.take() {
+        for h in self.threads.drain(..) {
             let _ = h.join();
         }
     }
@@ -319,10 +349,17 @@ fn refill_loop(shared: &Shared) {
             }
             match st.source.make() {
                 Ok(c) => {
-                    st.readying += 1;
-                    if let Ok(k) = c.killer() {
-                        st.readying_killers.push((c.pid, k));
+                    match c.killer() {
+                        Ok(killer) => {
+                            st.readying_copies.push(Readying { pid: c.pid, killer, paused: false, was_paused: false })
+                        }
+                        // A copy no call could stop is not readied.
+                        Err(_) => {
+                            st.source.retire(c);
+                            continue;
+                        }
                     }
+                    st.readying += 1;
                     c
                 }
                 Err(e) => {
@@ -341,14 +378,19 @@ fn refill_loop(shared: &Shared) {
         let readied = ready_up(copy, shared.max_message, &shared.warm_up);
         let mut st = shared.lock();
         st.readying -= 1;
-        // Its killer is gone from the list when a call killed it.
-        let killed = !st.readying_killers.iter().any(|(p, _)| *p == pid);
-        st.readying_killers.retain(|(p, _)| *p != pid);
+        // Gone from the list when a call killed it.
+        let listed = st.readying_copies.iter().position(|r| r.pid == pid).map(|i| st.readying_copies.remove(i));
+        let was_paused = listed.as_ref().is_some_and(|r| r.was_paused);
+        // Stopped as an idle copy here, under the lock: no call can be stopping it, nor the
+        // resuming thread letting it run, in between.
+        let readied = readied.and_then(|r| r.copy.pause_idle(idle_checks()).map(|()| r));
         match readied {
-            Ok(r) if !st.closed && !killed => st.ready.push_back(r),
+            Ok(r) if !st.closed && listed.is_some() => st.ready.push_back(r),
             Ok(_) => {}
             // Killed by a call that needed the germline quiet: nothing wrong with the copy.
-            Err(_) if killed => {}
+            Err(_) if listed.is_none() => {}
+            // Stopped by a call meanwhile (its readying may have run out of time).
+            Err(e) if was_paused => tracing::debug!("a copy stopped while it was readied is dropped: {e}"),
             Err(e) => {
                 // The copy held nothing: its error names no item. A server that needs its
                 // data to start cannot be pooled; calls make their copies as they go.
@@ -357,6 +399,33 @@ fn refill_loop(shared: &Shared) {
             }
         }
         shared.changed.notify_all();
+    }
+}
+
+/// Lets copies being readied that a call stopped run on, once no copy holds data: no call in
+/// progress and every copy a call held awaited (gone with all its processes).
+fn resume_loop(shared: &Shared) {
+    let mut st = shared.lock();
+    loop {
+        if st.closed {
+            return;
+        }
+        if st.holding == 0 && st.calls == 0 && st.readying_copies.iter().any(|r| r.paused) {
+            if let Err(e) = st.source.settle() {
+                // Copies a call held are not known gone: the stopped ones are killed instead.
+                tracing::warn!("copies being readied are dropped: earlier copies were not seen gone ({e})");
+                for r in st.readying_copies.drain(..) {
+                    r.killer.kill();
+                }
+            }
+            for r in st.readying_copies.iter_mut().filter(|r| r.paused) {
+                if r.killer.resume().is_ok() {
+                    r.paused = false;
+                }
+            }
+            shared.changed.notify_all();
+        }
+        st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
     }
 }
 
@@ -394,7 +463,7 @@ fn ready_up(
     for (tool, arguments) in std::iter::once(&nothing).chain(warm_up) {
         let _ = client.request("tools/call", serde_json::json!({"name": tool, "arguments": arguments}))?;
     }
-    copy.pause_idle(idle_checks())?;
+    // Stopped by the refill loop, under the pool's lock.
     Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel: PooledChannel { client, conn } })
 }
 
