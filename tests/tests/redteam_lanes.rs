@@ -89,7 +89,9 @@ fn futex_run(lanes: usize) -> (usize, usize, String) {
     let pause = public(request("pause", json!({"seconds": 3.0}), &[]));
     let (p1, p2) = together(&runner, &h, &pause, &pause, Duration::from_millis(200));
     assert_eq!((result_text(&p1), result_text(&p2)), ("paused".into(), "paused".into()));
-    let send = request("send", json!({"document": secret}), &[&secret]);
+    // `LANES_FUTEX_ROUNDS` (by hand): how many times the hr copy sends the canary (12).
+    let rounds: u32 = std::env::var("LANES_FUTEX_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(12);
+    let send = request("send", json!({"document": secret, "rounds": rounds}), &[&secret]);
     let read = public(request("read", json!({}), &[]));
     let (read, sent) = together(&runner, &h, &read, &send, Duration::from_millis(300));
     assert!(sent.error.is_none(), "send: {:?}", sent.error);
