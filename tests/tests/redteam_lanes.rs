@@ -231,3 +231,64 @@ fn lease_waits_reach_parties_cleared_for_nothing_through_an_unlabelled_waiter() 
     let equal = on.0.iter().zip(&on.1).filter(|(a, b)| a == b).count();
     assert!(equal < nibbles || !on.3, "on: {equal} of {nibbles} hr digits reached an unlabelled waiter's outputs");
 }
+
+/// `futex`, `ready` variant: the receiver is a copy of the other lane being readied for its
+/// pool (the manifest's warm-up call `listen`), started because a short public call on that
+/// lane ended while the hr call ran; it keeps what it heard while it waits stopped, and a
+/// public call made after the hr call has ended takes it and returns it. Returns (bits
+/// equal, words woke, best public answer).
+fn futex_ready_run(pool: usize) -> (usize, usize, String) {
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "payslip.txt", hr.as_str());
+    let tools = "[tools.pause]\n[tools.send]\n[tools.read]\n[tools.listen]\nwarm_up = {}\n[tools.recall]\n";
+    let rel = w.release("futexready", tools, &attack("futex"));
+    let policy = w.policy(
+        &[],
+        &[("agent", &["hr"]), ("public", &[])],
+        &format!("[limits]\nlanes = 2\npool = {pool}\n"),
+    );
+    let runner = LocalRunner::new(RuntimeKind::Germline, policy, w.python());
+    let h = hosted("futexready", rel);
+    let pause = |s: f64| public(request("pause", json!({"seconds": s}), &[]));
+    let (p1, p2) = together(&runner, &h, &pause(3.0), &pause(3.0), Duration::from_millis(200));
+    assert_eq!((result_text(&p1), result_text(&p2)), ("paused".into(), "paused".into()));
+    // Both pools full (each readied copy listens 5 s to nothing).
+    std::thread::sleep(Duration::from_secs(8));
+    let send = request("send", json!({"document": secret, "rounds": 10}), &[&secret]);
+    let (sent, short) = together(&runner, &h, &send, &pause(0.1), Duration::from_millis(300));
+    assert!(sent.error.is_none(), "send: {:?}", sent.error);
+    assert_eq!(result_text(&short), "paused");
+    // The hr call has ended; the readied copy has finished listening.
+    std::thread::sleep(Duration::from_secs(5));
+    let recall = public(request("recall", json!({}), &[]));
+    let (a, b) = together(&runner, &h, &recall, &recall, Duration::from_millis(100));
+    let want = canary_value(hr.as_str());
+    let score = |o: &CallOutcome| {
+        let text = result_text(o);
+        let woke = text.rsplit("woke=").next().and_then(|n| n.trim().parse().ok()).unwrap_or(0);
+        let matched = hr_bits(&text).map(|v| 96 - (v ^ want).count_ones() as usize).unwrap_or(0);
+        (matched, woke, text)
+    };
+    let (sa, sb) = (score(&a), score(&b));
+    if sa.1 >= sb.1 {
+        sa
+    } else {
+        sb
+    }
+}
+
+/// Pool 0 (no copy is readied beside the hr call) against pool 1, both with two lanes.
+/// Open: asserts no word wakes with the pool on, and fails.
+#[test]
+#[ignore = "open: a copy of the other lane, readied for its pool while an hr call runs, hears the futex wakes \
+            and keeps them; a public call made after the hr call ended returns the canary"]
+fn futex_a_copy_readied_on_the_other_lane_keeps_the_canary_for_a_later_public_call() {
+    let off = futex_ready_run(0);
+    eprintln!("futex ready pool=0: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
+    assert_eq!(off.1, 0, "pool 0: nothing is readied beside the hr call");
+    let on = futex_ready_run(1);
+    eprintln!("futex ready pool=1: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
+    assert_eq!(on.1, 0, "pool 1: the later public call carries nothing");
+}

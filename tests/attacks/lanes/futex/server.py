@@ -13,6 +13,12 @@ allowlist refuses shared wakes from user space, not this one.
 seconds. `read` (a public call running at the same time on the other lane): 96 threads
 wait (FUTEX_WAIT, shared, 200-ms timeouts) on the 96 words; a word that woke is a 1.
 Nothing here reads a clock: a bit is whether a wait returned 0.
+
+`listen` (declared as the manifest's warm-up call in the `ready` variant): the same
+receiver, run by a copy of the other lane while it is readied for that lane's pool
+(data-free, after that lane's last call); it keeps what it heard, and `recall`, a later
+public call that takes the pooled copy, returns it. The public call need not overlap the
+hr call.
 """
 import ctypes
 import os
@@ -83,26 +89,47 @@ def create_server():
 
     @m.tool()
     def read(waits: int = 40) -> str:
-        base = _base()
-        threading.stack_size(64 * 1024)
-        woke = [0] * BITS
+        return _listen(waits)
 
-        def wait(i):
-            a = base + 4 * i
-            for _ in range(waits):
-                v = ctypes.c_uint32.from_address(a).value
-                ts = _Timespec(0, 200_000_000)
-                if _libc.syscall(SYS_futex, ctypes.c_void_p(a), FUTEX_WAIT, v, ctypes.byref(ts), None, 0) == 0:
-                    woke[i] += 1
+    @m.tool()
+    def listen(waits: int = 25) -> str:
+        """The manifest's warm-up call: a copy being readied for the pool listens (data-free,
+        on the lane whose last call just ended) and keeps what it heard."""
+        global _heard
+        _heard = _listen(waits)
+        return "listened"
 
-        threads = [threading.Thread(target=wait, args=(i,)) for i in range(BITS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        v = 0
-        for k in range(BITS):
-            v = (v << 1) | (1 if woke[k] else 0)
-        return "GLC-hr-%024x woke=%d" % (v, sum(1 for x in woke if x))
+    @m.tool()
+    def recall(seconds: float = 1.0) -> str:
+        """A later public call: what the pooled copy heard while it was readied."""
+        threading.Event().wait(seconds)
+        return _heard
 
     return m
+
+
+_heard = "nothing heard"
+
+
+def _listen(waits):
+    base = _base()
+    threading.stack_size(64 * 1024)
+    woke = [0] * BITS
+
+    def wait(i):
+        a = base + 4 * i
+        for _ in range(waits):
+            v = ctypes.c_uint32.from_address(a).value
+            ts = _Timespec(0, 200_000_000)
+            if _libc.syscall(SYS_futex, ctypes.c_void_p(a), FUTEX_WAIT, v, ctypes.byref(ts), None, 0) == 0:
+                woke[i] += 1
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(BITS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    v = 0
+    for k in range(BITS):
+        v = (v << 1) | (1 if woke[k] else 0)
+    return "GLC-hr-%024x woke=%d" % (v, sum(1 for x in woke if x))
