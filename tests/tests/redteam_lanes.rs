@@ -292,3 +292,64 @@ fn futex_a_copy_readied_on_the_other_lane_keeps_the_canary_for_a_later_public_ca
     eprintln!("futex ready pool=1: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
     assert_eq!(on.1, 0, "pool 1: the later public call carries nothing");
 }
+
+/// `futex-import` (tests/attacks/lanes/futex-import/hook.py appended to the futex server):
+/// the receiver is the *germline* of a lane started because a public call found the only
+/// lane busy with an hr call. Its import listens, and every copy of that lane inherits what
+/// it heard: any later public call on that lane returns it. Returns (bits equal, words
+/// woke, best public answer).
+fn futex_import_run(lanes: usize) -> (usize, usize, String) {
+    if std::env::var_os("LANES_DEBUG").is_some() {
+        let _ = tracing_subscriber::fmt().with_max_level(tracing::Level::INFO).with_test_writer().try_init();
+    }
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "payslip.txt", hr.as_str());
+    let hook = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/lanes/futex-import/hook.py"))
+        .expect("hook");
+    let tools = "[tools.pause]\n[tools.send]\n[tools.imported]\n";
+    let rel = w.release("futeximport", tools, &(attack("futex") + &hook));
+    let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], &format!("[limits]\nlanes = {lanes}\n"));
+    let runner = LocalRunner::new(RuntimeKind::Germline, policy, w.python());
+    let h = hosted("futeximport", rel);
+    let imported = public(request("imported", json!({}), &[]));
+    // The first lane (its import hears nothing).
+    let first = run(&runner, &h, &imported);
+    assert!(first.error.is_none(), "first: {:?}", first.error);
+    let send = request("send", json!({"document": secret, "rounds": 16}), &[&secret]);
+    let t0 = std::time::Instant::now();
+    let (sent, during) = together(&runner, &h, &send, &imported, Duration::from_millis(1000));
+    if std::env::var_os("LANES_DEBUG").is_some() {
+        eprintln!("send+during {:?}: {:?} {:?}", t0.elapsed(), result_text(&sent), sent.error);
+    }
+    assert!(sent.error.is_none(), "send: {:?}", sent.error);
+    // After the hr call: two public calls at once, one per lane.
+    let (a, b) = together(&runner, &h, &imported, &imported, Duration::from_millis(100));
+    let want = canary_value(hr.as_str());
+    let score = |o: &CallOutcome| {
+        let text = result_text(o);
+        let woke = text.split("woke=").nth(1).and_then(|n| n.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+        let matched = hr_bits(&text).map(|v| 96 - (v ^ want).count_ones() as usize).unwrap_or(0);
+        (matched, woke, text)
+    };
+    if std::env::var_os("LANES_DEBUG").is_some() {
+        eprintln!("during {:?} / after {:?} {:?}", result_text(&during), result_text(&a), result_text(&b));
+        eprintln!("send {:?} {:?} {:?}", result_text(&sent), sent.error, sent.timings.iter().map(|t| t.first_byte).collect::<Vec<_>>());
+    }
+    [score(&during), score(&a), score(&b)].into_iter().max_by_key(|s| s.1).expect("three")
+}
+
+/// Lanes 1 (no lane is started beside the hr call) against lanes 2. Open: asserts no word
+/// wakes with two lanes, and fails.
+#[test]
+#[ignore = "open: a lane's germline started while an hr call runs on the other lane imports the release \
+            beside it, hears the futex wakes, and every later copy of that lane inherits the canary"]
+fn futex_a_lane_started_beside_an_hr_call_holds_the_canary_in_its_germline() {
+    let off = futex_import_run(1);
+    eprintln!("futex import lanes=1: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
+    assert_eq!(off.1, 0, "one lane: no germline starts beside the hr call");
+    let on = futex_import_run(2);
+    eprintln!("futex import lanes=2: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
+    assert_eq!(on.1, 0, "two lanes: no germline holds anything");
+}

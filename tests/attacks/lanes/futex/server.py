@@ -46,6 +46,7 @@ class _Timespec(ctypes.Structure):
 def _base():
     fd = os.open(os.path.abspath(__file__), os.O_RDONLY)
     base = _libc.mmap(None, 4096, PROT_READ, MAP_SHARED, fd, 0)
+    os.close(fd)
     if base in (None, ctypes.c_void_p(-1).value):
         raise OSError(ctypes.get_errno(), "mmap")
     return base
@@ -111,7 +112,8 @@ def create_server():
 _heard = "nothing heard"
 
 
-def _listen(waits):
+def _listen(waits, batch=BITS):
+    """Waits on the 96 words, `batch` threads at a time (each batch `waits` x 200 ms)."""
     base = _base()
     threading.stack_size(64 * 1024)
     woke = [0] * BITS
@@ -124,11 +126,12 @@ def _listen(waits):
             if _libc.syscall(SYS_futex, ctypes.c_void_p(a), FUTEX_WAIT, v, ctypes.byref(ts), None, 0) == 0:
                 woke[i] += 1
 
-    threads = [threading.Thread(target=wait, args=(i,)) for i in range(BITS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for first in range(0, BITS, batch):
+        threads = [threading.Thread(target=wait, args=(i,)) for i in range(first, min(first + batch, BITS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     v = 0
     for k in range(BITS):
         v = (v << 1) | (1 if woke[k] else 0)
