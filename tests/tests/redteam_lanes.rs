@@ -7,7 +7,17 @@
 //! `clear_child_tid` futex on a page of `server.py`, one inode in both lanes' roots, keyed
 //! by the file; SECURITY.md lists the wake as open ("one bit per thread exit"). With one
 //! lane the hr call and the public call never overlap (0 words woken); with two lanes
-//! they do, and every bit of the canary crosses in one call pair.
+//! they do, and every bit of the canary crosses in one call pair. Two more receivers of the
+//! same wake: a copy of the other lane readied for its pool while the hr call runs (a
+//! later public call returns what it heard), and the germline of a lane started beside the
+//! hr call (every later copy of that lane inherits it).
+//!
+//! `lease` (inline): a copy waiting for its slot's lease learns how long an hr copy held it,
+//! while its own label stays empty; germline decides by that label what parties cleared
+//! for nothing see (egress host names, trigger positions, log lines, `/metrics`).
+//!
+//! Every variant here discloses with the mechanism under test on, so each test asserts that
+//! nothing crosses and is ignored as open; run them with `--ignored` to see the figures.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -195,6 +205,11 @@ fn lease_run(leases: bool, nibbles: usize) -> (Vec<u32>, Vec<u32>, Vec<u64>, boo
         assert!(probed.error.is_none(), "probe: {:?}", probed.error);
         if std::env::var_os("LANES_DEBUG").is_some() {
             eprintln!("hold {:?} {:?} / probe {:?} {:?} {:?}", result_text(&held), held.timings, result_text(&probed), probed.egress, probed.timings);
+        }
+        // What the `copy timings` debug line logs for the waiter (its label is empty).
+        let logged = probed.timings.iter().map(|t| t.first_byte.as_millis()).max().unwrap_or(0);
+        if std::env::var_os("LANES_DEBUG").is_some() {
+            eprintln!("waiter named {:?} ms, debug line would log first_byte {logged} ms", named_wait(&probed));
         }
         (named_wait(&probed).unwrap_or(0), probed.held.is_empty())
     };
