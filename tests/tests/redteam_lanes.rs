@@ -105,6 +105,9 @@ fn futex_run(lanes: usize) -> (usize, usize, String) {
     let read = public(request("read", json!({}), &[]));
     let (read, sent) = together(&runner, &h, &read, &send, Duration::from_millis(300));
     assert!(sent.error.is_none(), "send: {:?}", sent.error);
+    if std::env::var_os("LANES_DEBUG").is_some() {
+        eprintln!("send copy answered in {:?} (0.8 s lead-in and {rounds} x 0.4 s gaps included)", sent.timings[0].first_byte);
+    }
     let text = result_text(&read);
     assert!(read.error.is_none(), "read: {:?}", read.error);
     let woke = text.rsplit("woke=").next().and_then(|n| n.trim().parse().ok()).unwrap_or(0);
