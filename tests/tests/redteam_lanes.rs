@@ -26,11 +26,11 @@ use germline_executor::call::{release_dir_hash, CallOutcome, CallRequest};
 use germline_executor::dispatch::{HostedRelease, LocalRunner, ReleaseRunner};
 use germline_executor::runtime::RuntimeKind;
 use germline_executor::slots::SLOT_LEASES_OFF_FOR_TESTS;
-use std::sync::atomic::Ordering;
 use germline_model::{FenceGrant, ReleaseName};
 use germline_tests::oracle::Oracle;
 use germline_tests::world::{request, result_text, World};
 use serde_json::json;
+use std::sync::atomic::Ordering;
 
 fn attack(name: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/lanes").join(name).join("server.py"))
@@ -106,7 +106,10 @@ fn futex_run(lanes: usize) -> (usize, usize, String) {
     let (read, sent) = together(&runner, &h, &read, &send, Duration::from_millis(300));
     assert!(sent.error.is_none(), "send: {:?}", sent.error);
     if std::env::var_os("LANES_DEBUG").is_some() {
-        eprintln!("send copy answered in {:?} (0.8 s lead-in and {rounds} x 0.4 s gaps included)", sent.timings[0].first_byte);
+        eprintln!(
+            "send copy answered in {:?} (0.8 s lead-in and {rounds} x 0.4 s gaps included)",
+            sent.timings[0].first_byte
+        );
     }
     let text = result_text(&read);
     assert!(read.error.is_none(), "read: {:?}", read.error);
@@ -196,7 +199,8 @@ fn lease_run(leases: bool, nibbles: usize) -> (Vec<u32>, Vec<u32>, Vec<u64>, boo
     let secret = w.item("hr", "payslip.txt", hr.as_str());
     let zero = w.item("hr", "zero.txt", "GLC-hr-000000000000000000000000");
     let rel = w.release("lease", "[tools.hold]\n[tools.probe]\nhosts = [\"hr.example\"]\n", LEASE);
-    let policy = w.policy(&[("hr.example", &["hr"], None)], &[("agent", &["hr"]), ("public", &[])], "[limits]\nlanes = 2\n");
+    let policy =
+        w.policy(&[("hr.example", &["hr"], None)], &[("agent", &["hr"]), ("public", &[])], "[limits]\nlanes = 2\n");
     let runner = LocalRunner::new(RuntimeKind::Germline, policy, w.python());
     let h = hosted("lease", rel);
     let mut probe = request("probe", json!({}), &[]);
@@ -207,7 +211,14 @@ fn lease_run(leases: bool, nibbles: usize) -> (Vec<u32>, Vec<u32>, Vec<u64>, boo
         assert!(held.error.is_none(), "hold: {:?}", held.error);
         assert!(probed.error.is_none(), "probe: {:?}", probed.error);
         if std::env::var_os("LANES_DEBUG").is_some() {
-            eprintln!("hold {:?} {:?} / probe {:?} {:?} {:?}", result_text(&held), held.timings, result_text(&probed), probed.egress, probed.timings);
+            eprintln!(
+                "hold {:?} {:?} / probe {:?} {:?} {:?}",
+                result_text(&held),
+                held.timings,
+                result_text(&probed),
+                probed.egress,
+                probed.timings
+            );
         }
         // What the `copy timings` debug line logs for the waiter (its label is empty).
         let logged = probed.timings.iter().map(|t| t.first_byte.as_millis()).max().unwrap_or(0);
@@ -262,11 +273,8 @@ fn futex_ready_run(pool: usize) -> (usize, usize, String) {
     let secret = w.item("hr", "payslip.txt", hr.as_str());
     let tools = "[tools.pause]\n[tools.send]\n[tools.read]\n[tools.listen]\nwarm_up = {}\n[tools.recall]\n";
     let rel = w.release("futexready", tools, &attack("futex"));
-    let policy = w.policy(
-        &[],
-        &[("agent", &["hr"]), ("public", &[])],
-        &format!("[limits]\nlanes = 2\npool = {pool}\n"),
-    );
+    let policy =
+        w.policy(&[], &[("agent", &["hr"]), ("public", &[])], &format!("[limits]\nlanes = 2\npool = {pool}\n"));
     let runner = LocalRunner::new(RuntimeKind::Germline, policy, w.python());
     let h = hosted("futexready", rel);
     let pause = |s: f64| public(request("pause", json!({"seconds": s}), &[]));
@@ -324,8 +332,9 @@ fn futex_import_run(lanes: usize) -> (usize, usize, String) {
     let mut oracle = Oracle::new();
     let hr = oracle.plant(&["hr"]);
     let secret = w.item("hr", "payslip.txt", hr.as_str());
-    let hook = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/lanes/futex-import/hook.py"))
-        .expect("hook");
+    let hook =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/lanes/futex-import/hook.py"))
+            .expect("hook");
     let tools = "[tools.pause]\n[tools.send]\n[tools.imported]\n";
     let rel = w.release("futeximport", tools, &(attack("futex") + &hook));
     let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], &format!("[limits]\nlanes = {lanes}\n"));
@@ -353,7 +362,12 @@ fn futex_import_run(lanes: usize) -> (usize, usize, String) {
     };
     if std::env::var_os("LANES_DEBUG").is_some() {
         eprintln!("during {:?} / after {:?} {:?}", result_text(&during), result_text(&a), result_text(&b));
-        eprintln!("send {:?} {:?} {:?}", result_text(&sent), sent.error, sent.timings.iter().map(|t| t.first_byte).collect::<Vec<_>>());
+        eprintln!(
+            "send {:?} {:?} {:?}",
+            result_text(&sent),
+            sent.error,
+            sent.timings.iter().map(|t| t.first_byte).collect::<Vec<_>>()
+        );
     }
     [score(&during), score(&a), score(&b)].into_iter().max_by_key(|s| s.1).expect("three")
 }
