@@ -52,8 +52,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 20)]
     pub releases: usize,
     /// Germlines each release may run on at once under `--concurrency` (the policy's
-    /// `[limits] lanes`; 1 queues the calls to one release).
-    #[arg(long, default_value_t = 2)]
+    /// `[limits] lanes`; 1, the default, queues the calls to one release).
+    #[arg(long, default_value_t = 1)]
     pub lanes: usize,
     /// Seconds of load for `--concurrency`.
     #[arg(long, default_value_t = 20)]

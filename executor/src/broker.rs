@@ -597,8 +597,11 @@ fn slot_request(line: &[u8], copy: &CopySlot) -> Option<Vec<u8>> {
     let Some(op) = parsed else { return Some(b"malformed slot request\n".to_vec()) };
     let mut given = copy.given.lock().unwrap_or_else(|p| p.into_inner());
     if given.is_none() {
-        let g = copy.source.give(copy.deadline, &copy.stop)?;
-        copy.state.lock().unwrap_or_else(|p| p.into_inner()).label.add_slot(&g.slot().label());
+        // The copy's label as it stands when it gives the lease back (after its answer).
+        let state = copy.state.clone();
+        let holder = Box::new(move || state.lock().unwrap_or_else(|p| p.into_inner()).label.label());
+        let g = copy.source.give(copy.deadline, &copy.stop, holder)?;
+        copy.state.lock().unwrap_or_else(|p| p.into_inner()).label.add_slot(&g.label());
         *given = Some(g);
     }
     let slot = given.as_ref().map(SlotGiven::slot)?;

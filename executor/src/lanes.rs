@@ -4,9 +4,12 @@
 //! Lanes are separate germlines, not copies of one germline side by side: whatever keeps
 //! copies of one germline apart (none runs while another holds data; the germline is
 //! stopped while any copy holds data, and forks only when none does) holds within each
-//! lane unchanged, and two lanes share no more than germlines of two different releases do
-//! (the host-level counters and the timing residual in SECURITY.md). What the lanes of a
-//! release share is kept by the broker: its slots ([`crate::slots`], one lease per slot).
+//! lane unchanged, and two lanes share no more kernel state than germlines of two
+//! different releases do. What the lanes of a release share is kept by the broker: its
+//! slots ([`crate::slots`], one lease per slot). Timing is not kept apart: with lanes one
+//! release can time its own calls, and keep what it measured in a lane's germline, which is
+//! why a policy asks for lanes (`limits.lanes`, default 1; SECURITY.md, "Calls to one
+//! release at the same time").
 //!
 //! A lane is taken whole for one call (or one session's calls) and given back after it.
 //! The first lane is started by the first call; more are started in the background when a

@@ -74,7 +74,9 @@ pub struct Limits {
     /// Ready copies kept per germline ([`crate::pool`]); 0 makes copies per call.
     pub pool: usize,
     /// Germlines a release may run on at once ([`crate::lanes`]): calls to one release run
-    /// side by side on up to this many, each with its own pool; 1 runs them one at a time.
+    /// side by side on up to this many, each with its own pool; 1 (the default) runs them
+    /// one at a time. More than 1 lets one release time its own calls (SECURITY.md, "Calls
+    /// to one release at the same time").
     pub lanes: usize,
     /// `spawn`: every copy imports the release itself (for releases whose import starts
     /// threads); `fork` (default) unless the manifest asks for `spawn`.
@@ -105,7 +107,7 @@ impl Default for Limits {
             max_message_bytes: 8 << 20,
             require_limits: false,
             pool: default_pool(),
-            lanes: 2,
+            lanes: 1,
             copy_source: crate::manifest::CopySourceKind::Fork,
         }
     }

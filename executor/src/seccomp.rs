@@ -347,11 +347,18 @@ const MADVISE_ADVICE: [i32; 13] = [
     19, // MADV_KEEPONFORK
 ];
 
-/// `futex` operations (without flags) a process may use on futexes keyed by file (shared
-/// futexes): waiting only. A shared futex on a page of a read-only file that two copies
-/// map is one kernel object, so waking one would be a channel; glibc wakes shared futexes
-/// only for process-shared locks, which a Python server does not use.
+/// `futex` operations (without flags) that reach the kernel on shared futexes (keyed by
+/// file for a page of a file): none but the waits glibc's `pthread_join` makes on a
+/// thread's id, and those are answered EAGAIN before they wait (see
+/// [`shared_waits_program`]). A shared futex on a page of a read-only file that two copies
+/// map is one kernel object: a shared wake would be a channel, and so would a shared wait,
+/// woken by the kernel when a thread of another copy exits with its `clear_child_tid` on
+/// that page.
 const SHARED_FUTEX_OPS: [i32; 2] = [libc::FUTEX_WAIT, libc::FUTEX_WAIT_BITSET];
+
+/// Test-only switch ("mechanism off"): shared futex waits reach the kernel and wait, so a
+/// thread's exit in one copy can wake a waiter in another. Never set outside tests.
+pub static SHARED_FUTEX_WAITS_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The x32 ABI's syscall-number bit.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
@@ -448,10 +455,37 @@ fn common_programs() -> Result<Vec<BpfProgram>, ExecutorError> {
     locks.insert(libc::SYS_fcntl, one_of(1, &words(&FAKED_LOCKS), &[])?);
     let mut clone3 = BTreeMap::new();
     clone3.insert(libc::SYS_clone3, vec![]);
-    Ok(vec![
+    let mut out = vec![
         build(locks, SeccompAction::Allow, SeccompAction::Errno(0))?,
         build(clone3, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32))?,
-    ])
+    ];
+    if !SHARED_FUTEX_WAITS_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst) {
+        out.push(shared_waits_program()?);
+    }
+    Ok(out)
+}
+
+/// EAGAIN ("the value changed") for every wait on a shared futex, before it waits: no
+/// copy can be woken by the exit of another copy's thread whose `clear_child_tid` lies on
+/// a page of a file both map (the kernel's wake at thread exit is always shared). glibc
+/// takes EAGAIN as a changed value and tries again, so `pthread_join`, its only user here,
+/// spins until the kernel clears the thread's id; Python's own threads are detached and
+/// joined through private locks.
+fn shared_waits_program() -> Result<BpfProgram, ExecutorError> {
+    let private = word(libc::FUTEX_PRIVATE_FLAG);
+    let op_mask = word(!(libc::FUTEX_PRIVATE_FLAG | libc::FUTEX_CLOCK_REALTIME));
+    let waits = SHARED_FUTEX_OPS
+        .iter()
+        .map(|&op| {
+            rule(vec![
+                cond(1, SeccompCmpOp::MaskedEq(private), 0)?,
+                cond(1, SeccompCmpOp::MaskedEq(op_mask), word(op))?,
+            ])
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rules = BTreeMap::new();
+    rules.insert(libc::SYS_futex, waits);
+    build(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EAGAIN as u32))
 }
 
 fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
@@ -843,9 +877,11 @@ mod tests {
         assert_eq!(madvise(libc::MADV_MERGEABLE), EPERM);
         assert_eq!(madvise(libc::MADV_PAGEOUT), EPERM);
         let futex = |op: i32| call(&on, libc::SYS_futex, &[0, word(op)]);
+        let eagain = libc::SECCOMP_RET_ERRNO | libc::EAGAIN as u32;
         assert_eq!(futex(libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG), ALLOW);
-        assert_eq!(futex(libc::FUTEX_WAIT), ALLOW);
-        assert_eq!(futex(libc::FUTEX_WAIT_BITSET | libc::FUTEX_CLOCK_REALTIME), ALLOW);
+        assert_eq!(futex(libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG), ALLOW);
+        assert_eq!(futex(libc::FUTEX_WAIT), eagain, "a shared wait never waits");
+        assert_eq!(futex(libc::FUTEX_WAIT_BITSET | libc::FUTEX_CLOCK_REALTIME), eagain);
         assert_eq!(futex(libc::FUTEX_WAKE), EPERM, "a shared wake");
         assert_eq!(futex(libc::FUTEX_CMP_REQUEUE), EPERM);
     }
