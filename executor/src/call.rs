@@ -462,9 +462,8 @@ impl GermlineRuntime {
             policy.limits.deadline.as_millis()
         );
         tracing::info!(release = %release, "germline ready in {:?}", germline.start_time);
-        let max_message = policy.limits.max_message_bytes;
         Ok(GermlineRuntime {
-            pool: Some(CopyPool::new(Box::new(germline), pool_size, max_message, manifest.warm_up_calls())),
+            pool: Some(copy_pool(germline, pool_size, &policy, &manifest)),
             pool_size,
             spec,
             manifest,
@@ -502,9 +501,8 @@ impl GermlineRuntime {
             }
             let germline = Germline::start(&spec)?;
             tracing::info!(release = %release, "another germline of the release started, in {:?}", germline.start_time);
-            let max_message = policy.limits.max_message_bytes;
             Ok(GermlineRuntime {
-                pool: Some(CopyPool::new(Box::new(germline), pool_size, max_message, manifest.warm_up_calls())),
+                pool: Some(copy_pool(germline, pool_size, &policy, &manifest)),
                 pool_size,
                 spec: spec.clone(),
                 manifest: manifest.clone(),
@@ -822,12 +820,7 @@ impl GermlineRuntime {
     fn pool(&mut self) -> Result<&CopyPool, ExecutorError> {
         if self.pool.is_none() {
             let germline = Germline::start(&self.spec)?;
-            self.pool = Some(CopyPool::new(
-                Box::new(germline),
-                self.pool_size,
-                self.policy.limits.max_message_bytes,
-                self.manifest.warm_up_calls(),
-            ));
+            self.pool = Some(copy_pool(germline, self.pool_size, &self.policy, &self.manifest));
         }
         self.pool.as_ref().ok_or_else(|| ExecutorError::internal("pool"))
     }
@@ -985,6 +978,11 @@ impl GermlineRuntime {
         }
         Ok(r)
     }
+}
+
+/// The pool of `size` copies of `germline` for a release under `policy`.
+fn copy_pool(germline: Germline, size: usize, policy: &Policy, manifest: &Manifest) -> CopyPool {
+    CopyPool::new(Box::new(germline), size, policy.limits.max_message_bytes, manifest.warm_up_calls())
 }
 
 /// What one copy is given besides its request.

@@ -99,6 +99,26 @@ fn hr_bits(text: &str) -> Option<u128> {
     u128::from_str_radix(text.get(i + 7..i + 31)?, 16).ok()
 }
 
+/// What a public answer carried: (bits equal to the canary `want`, words woken, the answer).
+fn score(o: &CallOutcome, want: u128) -> (usize, usize, String) {
+    let text = result_text(o);
+    let woke = text.split("woke=").nth(1).and_then(|n| n.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+    let matched = hr_bits(&text).map(|v| 96 - (v ^ want).count_ones() as usize).unwrap_or(0);
+    (matched, woke, text)
+}
+
+/// Runs a futex variant with shared waits reaching the kernel (off: the canary crosses) and
+/// answered EAGAIN (on: no word wakes).
+fn futex_off_and_on(what: &str, variant: impl Fn() -> (usize, usize, String)) {
+    let _one = serial();
+    let off = futex_waits(true, &variant);
+    eprintln!("{what}, shared waits on: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
+    assert!(off.0 >= 90 && off.1 > 0, "{what}, off: the canary crosses ({} of 96 bits)", off.0);
+    let on = futex_waits(false, &variant);
+    eprintln!("{what}, shared waits refused: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
+    assert_eq!(on.1, 0, "{what}, on: no word wakes");
+}
+
 fn canary_value(c: &str) -> u128 {
     u128::from_str_radix(c.rsplit('-').next().unwrap_or_default(), 16).unwrap_or_default()
 }
@@ -131,25 +151,16 @@ fn futex_run(lanes: usize) -> (usize, usize, String) {
             sent.timings[0].first_byte
         );
     }
-    let text = result_text(&read);
     assert!(read.error.is_none(), "read: {:?}", read.error);
-    let woke = text.rsplit("woke=").next().and_then(|n| n.trim().parse().ok()).unwrap_or(0);
-    let matched = hr_bits(&text).map(|v| 96 - (v ^ canary_value(hr.as_str())).count_ones() as usize).unwrap_or(0);
     // The public consumer is cleared for nothing: its answer's label is empty.
     assert_eq!(read.label.as_ref().map(|l| l.is_empty()), Some(true), "the public answer is unlabelled");
-    (matched, woke, text)
+    score(&read, canary_value(hr.as_str()))
 }
 
 /// Two lanes, shared futex waits reaching the kernel (off) against answered EAGAIN (on).
 #[test]
 fn futex_thread_exit_wakes_on_a_shared_file_page_carry_the_canary_between_lanes_only_with_shared_waits() {
-    let _one = serial();
-    let off = futex_waits(true, || futex_run(2));
-    eprintln!("futex, shared waits on: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
-    assert!(off.0 >= 90 && off.1 > 0, "off: the canary crosses between lanes ({} of 96 bits)", off.0);
-    let on = futex_waits(false, || futex_run(2));
-    eprintln!("futex, shared waits refused: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
-    assert_eq!(on.1, 0, "on: no word of the public call's mapping wakes");
+    futex_off_and_on("futex", || futex_run(2));
 }
 
 /// `lease` (inline): how long a copy waits for its slot's lease is how long the copy
@@ -308,30 +319,13 @@ fn futex_ready_run(pool: usize) -> (usize, usize, String) {
     let recall = public(request("recall", json!({}), &[]));
     let (a, b) = together(&runner, &h, &recall, &recall, Duration::from_millis(100));
     let want = canary_value(hr.as_str());
-    let score = |o: &CallOutcome| {
-        let text = result_text(o);
-        let woke = text.rsplit("woke=").next().and_then(|n| n.trim().parse().ok()).unwrap_or(0);
-        let matched = hr_bits(&text).map(|v| 96 - (v ^ want).count_ones() as usize).unwrap_or(0);
-        (matched, woke, text)
-    };
-    let (sa, sb) = (score(&a), score(&b));
-    if sa.1 >= sb.1 {
-        sa
-    } else {
-        sb
-    }
+    [score(&a, want), score(&b, want)].into_iter().max_by_key(|s| s.1).expect("two")
 }
 
 /// Pool 1, two lanes: shared futex waits reaching the kernel (off) against refused (on).
 #[test]
 fn futex_a_copy_readied_on_the_other_lane_keeps_the_canary_only_with_shared_waits() {
-    let _one = serial();
-    let off = futex_waits(true, || futex_ready_run(1));
-    eprintln!("futex ready, shared waits on: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
-    assert!(off.0 >= 90 && off.1 > 0, "off: the readied copy keeps the canary ({} of 96 bits)", off.0);
-    let on = futex_waits(false, || futex_ready_run(1));
-    eprintln!("futex ready, shared waits refused: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
-    assert_eq!(on.1, 0, "on: the later public call carries nothing");
+    futex_off_and_on("futex ready", || futex_ready_run(1));
 }
 
 /// `futex-import` (tests/attacks/lanes/futex-import/hook.py appended to the futex server):
@@ -369,12 +363,6 @@ fn futex_import_run(lanes: usize) -> (usize, usize, String) {
     // After the hr call: two public calls at once, one per lane.
     let (a, b) = together(&runner, &h, &imported, &imported, Duration::from_millis(100));
     let want = canary_value(hr.as_str());
-    let score = |o: &CallOutcome| {
-        let text = result_text(o);
-        let woke = text.split("woke=").nth(1).and_then(|n| n.split_whitespace().next()?.parse().ok()).unwrap_or(0);
-        let matched = hr_bits(&text).map(|v| 96 - (v ^ want).count_ones() as usize).unwrap_or(0);
-        (matched, woke, text)
-    };
     if std::env::var_os("LANES_DEBUG").is_some() {
         eprintln!("during {:?} / after {:?} {:?}", result_text(&during), result_text(&a), result_text(&b));
         eprintln!(
@@ -384,17 +372,11 @@ fn futex_import_run(lanes: usize) -> (usize, usize, String) {
             sent.timings.iter().map(|t| t.first_byte).collect::<Vec<_>>()
         );
     }
-    [score(&during), score(&a), score(&b)].into_iter().max_by_key(|s| s.1).expect("three")
+    [score(&during, want), score(&a, want), score(&b, want)].into_iter().max_by_key(|s| s.1).expect("three")
 }
 
 /// Two lanes: shared futex waits reaching the kernel (off) against refused (on).
 #[test]
 fn futex_a_lane_started_beside_an_hr_call_holds_the_canary_only_with_shared_waits() {
-    let _one = serial();
-    let off = futex_waits(true, || futex_import_run(2));
-    eprintln!("futex import, shared waits on: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
-    assert!(off.0 >= 90 && off.1 > 0, "off: the lane's germline holds the canary ({} of 96 bits)", off.0);
-    let on = futex_waits(false, || futex_import_run(2));
-    eprintln!("futex import, shared waits refused: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
-    assert_eq!(on.1, 0, "on: no germline holds anything");
+    futex_off_and_on("futex import", || futex_import_run(2));
 }
