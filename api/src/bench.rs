@@ -118,9 +118,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     for d in [&rel, &data.join("x"), &data.join("y")] {
         std::fs::create_dir_all(d)?;
     }
+    // Each tool declares its warm-up call (manifest `warm_up`), as a release would whose
+    // tools can run without data: a pooled copy then has the tool's own path warm, not
+    // only the server's dispatch.
     std::fs::write(
         rel.join("germline.toml"),
-        "[release]\nname = \"noop\"\nversion = \"1\"\nruntime = \"python\"\nfactory = \"noop:create_server\"\n\n[tools.noop2]\nhosts = [\"h1.example\"]\n\n[tools.noop3]\nhosts = [\"h1.example\", \"h2.example\"]\n",
+        "[release]\nname = \"noop\"\nversion = \"1\"\nruntime = \"python\"\nfactory = \"noop:create_server\"\n\n\
+         [tools.noop]\nwarm_up = {}\n\n[tools.noop2]\nhosts = [\"h1.example\"]\nwarm_up = {}\n\n\
+         [tools.noop3]\nhosts = [\"h1.example\", \"h2.example\"]\nwarm_up = {}\n",
     )?;
     std::fs::write(rel.join("noop.py"), NOOP.to_owned() + &alias_tools())?;
     let x = data.join("x/item.txt");

@@ -51,14 +51,16 @@ def keys():
 
 def set(key, value):
     """Stores a JSON-serialisable value under `key` in this horizon's slot."""
-    _slot()[key] = value
+    slot = _slot()
     _write({"op": "set", "key": key, "value": value})
+    slot[key] = value  # once stored: a refused write leaves the copy's view as the slot is
 
 
 def delete(key):
     """Removes `key` from this horizon's slot."""
-    _slot().pop(key, None)
+    slot = _slot()
     _write({"op": "delete", "key": key})
+    slot.pop(key, None)
 
 
 def _request(msg):

@@ -522,6 +522,9 @@ fn gateway_error(why: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Slot writes one copy may make: at most this many, and (each counted by the length of
+/// its request line) at most one message's worth of bytes in all, so what the broker keeps
+/// for a copy until its answer is bounded like everything else the copy sends.
 const MAX_SLOT_WRITES: usize = 1024;
 
 /// What the slot listener's thread needs: where the slot comes from, where it keeps what
@@ -547,6 +550,7 @@ fn slot_loop(listener: TcpListener, wake: &Wake, copy: &CopySlot, max: usize) {
     let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
     let mut buf = vec![0u8; 64 << 10];
     let mut line: Vec<u8> = Vec::new();
+    let mut budget = WriteBudget { count: MAX_SLOT_WRITES, bytes: max };
     loop {
         // Sleep in the kernel until the copy writes or the call is over; a read never
         // blocks (a half-written line cannot hold the broker past the answer).
@@ -564,7 +568,7 @@ fn slot_loop(listener: TcpListener, wake: &Wake, copy: &CopySlot, max: usize) {
             if line.len() > max {
                 return;
             }
-            let Some(reply) = slot_request(&std::mem::take(&mut line), copy) else {
+            let Some(reply) = slot_request(&std::mem::take(&mut line), copy, &mut budget) else {
                 return;
             };
             if conn.write_all(&reply).is_err() {
@@ -578,9 +582,15 @@ fn slot_loop(listener: TcpListener, wake: &Wake, copy: &CopySlot, max: usize) {
     }
 }
 
+/// What is left of a copy's slot writes ([`MAX_SLOT_WRITES`]).
+struct WriteBudget {
+    count: usize,
+    bytes: usize,
+}
+
 /// One slot request's reply; `None` ends the copy's slot connection (no slot before the
 /// deadline or the end of the call).
-fn slot_request(line: &[u8], copy: &CopySlot) -> Option<Vec<u8>> {
+fn slot_request(line: &[u8], copy: &CopySlot, budget: &mut WriteBudget) -> Option<Vec<u8>> {
     enum Op {
         Get,
         Write(String, Option<Value>),
@@ -613,14 +623,13 @@ fn slot_request(line: &[u8], copy: &CopySlot) -> Option<Vec<u8>> {
             reply.push(b'\n');
             reply
         }
+        Op::Write(..) if budget.count == 0 => b"too many slot writes\n".to_vec(),
+        Op::Write(..) if line.len() > budget.bytes => b"slot writes over the size limit\n".to_vec(),
         Op::Write(key, value) => {
-            let mut ws = copy.writes.lock().unwrap_or_else(|p| p.into_inner());
-            if ws.len() < MAX_SLOT_WRITES {
-                ws.push((key, value));
-                b"ok\n".to_vec()
-            } else {
-                b"too many slot writes\n".to_vec()
-            }
+            budget.count -= 1;
+            budget.bytes -= line.len();
+            copy.writes.lock().unwrap_or_else(|p| p.into_inner()).push((key, value));
+            b"ok\n".to_vec()
         }
     })
 }

@@ -66,7 +66,7 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
 
     /// Blocks until the server has sent at least one byte (or closed the stream).
     pub fn wait_readable(&mut self) -> Result<(), ExecutorError> {
-        self.reader.fill_buf().map(|_| ()).map_err(ExecutorError::io("reading from the copy"))
+        fill(&mut self.reader).map(|_| ())
     }
 
     /// Waits for the response to request `id`, answering the server's own requests.
@@ -172,11 +172,25 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     }
 }
 
+/// The reader's buffer, filled if empty. A read interrupted by a signal the broker ignores
+/// is read again (a blocking read with a timeout is not restarted by the kernel); the
+/// channel's deadline still bounds it.
+fn fill(r: &mut impl BufRead) -> Result<&[u8], ExecutorError> {
+    loop {
+        match r.fill_buf() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(ExecutorError::io("reading from the copy")(e)),
+            // Filled (or at its end): asking again reads nothing more.
+            Ok(_) => return r.fill_buf().map_err(ExecutorError::io("reading from the copy")),
+        }
+    }
+}
+
 /// Reads one `\n`-terminated line of at most `max` bytes.
 pub fn read_line_bounded(r: &mut impl BufRead, max: usize) -> Result<Vec<u8>, ExecutorError> {
     let mut out = Vec::new();
     loop {
-        let buf = r.fill_buf().map_err(ExecutorError::io("reading from the copy"))?;
+        let buf = fill(r)?;
         if buf.is_empty() {
             return Err(ExecutorError::Copy("the copy closed its channel".into()));
         }

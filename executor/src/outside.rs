@@ -1,21 +1,21 @@
 //! Per-copy steps imposed from outside the copy (DESIGN §5): the broker never trusts the
 //! germline to have set up a copy; it enters the copy's fresh namespaces itself.
 //!
-//! A short-lived helper process, forked from the broker, enters the copy's user, network
-//! and mount namespaces; maps the copy's ids; brings its loopback up; opens the broker's
-//! listeners there (proxy, MCP channel, slot), so a connection accepted on one of them
-//! provably came from that copy's network namespace; mounts a fresh tmpfs over each data
-//! and passes the listeners back over a socketpair. Then it waits: only once the broker has
-//! seen (from `/proc`) that the copy switched to its own host ids and gave up its
-//! capabilities ([`ViewGate::open`]) does the helper close the copy's way to new
-//! namespaces and kernel notification groups (the copy namespace's `user.max_*` limits,
-//! set to 0), mount a fresh tmpfs over each data root holding exactly the copy's view
-//! (empty files for out-of-view items, owned by the copy's root), read-only, mount the
-//! copy's private scratch tmpfs (`TMPDIR`: writable, size-limited, gone with the copy's
-//! mount namespace), and report.
-//! The helper is forked because `setns(2)` into a user namespace needs a single-threaded
-//! caller; everything it uses is prepared before the fork, so the child only makes
-//! syscalls.
+//! Two short-lived helper processes of the broker do this. The first enters the copy's
+//! user and network namespaces, maps the copy's ids, brings its loopback up and opens the
+//! broker's listeners there (proxy, MCP channel, slot), so a connection accepted on one of
+//! them provably came from that copy's network namespace, and passes them back over a
+//! socketpair. The second runs only once the broker has seen (from `/proc`) that the copy
+//! switched to its own host ids and gave up its capabilities ([`ViewGate::open`]): it
+//! closes the copy's way to new namespaces and kernel notification groups (the copy
+//! namespace's `user.max_*` limits, set to 0), mounts a fresh tmpfs over each data root
+//! holding exactly the copy's view (empty files for out-of-view items, owned by the copy's
+//! root), read-only, and the copy's private scratch tmpfs (`TMPDIR`: writable,
+//! size-limited, gone with the copy's mount namespace).
+//! A helper is a process of its own because `setns(2)` into a user namespace needs a
+//! single-threaded caller. It shares the broker's memory and borrows the calling thread
+//! until it exits ([`vfork_helper`]), so nothing of the broker is copied; everything it
+//! uses is prepared before it starts, and it only makes syscalls.
 
 use std::ffi::CString;
 use std::io;
@@ -126,51 +126,25 @@ pub struct CopyIds {
     pub gid: u32,
 }
 
-/// The set-up helper, waiting to mount the copy's view until the broker has checked the
-/// copy's ids.
+/// What mounts the copy's view (and its scratch) once the broker has checked the copy's ids.
 pub struct ViewGate {
-    helper: libc::pid_t,
-    sock: Option<UnixStream>,
+    prepared: Prepared,
     copy: i32,
     ids: CopyIds,
 }
 
 impl ViewGate {
     /// Checks that every thread of the copy runs as its own ids with no capability and
-    /// holds nothing from before the switch ([`crate::inspect::check_copy_ids`]); then lets
-    /// the helper mount the view and waits for it.
-    pub fn open(mut self) -> Result<(), ExecutorError> {
+    /// holds nothing from before the switch ([`crate::inspect::check_copy_ids`]); then
+    /// closes the copy's way to new namespaces and mounts its scratch and view, from a
+    /// helper in the copy's user and mount namespaces.
+    pub fn open(self) -> Result<(), ExecutorError> {
         // Without ids of its own (a broker that is not host root, or the switch off) the
         // copy shares the germline's ids anyway, and nothing here would keep them apart.
         if self.ids.offset != 0 {
             crate::inspect::check_copy_ids(self.copy, self.ids)?;
         }
-        let mut sock = self.sock.take().ok_or_else(|| ExecutorError::internal("view gate"))?;
-        use std::io::Write;
-        sock.write_all(b"g").map_err(ExecutorError::io("asking for the copy's view"))?;
-        let done = helper_reply(&mut sock);
-        self.reap();
-        done
-    }
-
-    fn reap(&mut self) {
-        if self.helper > 0 {
-            if self.sock.take().is_some() {
-                // Dropped unopened: the helper has nothing more to do.
-                // SAFETY: signalling our own, not yet reaped, child.
-                unsafe { libc::kill(self.helper, libc::SIGKILL) };
-            }
-            let mut status = 0;
-            // SAFETY: reaping our own child.
-            unsafe { libc::waitpid(self.helper, &mut status, 0) };
-            self.helper = 0;
-        }
-    }
-}
-
-impl Drop for ViewGate {
-    fn drop(&mut self) {
-        self.reap();
+        run_helper(&|| gate_main(&self.prepared))
     }
 }
 
@@ -192,26 +166,6 @@ impl ViewMount {
             return Ok(());
         }
         mount_view(self.pid, &self.roots, &self.files)
-    }
-}
-
-/// Reads a set-up helper's one reply: `D` (done) or `E`, step, errno.
-fn helper_reply(sock: &mut UnixStream) -> Result<(), ExecutorError> {
-    use std::io::Read;
-    let mut buf = [0u8; 4];
-    let mut n = 0;
-    while n < buf.len() {
-        match sock.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(ExecutorError::io("waiting for the copy's view")(e)),
-        }
-    }
-    match (n, buf[0]) {
-        (1.., b'D') => Ok(()),
-        (4, b'E') => Err(step_error(buf[1], i32::from(buf[2]) | (i32::from(buf[3]) << 8))),
-        _ => Err(ExecutorError::Sandbox("the copy's set-up helper died before mounting its view".into())),
     }
 }
 
@@ -250,8 +204,12 @@ fn run_helper(f: &dyn Fn() -> Result<(), StepErr>) -> Result<(), ExecutorError> 
 /// the helper is a process of its own with one thread, as `setns(2)` into a user namespace
 /// requires. `f` may only make syscalls on buffers prepared before it runs (it must not
 /// allocate: the heap is the broker's), and every signal is blocked meanwhile, so no
-/// handler of the broker runs in the helper. Returns what `f` returned, or the error that
-/// kept the helper from starting or finishing.
+/// handler of the broker runs in the helper. The helper's end sends no signal (exit signal
+/// 0, awaited with `__WALL`): a SIGCHLD raised while the calling thread blocks every signal
+/// would be queued for the broker and, though ignored, interrupt another thread's blocking
+/// read that has a timeout (such reads end with EINTR and are not restarted), as a read
+/// from a copy's channel did. Returns what `f` returned, or the error that kept the helper
+/// from starting or finishing.
 fn vfork_helper(f: &dyn Fn() -> Result<(), StepErr>) -> io::Result<Result<(), StepErr>> {
     struct Job<'a> {
         f: &'a dyn Fn() -> Result<(), StepErr>,
@@ -280,7 +238,7 @@ fn vfork_helper(f: &dyn Fn() -> Result<(), StepErr>) -> io::Result<Result<(), St
         let pid = libc::clone(
             entry,
             top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_VFORK,
             (&mut job as *mut Job<'_>).cast(),
         );
         let err = io::Error::last_os_error();
@@ -289,7 +247,7 @@ fn vfork_helper(f: &dyn Fn() -> Result<(), StepErr>) -> io::Result<Result<(), St
             return Err(err);
         }
         let mut status = 0;
-        while libc::waitpid(pid, &mut status, 0) < 0 {
+        while libc::waitpid(pid, &mut status, libc::__WALL) < 0 {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
                 return Err(e);
@@ -304,18 +262,40 @@ fn vfork_helper(f: &dyn Fn() -> Result<(), StepErr>) -> io::Result<Result<(), St
 }
 
 fn view_main(p: &Prepared) -> Result<(), StepErr> {
+    let mnt = enter_copy_user(p)?;
+    // SAFETY: setns on the helper's own descriptor; then raw syscalls on buffers of `p`.
+    unsafe {
+        ck(b'k', libc::setns(mnt, libc::CLONE_NEWNS) as libc::c_long)?;
+        mount_view_files(p)
+    }
+}
+
+/// Enters the copy's user namespace as its root; returns a descriptor of its mount
+/// namespace, opened before (the path is the broker's `/proc`).
+fn enter_copy_user(p: &Prepared) -> Result<RawFd, StepErr> {
     use libc::*;
-    // SAFETY (whole block): raw syscalls on NUL-terminated strings and buffers prepared
-    // before fork; descriptors are our own.
+    // SAFETY: opens of NUL-terminated paths prepared before the helper started; setns on
+    // the helper's own descriptors.
     unsafe {
         let user = ck(b'a', open(p.ns_user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
         let mnt = ck(b'c', open(p.ns_mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
         ck(b'i', setns(user, CLONE_NEWUSER) as c_long)?;
-        ck(b'w', setresgid(0, 0, 0) as c_long)?;
-        ck(b'x', setresuid(0, 0, 0) as c_long)?;
-        ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
-        mount_view_files(p)
+        become_namespace_root()?;
+        Ok(mnt)
     }
+}
+
+/// Takes root of the user namespace the helper just entered: the raw syscalls, as glibc's
+/// wrappers would also try to change the ids of every thread of the broker, whose memory
+/// (and thread list) a helper shares.
+fn become_namespace_root() -> Result<(), StepErr> {
+    // SAFETY: id syscalls on the calling task only.
+    unsafe {
+        // Gid first: it needs a capability that a uid change may drop.
+        ck(b'w', libc::syscall(libc::SYS_setresgid, 0, 0, 0))?;
+        ck(b'x', libc::syscall(libc::SYS_setresuid, 0, 0, 0))?;
+    }
+    Ok(())
 }
 
 struct Prepared {
@@ -370,42 +350,10 @@ pub fn prepare_copy(
         }
     }
     let (ours, theirs) = UnixStream::pair().map_err(ExecutorError::io("socketpair for copy set-up"))?;
-    // SAFETY: the child only performs syscalls on buffers prepared above and exits with
-    // _exit; it never returns into Rust code of the parent.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(ExecutorError::io("forking the set-up helper")(io::Error::last_os_error()));
-    }
-    if child == 0 {
-        // Nothing of the broker's stays open here but our end of the socketpair: in
-        // particular not the broker's end (nor another set-up's), whose closing is how the
-        // broker tells this helper to leave.
-        let keep = theirs.as_raw_fd() as libc::c_uint;
-        // SAFETY: close_range over descriptor numbers in the child.
-        unsafe {
-            if keep > 3 {
-                libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, keep - 1, 0);
-            }
-            libc::syscall(libc::SYS_close_range, keep + 1, libc::c_uint::MAX, 0);
-        }
-        let code = match child_main(&p, theirs.as_raw_fd()) {
-            Ok(()) => 0,
-            Err((step, errno)) => {
-                let msg = [b'E', step, (errno & 0xff) as u8, ((errno >> 8) & 0xff) as u8];
-                // SAFETY: write of a local buffer to an open socket.
-                unsafe { libc::write(theirs.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
-                1
-            }
-        };
-        // SAFETY: leave without running destructors or atexit handlers of the parent.
-        unsafe { libc::_exit(code) };
-    }
+    run_helper(&|| listeners_main(&p, theirs.as_raw_fd()))?;
     drop(theirs);
-    // From here the gate owns the helper: dropping it closes the socket (the helper
-    // leaves) and reaps it.
-    let gate = ViewGate { helper: child, sock: Some(ours), copy: pid, ids };
-    let (proxy, channel, slot) = receive_listeners(gate.sock.as_ref().ok_or_else(|| ExecutorError::internal("gate"))?)?;
-    Ok(CopyListeners { proxy, channel, slot, gate })
+    let (proxy, channel, slot) = receive_listeners(&ours)?;
+    Ok(CopyListeners { proxy, channel, slot, gate: ViewGate { prepared: p, copy: pid, ids } })
 }
 
 fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepared, ExecutorError> {
@@ -475,14 +423,15 @@ fn ck(step: u8, rc: libc::c_long) -> Result<libc::c_long, StepErr> {
     }
 }
 
-fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
+/// The first helper: maps the copy's ids, enters its user and network namespaces as its
+/// root, brings loopback up and sends the three listeners it opens there over `sock`.
+fn listeners_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
     use libc::*;
     // SAFETY (whole block): raw syscalls on NUL-terminated strings and buffers prepared
-    // before fork; descriptors are our own.
+    // before the helper started; descriptors are the helper's own.
     unsafe {
         let user = ck(b'a', open(p.ns_user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
         let net = ck(b'b', open(p.ns_net.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
-        let mnt = ck(b'c', open(p.ns_mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
         let parent_user = ck(b'd', ioctl(user, NS_GET_PARENT) as c_long)? as c_int;
         ck(b'e', setns(parent_user, CLONE_NEWUSER) as c_long)?;
         write_file(b'f', &p.setgroups, b"deny", true)?;
@@ -492,10 +441,8 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
         // Act as the copy's own root (its own host ids, or the germline's), so the view's
         // files belong to the copy and can be created at all: a file system mounted in the
         // copy's namespace takes no owner its map lacks (host root is unmapped when the
-        // germline runs as the sandbox ids). Gid first: it needs a capability that a uid
-        // change may drop.
-        ck(b'w', setresgid(0, 0, 0) as c_long)?;
-        ck(b'x', setresuid(0, 0, 0) as c_long)?;
+        // germline runs as the sandbox ids).
+        become_namespace_root()?;
         ck(b'j', setns(net, CLONE_NEWNET) as c_long)?;
         loopback_up()?;
         let mut fds = [0 as c_int; 3];
@@ -503,19 +450,24 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
             fds[i] = listen_on(port)?;
         }
         send_fds(sock, &fds)?;
-        for fd in fds {
-            close(fd);
-        }
-        // The broker answers once the copy runs as its own ids without capabilities (or
-        // closes the socket: then nothing more is done).
-        let mut go = 0u8;
-        if read(sock, (&mut go as *mut u8).cast(), 1) != 1 || go != b'g' {
-            return Ok(());
-        }
+    }
+    Ok(())
+}
+
+/// The second helper, once the copy runs as its own ids without capabilities: enters the
+/// copy's user and mount namespaces as its root, closes its way to new namespaces and
+/// notification groups, and mounts its scratch and its view.
+fn gate_main(p: &Prepared) -> Result<(), StepErr> {
+    use libc::*;
+    let mnt = enter_copy_user(p)?;
+    // SAFETY (whole block): raw syscalls on NUL-terminated strings and buffers prepared
+    // before the helper started; descriptors are the helper's own.
+    unsafe {
         // The copy may create no namespace and no inotify/fanotify group: each would count
         // against limits the copy's user namespace shares with the germline's and the
         // host's (per owner), which other copies could then read. Set only now: until the
-        // copy gave up its capabilities it could have raised them again.
+        // copy gave up its capabilities it could have raised them again. (Before entering
+        // the copy's mount namespace: these paths are the broker's `/proc`.)
         for name in NAMESPACE_LIMITS {
             write_file(b'y', std::ffi::CStr::from_bytes_with_nul_unchecked(name), b"0", true)?;
         }
@@ -534,7 +486,6 @@ fn child_main(p: &Prepared, sock: RawFd) -> Result<(), StepErr> {
             seed_scratch(&p.scratch_seed)?;
         }
         mount_view_files(p)?;
-        ck(b'z', write(sock, b"D".as_ptr().cast(), 1) as c_long)?;
     }
     Ok(())
 }
@@ -598,7 +549,8 @@ unsafe fn mount_view_files(p: &Prepared) -> Result<(), StepErr> {
 /// (parents before children), as the copy's own root.
 ///
 /// # Safety
-/// Raw syscalls on buffers prepared before fork; called in a set-up helper only.
+/// Raw syscalls on buffers prepared before the helper started; called in a set-up helper
+/// only.
 unsafe fn seed_scratch(ops: &[SeedOp]) -> Result<(), StepErr> {
     use libc::*;
     for op in ops {
@@ -643,8 +595,7 @@ pub fn unmount_in_germline(pid: i32, dir: &Path) -> Result<(), ExecutorError> {
             let u = ck(b'a', open(user.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
             let m = ck(b'c', open(mnt.as_ptr(), O_RDONLY | O_CLOEXEC) as c_long)? as c_int;
             ck(b'i', setns(u, CLONE_NEWUSER) as c_long)?;
-            ck(b'w', setresgid(0, 0, 0) as c_long)?;
-            ck(b'x', setresuid(0, 0, 0) as c_long)?;
+            become_namespace_root()?;
             ck(b'k', setns(m, CLONE_NEWNS) as c_long)?;
             ck(b'U', umount2(target.as_ptr(), MNT_DETACH) as c_long)?;
             Ok(())
@@ -764,14 +715,6 @@ fn receive_listeners(sock: &UnixStream) -> Result<(TcpListener, TcpListener, Tcp
         }
         (n, fds)
     };
-    if n >= 4 && buf[0] == b'E' {
-        let errno = i32::from(buf[2]) | (i32::from(buf[3]) << 8);
-        return Err(ExecutorError::Sandbox(format!(
-            "setting up copy from outside failed at step '{}': {}",
-            buf[1] as char,
-            io::Error::from_raw_os_error(errno)
-        )));
-    }
     if n < 2 || &buf[..2] != b"OK" || fds.len() != 3 {
         return Err(ExecutorError::Sandbox("copy set-up helper died".into()));
     }

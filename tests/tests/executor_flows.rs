@@ -240,6 +240,45 @@ def create_server():
     }
 }
 
+/// What one copy may ask the broker to keep for its slot until its answer is bounded: its
+/// writes, each counted by its request line, add up to at most `max_message_bytes`. A write
+/// past that is refused with a clear error; the writes before it are stored.
+#[test]
+fn a_copys_slot_writes_are_bounded_in_bytes() {
+    let body = r#"
+import germline_slot
+def create_server():
+    m = FastMCP("hoard")
+    @m.tool()
+    def hoard() -> str:
+        kept = 0
+        for i in range(40):
+            try:
+                germline_slot.set("k%d" % i, "x" * 60000)
+            except RuntimeError as e:
+                return "kept %d, then: %s" % (kept, e)
+            kept += 1
+        return "kept %d" % kept
+    @m.tool()
+    def count() -> str:
+        return "%d keys" % len(list(germline_slot.keys()))
+    return m
+"#;
+    let w = World::new();
+    let rel = w.release("hoard", "", body);
+    let policy = w.policy(&[], &[("agent", &["finance"])], "[limits]\nmax_message_bytes = 524288\n");
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+    let o = rt.call(&request("hoard", json!({}), &[]));
+    assert!(o.error.is_none(), "{:?}", o.error);
+    // 512 KiB holds 8 writes of a 60,000-byte value with the request around each, not 9.
+    // (Without the bound the broker keeps all 40, 2.4 MB, and the slot refuses them all as
+    // over its own total.)
+    assert_eq!(result_text(&o), "kept 8, then: slot write refused: slot writes over the size limit");
+    let o = rt.call(&request("count", json!({}), &[]));
+    assert!(o.error.is_none(), "{:?}", o.error);
+    assert_eq!(result_text(&o), "8 keys", "the writes before the refused one were stored");
+}
+
 #[test]
 fn benign_session_outputs_equal_under_germline_and_sig_pin() {
     let body = r#"
