@@ -529,10 +529,11 @@ class _PooledStdin(io.RawIOBase):
 
     A pooled copy starts its server and answers `initialize` before it holds anything; a
     call then arrives as `{"germline": "twin", ...}` (twin inputs: activated here, in the
-    thread that reads stdin, and acknowledged before the broker mounts the view), then
-    `{"germline": "data"}` right before `tools/call` (the slot is asked of the broker at
-    its first use). Both are handled before the next line reaches the server, so no release
-    code of the call runs before its twin inputs. Lines are passed on whole, in order.
+    thread that reads stdin, and acknowledged when the broker has a view to mount next),
+    then `{"germline": "data"}` right before `tools/call` (the slot is asked of the broker
+    at its first use). Both are handled before the next line reaches the server, so no
+    release code of the call runs before its twin inputs. Lines are passed on whole, in
+    order.
     """
 
     def __init__(self, rfile, chan):
@@ -564,7 +565,9 @@ class _PooledStdin(io.RawIOBase):
             else:
                 _twin.counted_only = msg.get("twin_clock") == "counted"
                 _activate_twin(msg["twin"])
-            self._chan.sendall(b'{"germline":"ready"}\n')
+            if msg.get("reply", True):
+                # The broker mounts the call's view only once the twin inputs are taken.
+                self._chan.sendall(b'{"germline":"ready"}\n')
         elif msg["germline"] == "data":
             import germline_slot
 
@@ -615,6 +618,10 @@ def _capture_stderr():
 
 def _report_stderr():
     chan = _copy_io.get("channel")
+    if os.environ.get("GERMLINE_KEEP_STDERR") == "1":
+        import traceback
+
+        traceback.print_exc()  # debugging: the broker's own stderr
     if chan is None or "stderr" not in _copy_io:
         return
     try:

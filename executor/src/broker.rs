@@ -361,15 +361,17 @@ fn talk_pooled(
     let remaining = deadline.saturating_duration_since(t1).max(Duration::from_millis(1));
     conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
     conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
-    let mut twin_line = json!({"germline": "twin"});
+    // Twin inputs are taken before the view exists: nothing of the call's data is there
+    // for release code to read with the real clock. With no view to mount, the copy is not
+    // asked to acknowledge them: the rest of the call (the request's arguments, and the
+    // slot it asks for) reaches it only through this channel, after the twin line, which
+    // the copy handles before it passes any later line to its server.
+    let ack = !view.files.is_empty();
+    let mut twin_line = json!({"germline": "twin", "reply": ack});
     if let Value::Object(m) = twin {
         twin_line.as_object_mut().map(|o| o.extend(m));
     }
-    // Twin inputs are taken before the view exists: nothing of the call's data is there
-    // for release code to read with the real clock.
-    client
-        .control(&twin_line, true)
-        .map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
+    client.control(&twin_line, ack).map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
     view.mount()?;
     let mut data_line = json!({"germline": "data"});
     if let Value::Object(m) = data {

@@ -121,6 +121,11 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     /// host's `_PooledStdin`); with `ack`, waits for its `{"germline":"ready"}` (skipping
     /// what the server sends meanwhile, as [`McpClient::response`] does).
     pub fn control(&mut self, msg: &Value, ack: bool) -> Result<(), ExecutorError> {
+        // The copy tells a control line by its start, `{"germline"`: its other keys sort
+        // after that one (a JSON object here is written in key order).
+        if msg.as_object().and_then(|m| m.keys().next()).map(String::as_str) != Some("germline") {
+            return Err(ExecutorError::internal("a control line must start with its germline key"));
+        }
         self.send(msg)?;
         if !ack {
             return Ok(());
