@@ -7,7 +7,7 @@ use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -200,30 +200,28 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         }
     };
 
-    // The deadline watchdog sleeps until the deadline or the answer, whichever is first.
-    let (done_tx, done_rx) = mpsc::channel::<()>();
+    // One thread per copy sleeps on its pidfd until the copy exits, the deadline passes or
+    // the call is over. A copy that dies before it connects ends the wait for its channel
+    // at once (not at the deadline); a copy alive at the deadline is killed.
     let timed_out = Arc::new(AtomicBool::new(false));
-    // A copy that dies before it connects ends the wait for its channel at once (not at
-    // the deadline): this thread sleeps on its pidfd until it exits or the call is over.
     let died = Arc::new(AtomicBool::new(false));
-    let death = {
-        let (wake, died) = (wake.clone(), died.clone());
+    let watchdog = {
+        let (wake, died, timed_out) = (wake.clone(), died.clone(), timed_out.clone());
         let pidfd = killer.pidfd();
         thread::spawn(move || {
-            let Ok(pidfd) = pidfd else { return };
-            if wake.wait(pidfd.as_raw_fd(), Some(deadline)) == Ready::Fd {
-                died.store(true, Ordering::SeqCst);
-                wake.wake();
-            }
-        })
-    };
-    let watchdog = {
-        let timed_out = timed_out.clone();
-        thread::spawn(move || {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            if done_rx.recv_timeout(wait).is_err() {
-                timed_out.store(true, Ordering::SeqCst);
-                killer.kill();
+            // Without a pidfd (its copy is already gone) only the deadline and the wake-up
+            // end the wait: poll ignores a negative descriptor.
+            let fd = pidfd.as_ref().map_or(-1, |p| p.as_raw_fd());
+            match wake.wait(fd, Some(deadline)) {
+                Ready::Fd => {
+                    died.store(true, Ordering::SeqCst);
+                    wake.wake();
+                }
+                Ready::Timeout => {
+                    timed_out.store(true, Ordering::SeqCst);
+                    killer.kill();
+                }
+                Ready::Woken => {}
             }
         })
     };
@@ -258,9 +256,7 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     wake.wake();
     slot_stop.store(true, Ordering::SeqCst);
     slot_source.interrupt();
-    let _ = done_tx.send(());
     let _ = watchdog.join();
-    let _ = death.join();
     let _ = proxy.join();
     let _ = slots.join();
 

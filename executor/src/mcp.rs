@@ -23,6 +23,9 @@ pub struct McpClient<R, W> {
     /// The last lines of the server's stderr, if the tool host sent them
     /// (`notifications/germline/stderr`, when the server failed).
     stderr_tail: Option<String>,
+    /// Control lines not acknowledged, written with the next message in one write (a
+    /// pooled copy is woken once for a call, not once per line).
+    pending: Vec<u8>,
 }
 
 /// Characters of a server's stderr kept for an error, at most.
@@ -31,7 +34,7 @@ const STDERR_TAIL_CHARS: usize = 4096;
 impl<R: BufRead, W: Write> McpClient<R, W> {
     /// Wraps a reader and writer.
     pub fn new(reader: R, writer: W, max_message: usize) -> Self {
-        McpClient { reader, writer, next_id: 1, max_message, stderr_tail: None }
+        McpClient { reader, writer, next_id: 1, max_message, stderr_tail: None, pending: Vec::new() }
     }
 
     /// `initialize` then `notifications/initialized`; returns the server's result.
@@ -119,17 +122,20 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
 
     /// Sends one of the broker's control lines to a pooled copy's tool host (see the
     /// host's `_PooledStdin`); with `ack`, waits for its `{"germline":"ready"}` (skipping
-    /// what the server sends meanwhile, as [`McpClient::response`] does).
+    /// what the server sends meanwhile, as [`McpClient::response`] does). Without, the
+    /// line goes out with the next message, in the same write and before it.
     pub fn control(&mut self, msg: &Value, ack: bool) -> Result<(), ExecutorError> {
         // The copy tells a control line by its start, `{"germline"`: its other keys sort
         // after that one (a JSON object here is written in key order).
         if msg.as_object().and_then(|m| m.keys().next()).map(String::as_str) != Some("germline") {
             return Err(ExecutorError::internal("a control line must start with its germline key"));
         }
-        self.send(msg)?;
         if !ack {
+            serde_json::to_writer(&mut self.pending, msg).map_err(|e| ExecutorError::Copy(e.to_string()))?;
+            self.pending.push(b'\n');
             return Ok(());
         }
+        self.send(msg)?;
         for _ in 0..MAX_SKIPPED_LINES {
             let msg = self.read_message()?;
             if msg.get("germline").and_then(Value::as_str) == Some("ready") {
@@ -151,7 +157,8 @@ impl<R: BufRead, W: Write> McpClient<R, W> {
     }
 
     fn send(&mut self, msg: &Value) -> Result<(), ExecutorError> {
-        let mut line = serde_json::to_vec(msg).map_err(|e| ExecutorError::Copy(e.to_string()))?;
+        let mut line = std::mem::take(&mut self.pending);
+        serde_json::to_writer(&mut line, msg).map_err(|e| ExecutorError::Copy(e.to_string()))?;
         line.push(b'\n');
         self.writer.write_all(&line).map_err(ExecutorError::io("writing to the copy"))?;
         self.writer.flush().map_err(ExecutorError::io("writing to the copy"))
@@ -229,6 +236,36 @@ mod tests {
         assert!(sent.contains("\"id\":\"s1\"") && sent.contains("\"result\":{}"), "{sent}");
         let long = [b'x'; 100];
         assert!(read_line_bounded(&mut &long[..], 10).is_err());
+    }
+
+    /// Records each write as one entry.
+    struct Writes(Vec<Vec<u8>>);
+
+    impl Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn unacknowledged_control_lines_go_out_before_the_next_message_in_one_write() {
+        let mut w = Writes(Vec::new());
+        let mut c = McpClient::new(&b""[..], &mut w, 1 << 20);
+        c.control(&json!({"germline": "twin", "reply": false}), false).unwrap();
+        c.control(&json!({"germline": "data"}), false).unwrap();
+        assert!(c.control(&json!({"data": 1, "zz": "germline"}), false).is_err(), "key order checked");
+        c.send_request("tools/call", json!({})).unwrap();
+        drop(c);
+        assert_eq!(w.0.len(), 1, "one write");
+        let text = String::from_utf8(w.0.concat()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("{\"germline\":\"twin\"") && lines[1] == "{\"germline\":\"data\"}", "{text}");
+        assert!(lines[2].contains("\"method\":\"tools/call\""), "{text}");
     }
 
     #[test]
