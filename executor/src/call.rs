@@ -918,6 +918,7 @@ impl GermlineRuntime {
                 r.timings.cgroup = fork.cgroup;
                 r.timings.fork = fork.fork;
                 r.timings.checks_after = fork.checks_after;
+                r.timings.leave_cgroup = fork.leave_cgroup;
                 r.timings.outside = outside;
                 r.timings.take = take;
                 Ok(r)

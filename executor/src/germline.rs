@@ -1065,6 +1065,7 @@ impl Germline {
         if let Some(cg) = &self.cgroups {
             cg.leave_copy(self.pid)?;
         }
+        let t_left = Instant::now();
         let children: Vec<i32> = inspect::live_children(self.pid)?
             .into_iter()
             .filter(|&c| Some(c) != keeper && !before.contains(&c))
@@ -1157,7 +1158,8 @@ impl Germline {
         copy.timings.checks_before = t_cg - t1;
         copy.timings.cgroup = t2 - t_cg;
         copy.timings.fork = t3 - t2;
-        copy.timings.checks_after = t3.elapsed();
+        copy.timings.leave_cgroup = t_left - t3;
+        copy.timings.checks_after = t_left.elapsed();
         Ok(copy)
     }
 

@@ -20,6 +20,10 @@ pub struct CopyTimings {
     pub cgroup: Duration,
     /// Asking the germline to fork until it has stopped again.
     pub fork: Duration,
+    /// The germline back into its own cgroups, out of the copy's, before the copy is set
+    /// up. On a cgroup v1 host each move waits for an RCU grace period (the kernel's
+    /// `cgroup_threadgroup_rwsem` taken for writing), which is most of this phase.
+    pub leave_cgroup: Duration,
     /// G1–G3, identification of the copy and its namespaces, accounting after the fork.
     pub checks_after: Duration,
     /// The broker's set-up inside the copy's namespaces (listeners, view).
@@ -42,13 +46,14 @@ pub struct CopyTimings {
 
 impl CopyTimings {
     /// Every phase with its name, in call order.
-    pub fn phases(&self) -> [(&'static str, Duration); 14] {
+    pub fn phases(&self) -> [(&'static str, Duration); 15] {
         [
             ("take from pool", self.take),
             ("reap previous copy", self.reap),
             ("G1-G3 before fork", self.checks_before),
             ("enter copy cgroup", self.cgroup),
             ("fork", self.fork),
+            ("leave copy cgroup", self.leave_cgroup),
             ("G1-G3 after fork", self.checks_after),
             ("outside set-up", self.outside),
             ("broker threads", self.threads),
