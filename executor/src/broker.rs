@@ -365,13 +365,17 @@ fn talk_pooled(
     let ack = !view.files.is_empty();
     let mut twin_line = json!({"germline": "twin", "reply": ack});
     if let Value::Object(m) = twin {
-        twin_line.as_object_mut().map(|o| o.extend(m));
+        if let Some(o) = twin_line.as_object_mut() {
+            o.extend(m);
+        }
     }
     client.control(&twin_line, ack).map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
     view.mount()?;
     let mut data_line = json!({"germline": "data"});
     if let Value::Object(m) = data {
-        data_line.as_object_mut().map(|o| o.extend(m));
+        if let Some(o) = data_line.as_object_mut() {
+            o.extend(m);
+        }
     }
     client.control(&data_line, false)?;
     timings.preamble = t1.elapsed();
@@ -525,12 +529,15 @@ fn gateway_error(why: &str) -> Vec<u8> {
 /// for a copy until its answer is bounded like everything else the copy sends.
 const MAX_SLOT_WRITES: usize = 1024;
 
+/// A copy's slot writes, in order: key and new value (`None`: deleted).
+type SlotWrites = Arc<Mutex<Vec<(String, Option<Value>)>>>;
+
 /// What the slot listener's thread needs: where the slot comes from, where it keeps what
 /// it gave and the writes, and the copy's label (joined with the slot's when it is given).
 struct CopySlot {
     source: Arc<SlotSource>,
     given: Arc<Mutex<Option<SlotGiven>>>,
-    writes: Arc<Mutex<Vec<(String, Option<Value>)>>>,
+    writes: SlotWrites,
     state: Arc<Mutex<CopyState>>,
     stop: Arc<AtomicBool>,
     deadline: Instant,

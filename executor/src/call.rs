@@ -874,8 +874,9 @@ impl GermlineRuntime {
                 (copy, resumed.map(|()| (proxy, slot_listener, channel)))
             }
             Taken::Fresh(copy) => {
-                let set_up = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_ref())
-                    .and_then(|l| copy.channel_ready().map(|()| l));
+                let set_up =
+                    prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_ref(), copy.departure())
+                        .and_then(|l| copy.channel_ready().map(|()| l));
                 let mut preamble = json!({"twin": twin, "trace": trace});
                 if counted_clock {
                     preamble["twin_clock"] = json!("counted");

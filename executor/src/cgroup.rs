@@ -10,14 +10,23 @@
 //!
 //! A copy must start inside its cgroup, or its first children could escape the limit.
 //! Since the germline forks the copy, the broker moves the (stopped) germline into the
-//! copy's fresh cgroup just before letting it fork, and back into its own right after:
-//! the copy and everything it spawns are born inside. Charges do not move with a task,
-//! so the germline's own memory is never billed to a copy.
+//! copy's fresh cgroup before letting it fork, and out again right after, straight into
+//! the next copy's fresh cgroup: the copy and everything it spawns are born inside.
+//! Charges do not move with a task, so the germline's own memory is never billed to a copy.
+//!
+//! Moving a task between cgroups waits for an RCU grace period on cgroup v1 (the kernel
+//! takes `cgroup_threadgroup_rwsem` for writing): milliseconds, more on an idle VM. So the
+//! move out runs in the background while the copy is set up, and the copy's view gate
+//! waits for it ([`Departure`]): the germline never shares a cgroup (memory, process
+//! count, OOM choice) with a copy that holds data, only with a data-free copy it just
+//! forked, which is stopped or setting up.
 
 use std::ffi::CString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::ExecutorError;
 
@@ -27,6 +36,10 @@ const V1_ROOT: &str = "/sys/fs/cgroup";
 pub static NO_CGROUPS_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// Test-only switch: use the cgroup v2 hierarchy even where v1 is available.
 pub static PREFER_V2_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+/// Test-only switch ("mechanism off"): the germline stays in a copy's cgroups after the
+/// fork (until the next fork moves it) and the copy's view gate does not wait for it.
+/// Never set outside tests.
+pub static DEPARTURE_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
 /// Limits applied to each copy's cgroup.
 #[derive(Clone, Copy, Debug)]
@@ -224,20 +237,63 @@ impl CgroupSet {
                 dirs
             }
         };
-        Ok(CopyCgroup { dirs, v2: matches!(self.backend, Backend::V2 { .. }) })
+        Ok(CopyCgroup {
+            dirs,
+            v2: matches!(self.backend, Backend::V2 { .. }),
+            germline: pid,
+            departure: Departure::default(),
+        })
     }
 
-    /// Puts `pid` back into the germline's own cgroups.
-    pub fn leave_copy(&self, pid: i32) -> Result<(), ExecutorError> {
-        join_dirs(&self.own_dirs(), pid)
+    /// Takes `pid` (the stopped germline, which has just forked the copy of `copy`) out
+    /// of the copy's cgroups, in the background: straight into a fresh cgroup for the next
+    /// copy, or (that failing) back into its own. The copy is given nothing until the move
+    /// is done: [`CopyCgroup::departure`] is what its view gate waits for. Then the next
+    /// fork finds its cgroup staged ([`CgroupSet::enter_copy`]).
+    pub fn leave_copy(&self, pid: i32, copy: &CopyCgroup) {
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = staged.take() {
+            // Not used for a copy (a fork without enter_copy): removed when the set is.
+            let _ = h.join();
+        }
+        let (backend, limits, own) = (self.backend.clone(), self.limits, self.own_dirs());
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        let departure = copy.departure.clone();
+        if DEPARTURE_OFF_FOR_TESTS.load(Ordering::SeqCst) {
+            departure.set(Ok(()));
+            return;
+        }
+        *staged = Some(std::thread::spawn(move || {
+            let next = make_copy_dirs(&backend, limits, n).and_then(|dirs| join_dirs(&dirs, pid).map(|()| dirs));
+            match next {
+                Ok(dirs) => {
+                    departure.set(Ok(()));
+                    Ok(dirs)
+                }
+                Err(e) => {
+                    departure.set(join_dirs(&own, pid).map_err(|e| e.to_string()));
+                    Err(e)
+                }
+            }
+        }));
     }
 
-    /// Moves `pid` (the stopped germline, at start or once a copy was sent SIGKILL) into
+    /// Puts `pid` back into the germline's own cgroups now (a fork that failed), out of
+    /// those of `copy`.
+    pub fn leave_copy_now(&self, pid: i32, copy: Option<&CopyCgroup>) -> Result<(), ExecutorError> {
+        let left = join_dirs(&self.own_dirs(), pid);
+        if let Some(c) = copy {
+            c.departure.set(left.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        }
+        left
+    }
+
+    /// Moves `pid` (the stopped germline, at its start) into
     /// a fresh cgroup for the next copy, in the background; [`CgroupSet::enter_copy`]
     /// waits for it. Meanwhile the germline is in its own cgroup or that fresh one: it
     /// never shares a cgroup (memory, process count, OOM choice) with a copy that may
-    /// have received data, only with the copy it is forking, and leaves before that copy
-    /// is set up ([`CgroupSet::leave_copy`]).
+    /// have received data, only with the data-free copy it is forking, and is out before
+    /// that copy is given any ([`CgroupSet::leave_copy`]).
     pub fn stage_next(&self, pid: i32) {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = staged.take() {
@@ -274,13 +330,14 @@ fn collect_procs(dir: &Path, depth: usize, out: &mut Vec<i32>) {
 
 /// Kills every process in `dir`'s subtree (`cgroup.kill` on v2) and removes the
 /// directories, deepest first; bounded in time.
-fn kill_and_remove(dir: &Path, v2: bool) {
+fn kill_and_remove(dir: &Path, v2: bool, spare: Option<i32>) {
     if v2 {
         let _ = fs::write(dir.join("cgroup.kill"), "1");
     }
     for _ in 0..200 {
         let mut pids = Vec::new();
         collect_procs(dir, 0, &mut pids);
+        pids.retain(|&p| Some(p) != spare);
         if pids.is_empty() {
             break;
         }
@@ -319,10 +376,56 @@ impl Drop for CgroupSet {
         }
         match &self.backend {
             Backend::V1 { memory, pids } => {
-                kill_and_remove(pids, false);
-                kill_and_remove(memory, false);
+                kill_and_remove(pids, false, None);
+                kill_and_remove(memory, false, None);
             }
-            Backend::V2 { root, .. } => kill_and_remove(root, true),
+            Backend::V2 { root, .. } => kill_and_remove(root, true, None),
+        }
+    }
+}
+
+/// Whether the germline has left a copy's cgroups: set once by the thread that moves it
+/// ([`CgroupSet::leave_copy`]), waited for before the copy is given any data and before
+/// anything kills the cgroup's members.
+#[derive(Clone, Debug, Default)]
+pub struct Departure(Arc<(Mutex<Option<Result<(), String>>>, Condvar)>);
+
+/// How long a move out of a copy's cgroups may take before the copy is refused its data.
+const DEPARTURE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Departure {
+    /// A departure that already happened (the germline was never in the copy's cgroups).
+    pub fn done() -> Departure {
+        let d = Departure::default();
+        d.set(Ok(()));
+        d
+    }
+
+    fn set(&self, r: Result<(), String>) {
+        let (m, cv) = &*self.0;
+        *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        cv.notify_all();
+    }
+
+    /// Waits until the germline is out of the copy's cgroups; an error if the move failed
+    /// or did not end in time (the copy must then not be given data).
+    pub fn wait(&self) -> Result<(), ExecutorError> {
+        let (m, cv) = &*self.0;
+        let until = Instant::now() + DEPARTURE_TIMEOUT;
+        let mut st = m.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match &*st {
+                Some(Ok(())) => return Ok(()),
+                Some(Err(e)) => {
+                    return Err(ExecutorError::Copy(format!("the germline could not leave the copy's cgroups: {e}")))
+                }
+                None => {}
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ExecutorError::Copy("the germline did not leave the copy's cgroups in time".into()));
+            }
+            st = cv.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }
@@ -332,16 +435,28 @@ impl Drop for CgroupSet {
 pub struct CopyCgroup {
     dirs: Vec<PathBuf>,
     v2: bool,
+    /// The germline, which forked the copy from inside these cgroups.
+    germline: i32,
+    /// Whether the germline has left them.
+    departure: Departure,
 }
 
 impl CopyCgroup {
+    /// What the copy's view gate waits for: the germline out of these cgroups.
+    pub fn departure(&self) -> Departure {
+        self.departure.clone()
+    }
+
     /// Sends SIGKILL to every process in the copy's cgroups (the copy and everything it
     /// started), so none of them runs again while the copy's PID namespace winds down.
     pub fn kill_members(&self) {
+        // Not before the germline is out (it is never killed here: its move out may have
+        // failed).
+        let _ = self.departure.wait();
         for d in &self.dirs {
             let mut pids = Vec::new();
             collect_procs(d, 0, &mut pids);
-            for p in pids {
+            for p in pids.into_iter().filter(|&p| p != self.germline) {
                 // SAFETY: SIGKILL to a process in a cgroup only this copy's processes can enter.
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
@@ -360,10 +475,14 @@ impl Drop for CopyCgroup {
         // Whatever is left inside (the copy is dead by now) is killed with it; off the
         // caller's path (removing a memory cgroup costs milliseconds). Anything still
         // there at the next fork is not in a live copy, so process accounting refuses it.
-        let (dirs, v2) = (std::mem::take(&mut self.dirs), self.v2);
+        let (dirs, v2, germline, departure) =
+            (std::mem::take(&mut self.dirs), self.v2, self.germline, self.departure.clone());
         std::thread::spawn(move || {
+            // Not before the germline is out, and never the germline (its move out may have
+            // failed): `cgroup.kill` only once it is known gone from here.
+            let out = departure.wait().is_ok() && !DEPARTURE_OFF_FOR_TESTS.load(Ordering::SeqCst);
             for d in &dirs {
-                kill_and_remove(d, v2);
+                kill_and_remove(d, v2 && out, Some(germline));
             }
         });
     }
@@ -404,4 +523,28 @@ fn make_copy_dirs(backend: &Backend, limits: Option<CgroupLimits>, n: u64) -> Re
             vec![dir]
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_departure_is_waited_for_and_a_failed_one_refuses_the_data() {
+        let d = Departure::default();
+        let mover = d.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            mover.set(Ok(()));
+        });
+        let t0 = Instant::now();
+        d.wait().unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(15), "returned before the move was done");
+        t.join().unwrap();
+        let failed = Departure::default();
+        failed.set(Err("EBUSY".into()));
+        let e = failed.wait().unwrap_err().to_string();
+        assert!(e.contains("could not leave the copy's cgroups") && e.contains("EBUSY"), "{e}");
+        Departure::done().wait().unwrap();
+    }
 }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup};
+use crate::cgroup::{CgroupLimits, CgroupSet, CopyCgroup, Departure};
 use crate::confine::{Confinement, ResourceLimits, SandboxSwitches};
 use crate::ids::{IdBlock, IdLease};
 use crate::inspect::{self, AllowedFds, NsId, COPY_NAMESPACES};
@@ -1061,9 +1061,13 @@ impl Germline {
         let t3 = Instant::now();
         if forked.is_err() {
             self.stop()?;
-        }
-        if let Some(cg) = &self.cgroups {
-            cg.leave_copy(self.pid)?;
+            if let Some(cg) = &self.cgroups {
+                cg.leave_copy_now(self.pid, cgroup.as_ref())?;
+            }
+        } else if let (Some(cg), Some(copy_cg)) = (&self.cgroups, &cgroup) {
+            // In the background, into the next copy's cgroups; this copy's view gate waits
+            // for it (`crate::cgroup`).
+            cg.leave_copy(self.pid, copy_cg);
         }
         let t_left = Instant::now();
         let children: Vec<i32> = inspect::live_children(self.pid)?
@@ -1149,11 +1153,6 @@ impl Germline {
         };
         // Before the copy holds any data: nothing else came out of the fork window.
         self.account_processes()?;
-        if let Some(cg) = &self.cgroups {
-            // The next copy's cgroup is entered now, off the next fork's path (the germline
-            // is stopped and back in its own cgroup).
-            cg.stage_next(self.pid);
-        }
         copy.timings.reap = t1 - t0;
         copy.timings.checks_before = t_cg - t1;
         copy.timings.cgroup = t2 - t_cg;
@@ -1364,6 +1363,12 @@ impl CopyProcess {
     /// The ids the copy must run as before it is given data.
     pub fn ids(&self) -> CopyIds {
         self.ids
+    }
+
+    /// What must have happened before the copy is given data: the germline out of the
+    /// copy's cgroups.
+    pub fn departure(&self) -> Departure {
+        self.cgroup.as_ref().map_or_else(Departure::done, CopyCgroup::departure)
     }
 
     /// The copy's network namespace identity.

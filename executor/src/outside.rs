@@ -25,6 +25,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use crate::cgroup::Departure;
 use crate::{ExecutorError, CHANNEL_PORT, PROXY_PORT, SLOT_PORT};
 
 /// A file the copy will find at `path`: the item's contents if it is in the copy's view,
@@ -131,6 +132,8 @@ pub struct ViewGate {
     prepared: Prepared,
     copy: i32,
     ids: CopyIds,
+    /// The germline out of the copy's cgroups.
+    departure: Departure,
 }
 
 impl ViewGate {
@@ -139,6 +142,9 @@ impl ViewGate {
     /// closes the copy's way to new namespaces and mounts its scratch and view, from a
     /// helper in the copy's user and mount namespaces.
     pub fn open(self) -> Result<(), ExecutorError> {
+        // The germline forked the copy from inside the copy's cgroups and leaves them in
+        // the background: it shares no cgroup with a copy that holds data.
+        self.departure.wait()?;
         // Without ids of its own (a broker that is not host root, or the switch off) the
         // copy shares the germline's ids anyway, and nothing here would keep them apart.
         if self.ids.offset != 0 {
@@ -333,6 +339,7 @@ pub fn prepare_copy(
     data_roots: &[PathBuf],
     files: &[CopyFile],
     scratch: Option<&CopyScratch>,
+    departure: Departure,
 ) -> Result<CopyListeners, ExecutorError> {
     let mut p = prepare(pid, ids, data_roots, files)?;
     let cp =
@@ -353,7 +360,7 @@ pub fn prepare_copy(
     run_helper(&|| listeners_main(&p, theirs.as_raw_fd()))?;
     drop(theirs);
     let (proxy, channel, slot) = receive_listeners(&ours)?;
-    Ok(CopyListeners { proxy, channel, slot, gate: ViewGate { prepared: p, copy: pid, ids } })
+    Ok(CopyListeners { proxy, channel, slot, gate: ViewGate { prepared: p, copy: pid, ids, departure } })
 }
 
 fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -> Result<Prepared, ExecutorError> {

@@ -436,7 +436,7 @@ fn ready_up(
     max_message: usize,
     warm_up: &[(String, serde_json::Value)],
 ) -> Result<ReadyCopy, ExecutorError> {
-    let listeners = prepare_copy(copy.pid, copy.ids(), &[], &[], copy.scratch.as_ref())?;
+    let listeners = prepare_copy(copy.pid, copy.ids(), &[], &[], copy.scratch.as_ref(), copy.departure())?;
     copy.channel_ready()?;
     let deadline = Instant::now() + READY_TIMEOUT;
     let conn = accept_or_exit(&listeners.channel, &copy, deadline)?;

@@ -20,9 +20,10 @@ pub struct CopyTimings {
     pub cgroup: Duration,
     /// Asking the germline to fork until it has stopped again.
     pub fork: Duration,
-    /// The germline back into its own cgroups, out of the copy's, before the copy is set
-    /// up. On a cgroup v1 host each move waits for an RCU grace period (the kernel's
-    /// `cgroup_threadgroup_rwsem` taken for writing), which is most of this phase.
+    /// Starting the germline's move out of the copy's cgroups. The move runs in the
+    /// background (on a cgroup v1 host it waits for an RCU grace period: the kernel takes
+    /// `cgroup_threadgroup_rwsem` for writing); the copy's view gate waits for its end,
+    /// which a fresh copy's "channel connect" phase includes.
     pub leave_cgroup: Duration,
     /// G1–G3, identification of the copy and its namespaces, accounting after the fork.
     pub checks_after: Duration,

@@ -7,6 +7,88 @@ use germline_executor::confine::{Confinement, ResourceLimits};
 use germline_executor::germline::{Germline, GermlineSpec, PythonRuntime};
 use germline_executor::outside::{prepare_copy, CopyFile};
 
+/// The cgroups a process is in (`/proc/PID/cgroup`), in the hierarchies that hold copies
+/// to their limits: v1 `memory` and `pids`, else the unified one.
+fn limit_cgroups(pid: i32) -> Vec<String> {
+    use germline_executor::cgroup::{host_support, HostSupport};
+    let v1 = host_support() == HostSupport::V1;
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .filter(|l| if v1 { l.contains(":memory:") || l.contains(":pids:") } else { l.starts_with("0::") })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The germline forks a copy from inside the copy's fresh cgroups and leaves them in the
+/// background while the copy is set up; the copy's view gate waits until it has left, so
+/// a copy never holds data in a cgroup (memory, process count, OOM choice) it shares with
+/// the germline. Off (the germline left inside, the gate not waiting): the copy gets its
+/// view while the germline is in its cgroups.
+#[test]
+fn the_germline_has_left_the_copys_cgroups_before_the_copy_gets_its_view() {
+    use germline_executor::cgroup::{host_support, HostSupport, DEPARTURE_OFF_FOR_TESTS};
+    use std::sync::atomic::Ordering;
+    if host_support() == HostSupport::None {
+        eprintln!("skipped: this host has no cgroup hierarchy germline can write");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = tmp.path().join("rel");
+    std::fs::create_dir_all(&rel).unwrap();
+    std::fs::write(
+        rel.join("germline.toml"),
+        "[release]\nname='noop'\nversion='1'\nruntime='python'\nfactory='noop_server:create_server'\n",
+    )
+    .unwrap();
+    let code = "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    return FastMCP('noop')\n";
+    std::fs::write(rel.join("noop_server.py"), code).unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let rt = PythonRuntime::discover(&tmp.path().join("shim")).unwrap();
+    let spec = GermlineSpec {
+        runtime: rt,
+        release_dir: rel,
+        data_roots: vec![data.clone()],
+        limits: ResourceLimits::default(),
+        start_timeout: Duration::from_secs(30),
+        extra_read: vec![],
+        cgroup_limits: None,
+        switches: Default::default(),
+        require_limits: false,
+        seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
+        env: Vec::new(),
+        copy_source: Default::default(),
+        scratch_paths: Vec::new(),
+    };
+    for off in [true, false] {
+        DEPARTURE_OFF_FOR_TESTS.store(off, Ordering::SeqCst);
+        let mut g = Germline::start(&spec).unwrap();
+        let copy = g.fork_copy().unwrap();
+        let files = [CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }];
+        let l = prepare_copy(
+            copy.pid,
+            copy.ids(),
+            std::slice::from_ref(&data),
+            &files,
+            copy.scratch.as_ref(),
+            copy.departure(),
+        )
+        .unwrap();
+        copy.channel_ready().unwrap();
+        let (_chan, _) = l.channel.accept().unwrap();
+        l.gate.open().unwrap();
+        // The copy has its view now.
+        let (germline, copy_cgroups) = (limit_cgroups(g.pid()), limit_cgroups(copy.pid));
+        let shared: Vec<&String> = germline.iter().filter(|c| copy_cgroups.contains(c)).collect();
+        eprintln!("off={off}: germline {germline:?}, copy {copy_cgroups:?}");
+        assert!(!copy_cgroups.is_empty(), "the copy is in no limiting cgroup: {copy_cgroups:?}");
+        assert_eq!(shared.is_empty(), !off, "off={off}: cgroups the germline shares with the copy: {shared:?}");
+        copy.kill().unwrap();
+        DEPARTURE_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn germline_forks_a_copy_that_reaches_the_channel() {
     let tmp = tempfile::tempdir().unwrap();
@@ -47,6 +129,7 @@ fn germline_forks_a_copy_that_reaches_the_channel() {
         std::slice::from_ref(&data),
         &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }],
         copy.scratch.as_ref(),
+        copy.departure(),
     )
     .unwrap();
     copy.channel_ready().unwrap();
