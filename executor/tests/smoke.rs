@@ -1,11 +1,54 @@
 //! Starts a real germline, forks a copy, sets it up from outside and talks to it.
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
 use std::time::Duration;
 
 use germline_executor::confine::{Confinement, ResourceLimits};
-use germline_executor::germline::{Germline, GermlineSpec, PythonRuntime};
+use germline_executor::germline::{CopyProcess, Germline, GermlineSpec, PythonRuntime};
 use germline_executor::outside::{prepare_copy, CopyFile};
+
+/// A release of one module, `server.py` (`code`, whose `create_server` is the factory),
+/// and the spec of its germline with `data` (made here) as its data root.
+fn release(tmp: &Path, code: &str, data: &Path) -> GermlineSpec {
+    let rel = tmp.join("rel");
+    std::fs::create_dir_all(&rel).unwrap();
+    std::fs::write(
+        rel.join("germline.toml"),
+        "[release]\nname='smoke'\nversion='1'\nruntime='python'\nfactory='server:create_server'\n",
+    )
+    .unwrap();
+    std::fs::write(rel.join("server.py"), code).unwrap();
+    std::fs::create_dir_all(data).unwrap();
+    GermlineSpec {
+        runtime: PythonRuntime::discover(&tmp.join("shim")).unwrap(),
+        release_dir: rel,
+        data_roots: vec![data.to_path_buf()],
+        limits: ResourceLimits::default(),
+        start_timeout: Duration::from_secs(30),
+        extra_read: vec![],
+        cgroup_limits: None,
+        switches: Default::default(),
+        require_limits: false,
+        seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
+        env: Vec::new(),
+        copy_source: Default::default(),
+        scratch_paths: Vec::new(),
+    }
+}
+
+/// Sets `copy` up with a view of one item (`a.txt` under `data`, contents `VIEW`), lets it
+/// connect and opens its gate: the copy holds its view once this returns its channel.
+fn connect_with_view(copy: &CopyProcess, data: &Path) -> TcpStream {
+    let files = [CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }];
+    let roots = [data.to_path_buf()];
+    let l = prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_ref(), copy.departure()).unwrap();
+    copy.channel_ready().unwrap();
+    let (chan, _) = l.channel.accept().unwrap();
+    l.gate.open().unwrap();
+    chan
+}
 
 /// The cgroups a process is in (`/proc/PID/cgroup`), in the hierarchies that hold copies
 /// to their limits: v1 `memory` and `pids`, else the unified one.
@@ -34,50 +77,14 @@ fn the_germline_has_left_the_copys_cgroups_before_the_copy_gets_its_view() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let rel = tmp.path().join("rel");
-    std::fs::create_dir_all(&rel).unwrap();
-    std::fs::write(
-        rel.join("germline.toml"),
-        "[release]\nname='noop'\nversion='1'\nruntime='python'\nfactory='noop_server:create_server'\n",
-    )
-    .unwrap();
-    let code = "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    return FastMCP('noop')\n";
-    std::fs::write(rel.join("noop_server.py"), code).unwrap();
     let data = tmp.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let rt = PythonRuntime::discover(&tmp.path().join("shim")).unwrap();
-    let spec = GermlineSpec {
-        runtime: rt,
-        release_dir: rel,
-        data_roots: vec![data.clone()],
-        limits: ResourceLimits::default(),
-        start_timeout: Duration::from_secs(30),
-        extra_read: vec![],
-        cgroup_limits: None,
-        switches: Default::default(),
-        require_limits: false,
-        seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
-        env: Vec::new(),
-        copy_source: Default::default(),
-        scratch_paths: Vec::new(),
-    };
+    let code = "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    return FastMCP('noop')\n";
+    let spec = release(tmp.path(), code, &data);
     for off in [true, false] {
         DEPARTURE_OFF_FOR_TESTS.store(off, Ordering::SeqCst);
         let mut g = Germline::start(&spec).unwrap();
         let copy = g.fork_copy().unwrap();
-        let files = [CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }];
-        let l = prepare_copy(
-            copy.pid,
-            copy.ids(),
-            std::slice::from_ref(&data),
-            &files,
-            copy.scratch.as_ref(),
-            copy.departure(),
-        )
-        .unwrap();
-        copy.channel_ready().unwrap();
-        let (_chan, _) = l.channel.accept().unwrap();
-        l.gate.open().unwrap();
+        let _chan = connect_with_view(&copy, &data);
         // The copy has its view now.
         let (germline, copy_cgroups) = (limit_cgroups(g.pid()), limit_cgroups(copy.pid));
         let shared: Vec<&String> = germline.iter().filter(|c| copy_cgroups.contains(c)).collect();
@@ -92,49 +99,14 @@ fn the_germline_has_left_the_copys_cgroups_before_the_copy_gets_its_view() {
 #[test]
 fn germline_forks_a_copy_that_reaches_the_channel() {
     let tmp = tempfile::tempdir().unwrap();
-    let rel = tmp.path().join("rel");
-    std::fs::create_dir_all(&rel).unwrap();
-    std::fs::write(
-        rel.join("germline.toml"),
-        "[release]\nname='echo'\nversion='1'\nruntime='python'\nfactory='echo_server:create_server'\n",
-    )
-    .unwrap();
     let data = tmp.path().join("data");
     let code = format!("from mcp.server.fastmcp import FastMCP\ndef create_server():\n    m = FastMCP('echo')\n    @m.tool()\n    def echo(text: str) -> str:\n        return open('{}/a.txt').read() + text\n    return m\n", data.display());
-    std::fs::write(rel.join("echo_server.py"), code).unwrap();
-    std::fs::create_dir_all(&data).unwrap();
+    let spec = release(tmp.path(), &code, &data);
     std::fs::write(data.join("a.txt"), "SECRET").unwrap();
-    let rt = PythonRuntime::discover(&tmp.path().join("shim")).unwrap();
-    let spec = GermlineSpec {
-        runtime: rt,
-        release_dir: rel,
-        data_roots: vec![data.clone()],
-        limits: ResourceLimits::default(),
-        start_timeout: Duration::from_secs(30),
-        extra_read: vec![],
-        cgroup_limits: None,
-        switches: Default::default(),
-        require_limits: false,
-        seccomp: germline_executor::seccomp::SeccompPolicy::germline(),
-        env: Vec::new(),
-        copy_source: Default::default(),
-        scratch_paths: Vec::new(),
-    };
     let mut g = Germline::start(&spec).unwrap();
     eprintln!("germline started in {:?}", g.start_time);
     let copy = g.fork_copy().unwrap();
-    let l = prepare_copy(
-        copy.pid,
-        copy.ids(),
-        std::slice::from_ref(&data),
-        &[CopyFile { path: data.join("a.txt"), contents: b"VIEW".to_vec(), meta: None }],
-        copy.scratch.as_ref(),
-        copy.departure(),
-    )
-    .unwrap();
-    copy.channel_ready().unwrap();
-    let (chan, _) = l.channel.accept().unwrap();
-    l.gate.open().unwrap();
+    let chan = connect_with_view(&copy, &data);
     chan.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut w = chan.try_clone().unwrap();
     w.write_all(b"{\"twin\":{\"clock\":1000.0,\"seed\":\"00\"},\"slot\":{}}\n").unwrap();
