@@ -251,31 +251,11 @@ impl CgroupSet {
     /// is done: [`CopyCgroup::departure`] is what its view gate waits for. Then the next
     /// fork finds its cgroup staged ([`CgroupSet::enter_copy`]).
     pub fn leave_copy(&self, pid: i32, copy: &CopyCgroup) {
-        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(h) = staged.take() {
-            // Not used for a copy (a fork without enter_copy): removed when the set is.
-            let _ = h.join();
-        }
-        let (backend, limits, own) = (self.backend.clone(), self.limits, self.own_dirs());
-        let n = self.next.fetch_add(1, Ordering::SeqCst);
-        let departure = copy.departure.clone();
         if DEPARTURE_OFF_FOR_TESTS.load(Ordering::SeqCst) {
-            departure.set(Ok(()));
+            copy.departure.set(Ok(()));
             return;
         }
-        *staged = Some(std::thread::spawn(move || {
-            let next = make_copy_dirs(&backend, limits, n).and_then(|dirs| join_dirs(&dirs, pid).map(|()| dirs));
-            match next {
-                Ok(dirs) => {
-                    departure.set(Ok(()));
-                    Ok(dirs)
-                }
-                Err(e) => {
-                    departure.set(join_dirs(&own, pid).map_err(|e| e.to_string()));
-                    Err(e)
-                }
-            }
-        }));
+        self.stage(pid, Some(copy.departure.clone()));
     }
 
     /// Puts `pid` back into the germline's own cgroups now (a fork that failed), out of
@@ -295,19 +275,30 @@ impl CgroupSet {
     /// have received data, only with the data-free copy it is forking, and is out before
     /// that copy is given any ([`CgroupSet::leave_copy`]).
     pub fn stage_next(&self, pid: i32) {
+        self.stage(pid, None);
+    }
+
+    /// Moves `pid` into a fresh cgroup for the next copy in a background thread, which
+    /// [`CgroupSet::enter_copy`] joins. With `departure` (the germline leaving a copy's
+    /// cgroups), a move that fails puts it back into its own cgroups instead, and the
+    /// outcome is set there.
+    fn stage(&self, pid: i32, departure: Option<Departure>) {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = staged.take() {
-            if let Ok(Ok(dirs)) = h.join() {
-                // Not used for a copy (a fork without enter_copy): removed when the set is.
-                drop(dirs);
-            }
+            // Not used for a copy (a fork without enter_copy): removed when the set is.
+            let _ = h.join();
         }
-        let (backend, limits) = (self.backend.clone(), self.limits);
+        let (backend, limits, own) = (self.backend.clone(), self.limits, self.own_dirs());
         let n = self.next.fetch_add(1, Ordering::SeqCst);
         *staged = Some(std::thread::spawn(move || {
-            let dirs = make_copy_dirs(&backend, limits, n)?;
-            join_dirs(&dirs, pid)?;
-            Ok(dirs)
+            let next = make_copy_dirs(&backend, limits, n).and_then(|dirs| join_dirs(&dirs, pid).map(|()| dirs));
+            if let Some(d) = departure {
+                d.set(match &next {
+                    Ok(_) => Ok(()),
+                    Err(_) => join_dirs(&own, pid).map_err(|e| e.to_string()),
+                });
+            }
+            next
         }));
     }
 }
@@ -388,7 +379,10 @@ impl Drop for CgroupSet {
 /// ([`CgroupSet::leave_copy`]), waited for before the copy is given any data and before
 /// anything kills the cgroup's members.
 #[derive(Clone, Debug, Default)]
-pub struct Departure(Arc<(Mutex<Option<Result<(), String>>>, Condvar)>);
+pub struct Departure(Arc<(Mutex<Option<Moved>>, Condvar)>);
+
+/// How a move out of a copy's cgroups ended (the error as text).
+type Moved = Result<(), String>;
 
 /// How long a move out of a copy's cgroups may take before the copy is refused its data.
 const DEPARTURE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -401,7 +395,7 @@ impl Departure {
         d
     }
 
-    fn set(&self, r: Result<(), String>) {
+    fn set(&self, r: Moved) {
         let (m, cv) = &*self.0;
         *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         cv.notify_all();
