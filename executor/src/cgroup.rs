@@ -12,7 +12,10 @@
 //! Since the germline forks the copy, the broker moves the (stopped) germline into the
 //! copy's fresh cgroup before letting it fork, and out again right after, straight into
 //! the next copy's fresh cgroup: the copy and everything it spawns are born inside.
-//! Charges do not move with a task, so the germline's own memory is never billed to a copy.
+//! Charges do not move with a task: what the germline had before stays billed where it
+//! was, but what it faults in during the fork window (release code runs there) is billed to
+//! the copy and stays there, so the copy can evict those file pages by filling its own
+//! cgroup (SECURITY.md, page-cache residency; `tests/attacks/kernel/memcgevict`).
 //!
 //! Moving a task between cgroups waits for an RCU grace period on cgroup v1 (the kernel
 //! takes `cgroup_threadgroup_rwsem` for writing): milliseconds, more on an idle VM. So the
