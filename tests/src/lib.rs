@@ -24,6 +24,7 @@
 //! assert_eq!(found.len(), 1);
 //! ```
 
+pub mod attacks;
 pub mod eval;
 pub mod fcd;
 pub mod oracle;

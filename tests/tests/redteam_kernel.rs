@@ -3,8 +3,8 @@
 //! `tests/attacks/kernel/<name>/server.py` with the mechanism off and asserts the canary
 //! reaches a party not cleared for it, then under the full germline runtime.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -13,28 +13,13 @@ use germline_executor::confine::SandboxSwitches;
 use germline_executor::germline::PID_COUNTER_RESET_OFF_FOR_TESTS;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_executor::seccomp::SeccompPolicy;
+use germline_tests::attacks::Hold;
 use germline_tests::oracle::Oracle;
 use germline_tests::world::{request, result_text, World};
 use serde_json::{json, Value};
 
 /// Process-wide switches: tests in this file take turns.
 static SWITCH: Mutex<()> = Mutex::new(());
-
-/// Holds a test-only switch set while it lives.
-struct Hold(&'static AtomicBool);
-
-impl Hold {
-    fn set(flag: &'static AtomicBool, on: bool) -> Hold {
-        flag.store(on, Ordering::SeqCst);
-        Hold(flag)
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
 
 fn germline(rt: &mut Runtime) -> &mut GermlineRuntime {
     match rt {
@@ -131,8 +116,7 @@ fn crossed(c: &Case, got: &Value) -> usize {
 }
 
 fn attack(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel").join(name).join("server.py");
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    germline_tests::attacks::source("kernel", name)
 }
 
 // --- reap: a copy's exit status reaches the germline -------------------------------------

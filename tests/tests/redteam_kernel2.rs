@@ -20,8 +20,7 @@ use serde_json::{json, Value};
 static TURNS: Mutex<()> = Mutex::new(());
 
 fn attack(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel").join(name).join("server.py");
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    germline_tests::attacks::source("kernel", name)
 }
 
 /// One world with an hr canary and two releases of the same code, a sender and a

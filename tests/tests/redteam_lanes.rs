@@ -53,8 +53,7 @@ fn futex_waits<T>(off: bool, f: impl FnOnce() -> T) -> T {
 }
 
 fn attack(name: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/lanes").join(name).join("server.py"))
-        .expect("attack source")
+    germline_tests::attacks::source("lanes", name)
 }
 
 fn hosted(name: &str, rel: PathBuf) -> HostedRelease {

@@ -10,35 +10,20 @@
 //! `cargo test --workspace --locked --test redteam_residency -- --ignored --nocapture`
 //! (`MEMCG_BITS=96` carries the whole canary; default 16 bits).
 
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use germline_executor::cgroup::{DEPARTURE_OFF_FOR_TESTS, NO_CGROUPS_FOR_TESTS};
 use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_tests::attacks::Hold;
 use germline_tests::oracle::Oracle;
 use germline_tests::world::{request, result_text, World};
 use serde_json::{json, Value};
 
 static SWITCH: Mutex<()> = Mutex::new(());
 
-struct Hold(&'static AtomicBool);
-impl Hold {
-    fn set(flag: &'static AtomicBool, on: bool) -> Hold {
-        flag.store(on, Ordering::SeqCst);
-        Hold(flag)
-    }
-}
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
 fn attack(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel").join(name).join("server.py");
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    germline_tests::attacks::source("kernel", name)
 }
 
 fn nonce() -> u64 {
@@ -49,15 +34,15 @@ fn window(text: &str) -> i64 {
     serde_json::from_str::<Value>(text).ok().and_then(|v| v["w"].as_i64()).unwrap_or(-1)
 }
 
-/// Runs the whole exchange; returns (read output, canary, leaked?).
-fn run(pool: usize, bits: usize, extra_limits: &str) -> (Value, String, bool) {
+/// Runs the whole exchange; returns (read output, leaked?).
+fn run(pool: usize, bits: usize) -> (Value, bool) {
     let w = World::new();
     let mut oracle = Oracle::new();
     let hr = oracle.plant(&["hr"]);
     let secret = w.item("hr", "secret.txt", hr.as_str());
     let code = attack("memcgevict").replace("{NONCE}", &nonce().to_string());
     let release = w.release("memcgevict", "", &code);
-    let limits = format!("[limits]\npool = {pool}\n{extra_limits}");
+    let limits = format!("[limits]\npool = {pool}\n");
     let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], &limits);
     let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
     let public = |rt: &mut Runtime, tool: &str, args: Value| {
@@ -105,7 +90,7 @@ fn run(pool: usize, bits: usize, extra_limits: &str) -> (Value, String, bool) {
     let got = v["bits"].as_str().unwrap_or("").to_owned();
     let right = want.chars().zip(got.chars()).filter(|(a, b)| a == b).count();
     eprintln!("canary {} want {want}\n                got  {got}\n right {right}/{bits}", hr.as_str());
-    (json!({"read": v, "right": right, "bits": bits}), hr.as_str().to_owned(), leaked)
+    (json!({"read": v, "right": right, "bits": bits}), leaked)
 }
 
 fn bits() -> usize {
@@ -118,7 +103,7 @@ fn bits() -> usize {
 #[ignore = "open channel: measures it (SECURITY.md, page-cache residency)"]
 fn memcgevict_the_copy_evicts_what_the_germline_faulted_in_its_cgroup() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let (v, _c, leaked) = run(0, bits(), "");
+    let (v, leaked) = run(0, bits());
     eprintln!("leaked to public (full canary): {leaked}");
     assert_eq!(v["right"], v["bits"], "on: every bit read back");
     assert!(bits() < 96 || leaked, "on: the whole canary reaches the public consumer");
@@ -131,7 +116,7 @@ fn memcgevict_the_copy_evicts_what_the_germline_faulted_in_its_cgroup() {
 fn memcgevict_with_the_departure_off_as_well() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let _h = Hold::set(&DEPARTURE_OFF_FOR_TESTS, true);
-    let (v, _c, leaked) = run(0, bits(), "");
+    let (v, leaked) = run(0, bits());
     eprintln!("leaked to public (full canary): {leaked}");
     assert_eq!(v["right"], v["bits"], "off: every bit read back");
 }
@@ -141,7 +126,7 @@ fn memcgevict_with_the_departure_off_as_well() {
 #[ignore = "open channel: measures it (SECURITY.md, page-cache residency)"]
 fn memcgevict_pooled() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let (v, _c, leaked) = run(2, bits(), "");
+    let (v, leaked) = run(2, bits());
     eprintln!("leaked to public (full canary): {leaked}");
     assert_eq!(v["right"], v["bits"], "pooled: every bit read back");
 }
@@ -153,7 +138,7 @@ fn memcgevict_pooled() {
 fn memcgevict_without_cgroups_nothing_is_evicted() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let _h = Hold::set(&NO_CGROUPS_FOR_TESTS, true);
-    let (v, _c, leaked) = run(0, bits(), "");
+    let (v, leaked) = run(0, bits());
     eprintln!("leaked to public (full canary): {leaked}");
     assert!(!leaked);
     assert!(!v["read"]["bits"].as_str().unwrap_or("").contains('1'), "no cgroup: nothing evicted");
