@@ -519,6 +519,7 @@ def _run_copy(server, release_dir):
     # Buffered like stdout on a pipe: a server's stray print stays in the buffer as it
     # does unprotected, instead of landing in the middle of the MCP stream.
     sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
+    _channel_transport(chan, rfile, control=False)
     if preamble.get("trace"):
         print("copy: server loop starts after %.2f ms" % ((_real["perf_counter"]() - t0) * 1e3), file=sys.stderr)
     _run_server(server)
@@ -559,21 +560,108 @@ class _PooledStdin(io.RawIOBase):
         return n
 
     def _control(self, msg):
-        if msg["germline"] == "twin":
-            if msg.get("twin") is None:
-                _twin.active = False
-            else:
-                _twin.counted_only = msg.get("twin_clock") == "counted"
-                _activate_twin(msg["twin"])
-            if msg.get("reply", True):
-                # The broker mounts the call's view only once the twin inputs are taken.
-                self._chan.sendall(b'{"germline":"ready"}\n')
-        elif msg["germline"] == "data":
-            import germline_slot
+        if _take_control(msg):
+            self._chan.sendall(_READY)
 
-            germline_slot._attach(lambda: _connect_channel(SLOT_PORT))
-            for k, v in msg.get("env", {}).items():
-                os.environ[k] = v
+
+_READY = b'{"germline":"ready"}\n'
+
+
+def _take_control(msg):
+    """Acts on one of the broker's control lines to a pooled copy; true when the broker
+    waits for `_READY` (it mounts the call's view only once the twin inputs are taken)."""
+    if msg["germline"] == "twin":
+        if msg.get("twin") is None:
+            _twin.active = False
+        else:
+            _twin.counted_only = msg.get("twin_clock") == "counted"
+            _activate_twin(msg["twin"])
+        return bool(msg.get("reply", True))
+    if msg["germline"] == "data":
+        import germline_slot
+
+        germline_slot._attach(lambda: _connect_channel(SLOT_PORT))
+        for k, v in msg.get("env", {}).items():
+            os.environ[k] = v
+    return False
+
+
+class _ChannelLines:
+    """The channel as the SDK's stdin stream, read on the server's own event loop.
+
+    `stdio_server()` otherwise reads stdin line by line in an anyio worker thread and
+    writes stdout in another, two thread hand-offs per message. Lines are passed on whole
+    and in order; with `control` (a pooled copy) the broker's control lines are taken
+    here, before the next line reaches the server, exactly as `_PooledStdin` does.
+    """
+
+    def __init__(self, chan, pending, control):
+        self._chan = chan
+        self._buf = bytearray(pending)
+        self._scan = 0
+        self._eof = False
+        self._control = control
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        import asyncio
+
+        while True:
+            end = self._buf.find(b"\n", self._scan)
+            if end < 0 and self._eof:
+                if not self._buf:
+                    raise StopAsyncIteration
+                end = len(self._buf) - 1
+            if end >= 0:
+                line = bytes(self._buf[: end + 1])
+                del self._buf[: end + 1]
+                self._scan = 0
+                if self._control and line.startswith(b'{"germline"'):
+                    if _take_control(json.loads(line)):
+                        await asyncio.get_running_loop().sock_sendall(self._chan, _READY)
+                    continue
+                return line.decode("utf-8", "replace")
+            self._scan = len(self._buf)
+            data = await asyncio.get_running_loop().sock_recv(self._chan, 1 << 16)
+            if data:
+                self._buf += data
+            else:
+                self._eof = True
+
+
+class _ChannelWriter:
+    """The channel as the SDK's stdout stream, written on the server's own event loop."""
+
+    def __init__(self, chan):
+        self._chan = chan
+
+    async def write(self, text):
+        import asyncio
+
+        await asyncio.get_running_loop().sock_sendall(self._chan, text.encode("utf-8"))
+        return len(text)
+
+    async def flush(self):
+        pass
+
+
+def _channel_transport(chan, rfile, control):
+    """Makes the SDK's `stdio_server()` (any release's copy of it, however imported) serve
+    this copy's channel on the event loop when called without streams. Left alone if the
+    SDK is not loaded or its signature is not the one known here: the server then reads
+    `sys.stdin` and writes `sys.stdout`, which are the same channel."""
+    mod = sys.modules.get("mcp.server.stdio")
+    fn = getattr(getattr(mod, "stdio_server", None), "__wrapped__", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_varnames[:2] != ("stdin", "stdout") or fn.__defaults__ != (None, None):
+        return
+    chan.setblocking(False)
+    # What the buffered reader already holds (the broker's first lines can arrive with
+    # the preamble); on the non-blocking socket this takes nothing more from the kernel.
+    pending = rfile.read1(1 << 20) or b""
+    fn.__defaults__ = (_ChannelLines(chan, pending, control), _ChannelWriter(chan))
 
 
 def _run_pooled(server, chan, rfile, release_dir):
@@ -584,6 +672,7 @@ def _run_pooled(server, chan, rfile, release_dir):
         server = _build_server(release_dir)
     sys.stdin = io.TextIOWrapper(io.BufferedReader(_PooledStdin(rfile, chan)), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(wfile, encoding="utf-8")
+    _channel_transport(chan, rfile, control=True)
     _run_server(server)
 
 

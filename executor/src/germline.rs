@@ -331,6 +331,14 @@ pub const SINGLE_THREADED_POOLS: &[(&str, &str)] = &[
     ("GHCRTS", "-V0"),
 ];
 
+/// glibc's malloc arenas for a germline and its copies. Each thread that allocates can get
+/// an arena of its own, up to 8 per core, and each reserves 64 MiB of address space: a
+/// copy that starts 16 threads on this 2-core kind has reserved 1 GiB, the default
+/// RLIMIT_AS, and a thread whose start then fails hangs `Thread.start()` in CPython. Two
+/// arenas keep a thread pool inside the limit. Public, the same for every germline; a
+/// manifest may set another value.
+pub const MALLOC_ARENAS: (&str, &str) = ("MALLOC_ARENA_MAX", "2");
+
 /// At most this many bytes of the germline's stderr are kept while it starts.
 const STDERR_TAIL_BYTES: usize = 8192;
 /// At most this many of its last lines are quoted in a start error.
@@ -719,6 +727,7 @@ impl Germline {
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONHASHSEED", "0")
             .envs(SINGLE_THREADED_POOLS.iter().copied())
+            .env(MALLOC_ARENAS.0, MALLOC_ARENAS.1)
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .envs(scratch.iter().flat_map(|d| [("TMPDIR", d.as_os_str()), ("GERMLINE_SCRATCH", d.as_os_str())]))
             .current_dir(&release_dir)

@@ -194,3 +194,38 @@ fn a_declared_warm_up_call_runs_in_each_pooled_copy_before_it_holds_anything() {
     let v = look(&mut rt);
     assert_eq!(v["calls"], 1, "a copy made per call has no warm-up: {v}");
 }
+
+const THREADS: &str = r#"
+import threading
+def create_server():
+    m = FastMCP("threads")
+    @m.tool()
+    def threads(text: str) -> str:
+        return json.dumps({"threads": threading.active_count(), "length": len(text)})
+    return m
+"#;
+
+/// A copy's SDK serves the channel on its own event loop: no worker thread reads the
+/// request or writes the answer (the SDK's stdio transport reads and writes in anyio
+/// worker threads, two hand-offs per message), pooled and forked per call alike. A request
+/// far larger than one read of the socket arrives whole. Unprotected (sig-pin, the SDK on
+/// real stdio) the worker thread is there.
+#[test]
+fn a_copys_sdk_serves_its_channel_on_the_event_loop() {
+    let w = World::new();
+    let rel = w.release("threads", "", THREADS);
+    let big = "x".repeat(300_000);
+    let threads = |rt: &mut Runtime| -> Value {
+        let o = rt.call(&request("threads", json!({"text": big}), &[]));
+        serde_json::from_str(&result_text(&o)).unwrap_or_else(|e| panic!("{e}: {o:?}"))
+    };
+    for pool in [0, 2] {
+        let mut rt = pooled(&w, &rel, pool, "");
+        let v = threads(&mut rt);
+        assert_eq!(v, json!({"threads": 1, "length": 300_000}), "pool {pool}: one thread, the whole request");
+    }
+    let mut pin = w.start(RuntimeKind::SigPin, &rel, w.policy(&[], &[("agent", &[])], "")).unwrap();
+    let v = threads(&mut pin);
+    assert!(v["threads"].as_u64().unwrap() > 1, "unprotected, a worker thread reads stdin: {v}");
+    assert_eq!(v["length"], 300_000);
+}
