@@ -849,7 +849,8 @@ def _enter_pid_namespace():
             code = os.waitstatus_to_exitcode(status)
             break
     finally:
-        os._exit(code if code >= 0 else 1)
+        # A germline killed by a signal: 128 + the signal, as a shell reports it.
+        os._exit(code if code >= 0 else 128 - code)
 
 
 def _die_with_parent(alive):

@@ -357,6 +357,9 @@ pub struct GermlineRuntime {
     /// Why the release was refused while running, and by which germline check if by one;
     /// shared by every lane of the release (a refusal in one stops them all).
     refused: Arc<Mutex<Option<Refusal>>>,
+    /// A germline that died is started again at the next copy a call takes (off only in
+    /// tests, to show what the restart does).
+    restart: bool,
 }
 
 /// A running release's refusal.
@@ -474,6 +477,7 @@ impl GermlineRuntime {
             trigger_log: None,
             evidence_switches: EvidenceSwitches::default(),
             refused: Arc::default(),
+            restart: true,
         })
     }
 
@@ -513,6 +517,7 @@ impl GermlineRuntime {
                 trigger_log: trigger_log.clone(),
                 evidence_switches,
                 refused: refused.clone(),
+                restart: true,
             })
         }
     }
@@ -806,6 +811,12 @@ impl GermlineRuntime {
         Ok(sh.replay.as_mut().and_then(|r| r.sent.remove(&ev.host)).unwrap_or_default())
     }
 
+    /// Tests only ("mechanism off" with `false`): whether a germline that died is started
+    /// again when a call needs a copy; without, the call fails, saying the germline is gone.
+    pub fn set_restart(&mut self, on: bool) {
+        self.restart = on;
+    }
+
     /// Tests only ("mechanism off"): replaces the germline's syscall filter; the germline
     /// restarts under it at the next call.
     pub fn set_seccomp_policy(&mut self, seccomp: SeccompPolicy) {
@@ -831,6 +842,11 @@ impl GermlineRuntime {
         Ok(self.pool()?.wait_ready(n, timeout))
     }
 
+    /// The germline's pid, starting it first if it is not running (for tests).
+    pub fn germline_pid(&mut self) -> Result<Option<i32>, ExecutorError> {
+        Ok(self.pool()?.source_pid())
+    }
+
     /// Whether calls take pooled copies (false: fork per call, by setting or because the
     /// release's server needs its data to start).
     pub fn pooling(&mut self) -> bool {
@@ -854,9 +870,25 @@ impl GermlineRuntime {
         let roots = self.policy.data_roots();
         let trace = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         // No refill while this copy runs (also for a list or a replay, outside a call).
-        let _quiet = self.pool()?.begin_call();
+        let mut _quiet = self.pool()?.begin_call();
         let t_take = Instant::now();
-        let taken = self.pool()?.take()?;
+        let taken = match self.pool()?.take() {
+            // A germline that died held no data, nor did anything made from it that is not
+            // dead now: it is started again, once, while the call has given no copy
+            // anything (its first group; a later group's copy fails the call).
+            Err(ExecutorError::GermlineGone(how)) if gi == 0 && self.restart => {
+                tracing::warn!(release = %self.release, "the germline is gone ({how}): starting it again");
+                self.pool = None;
+                _quiet = self.pool()?.begin_call();
+                self.pool()?.take()?
+            }
+            // Started again at the next call.
+            Err(e @ ExecutorError::GermlineGone(_)) => {
+                self.pool = None;
+                return Err(e);
+            }
+            other => other?,
+        };
         let t_setup = Instant::now();
         let take = t_setup - t_take;
         let CopyInputs { files, twin, slot, counted_clock } = inputs;

@@ -26,6 +26,10 @@ pub enum ExecutorError {
         /// What was found.
         detail: String,
     },
+    /// The germline process is gone (it exited or was killed): no copy can be made from
+    /// it. It held no data, so the runtime starts it again ([`crate::call::GermlineRuntime`]).
+    #[error("the germline is gone: {0}")]
+    GermlineGone(String),
     /// A copy failed, broke protocol or ran over its budget.
     #[error("copy: {0}")]
     Copy(String),
@@ -72,13 +76,14 @@ impl ExecutorError {
         matches!(self, ExecutorError::GermlineRefused { check, .. } if *check != "start")
     }
 
-    /// A copy of a refusal (the pool hands the same refusal to every later take); any
-    /// other error becomes a refusal at "start" with its text.
+    /// A copy of a refusal or of a germline's end (the pool hands the same error to every
+    /// later take); any other error becomes a refusal at "start" with its text.
     pub(crate) fn clone_refusal(&self) -> ExecutorError {
         match self {
             ExecutorError::GermlineRefused { check, detail } => {
                 ExecutorError::GermlineRefused { check, detail: detail.clone() }
             }
+            ExecutorError::GermlineGone(why) => ExecutorError::GermlineGone(why.clone()),
             other => ExecutorError::refused("start", other.to_string()),
         }
     }

@@ -954,6 +954,37 @@ impl Germline {
         self.pid
     }
 
+    /// How the germline ended, once it has (its pidfd is readable then); `None` while it
+    /// lives. With its own PID namespace the germline is not the broker's child: the first
+    /// process, which exits right after it, reports its end (128 + signal for a signal).
+    pub fn gone(&mut self) -> Option<String> {
+        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll on one pidfd we own, without waiting.
+        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+            return None;
+        }
+        let relayed = self.keeper.is_some();
+        let status = self.child.as_mut().and_then(|c| {
+            // Bounded: the first process exits as soon as it has read the germline's end.
+            for _ in 0..50 {
+                match c.try_wait() {
+                    Ok(Some(s)) => return Some(s),
+                    Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+                    Err(_) => return None,
+                }
+            }
+            None
+        });
+        Some(match status.map(|s| (s, s.code())) {
+            Some((_, Some(code))) if relayed && code > 128 => {
+                format!("it ended with status {code} (killed by signal {}, or exited so)", code - 128)
+            }
+            Some((_, Some(code))) => format!("it exited with status {code}"),
+            Some((s, None)) => format!("it ended: {s}"),
+            None => "it ended; how is not known".into(),
+        })
+    }
+
     /// Waits until the germline has stopped (itself or by us). Read from `/proc` (the
     /// germline need not be the broker's child): the state stays `T` until a SIGCONT,
     /// which wakes it before `kill` returns. An exit shows on the pidfd. Between looks the

@@ -62,11 +62,35 @@ pub trait CopySource: Send {
     /// Waits until every retired copy is gone (with all its processes, so nothing it
     /// counted in a level it shares with other copies is left).
     fn settle(&mut self) -> Result<(), ExecutorError>;
+
+    /// How the source ended, if it has (then it makes no more copies, and the copies it
+    /// made are not used). A source without a process of its own never ends.
+    fn gone(&mut self) -> Option<String> {
+        None
+    }
+
+    /// The process copies are made from, if there is one (for tests and diagnostics).
+    fn pid(&self) -> Option<i32> {
+        None
+    }
 }
 
 impl CopySource for Germline {
     fn make(&mut self) -> Result<CopyProcess, ExecutorError> {
-        self.fork_copy()
+        // A germline that died makes every check of the fork fail on its missing `/proc`
+        // entry: the error says what happened instead.
+        self.fork_copy().map_err(|e| match self.gone() {
+            Some(how) if !e.is_refusal() => ExecutorError::GermlineGone(how),
+            _ => e,
+        })
+    }
+
+    fn gone(&mut self) -> Option<String> {
+        Germline::gone(self)
+    }
+
+    fn pid(&self) -> Option<i32> {
+        Some(Germline::pid(self))
     }
 
     fn retire(&mut self, copy: CopyProcess) {
@@ -199,6 +223,11 @@ impl CopyPool {
         CopyPool { shared, threads: refill.into_iter().chain(resume).collect() }
     }
 
+    /// The process copies are made from, if there is one (for tests and diagnostics).
+    pub fn source_pid(&self) -> Option<i32> {
+        self.shared.lock().source.pid()
+    }
+
     /// Ready copies right now (for tests and the bench).
     pub fn ready(&self) -> usize {
         self.shared.lock().ready.len()
@@ -240,6 +269,13 @@ impl CopyPool {
     pub fn take(&self) -> Result<Taken, ExecutorError> {
         let mut st = self.shared.lock();
         loop {
+            if st.failed.is_none() {
+                // Its ready copies die with it (torn down with its PID namespace): none is
+                // handed out after it.
+                if let Some(how) = st.source.gone() {
+                    st.failed = Some(ExecutorError::GermlineGone(how));
+                }
+            }
             if let Some(e) = &st.failed {
                 return Err(e.clone_refusal());
             }
@@ -288,7 +324,7 @@ impl CopyPool {
                         return Ok(Taken::Fresh(copy));
                     }
                     Err(e) => {
-                        if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                        if matches!(e, ExecutorError::GermlineRefused { .. } | ExecutorError::GermlineGone(_)) {
                             st.failed = Some(e.clone_refusal());
                         }
                         return Err(e);
@@ -363,7 +399,7 @@ fn refill_loop(shared: &Shared) {
                     c
                 }
                 Err(e) => {
-                    if matches!(e, ExecutorError::GermlineRefused { .. }) {
+                    if matches!(e, ExecutorError::GermlineRefused { .. } | ExecutorError::GermlineGone(_)) {
                         st.failed = Some(e);
                     } else {
                         tracing::warn!("copy pool off for this release: a copy could not be made ({e})");

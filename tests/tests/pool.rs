@@ -229,3 +229,36 @@ fn a_copys_sdk_serves_its_channel_on_the_event_loop() {
     assert!(v["threads"].as_u64().unwrap() > 1, "unprotected, a worker thread reads stdin: {v}");
     assert_eq!(v["length"], 300_000);
 }
+
+/// A germline that died (killed from outside between calls, as the OOM killer or an
+/// operator might) is started again at the next call, which is answered by a copy of the
+/// new germline; no copy of the dead one is handed out. With the restart switched off
+/// (`GermlineRuntime::set_restart`), the call fails and says the germline is gone.
+#[test]
+fn a_germline_that_died_is_started_again_at_the_next_call() {
+    let w = World::new();
+    let rel = w.release("counter", "", COUNTER);
+    for (pool, restart) in [(0, true), (2, true), (2, false)] {
+        let mut rt = pooled(&w, &rel, pool, "");
+        germline(&mut rt).set_restart(restart);
+        let first = germline(&mut rt).germline_pid().unwrap().expect("a germline process");
+        assert_eq!(result_text(&rt.call(&request("count", json!({}), &[]))), "1", "pool {pool}: before");
+        // SAFETY: SIGKILL to the germline this test started.
+        assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{first}/status")).exists() {
+            assert!(std::time::Instant::now() < until, "the germline did not die");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let o = rt.call(&request("count", json!({}), &[]));
+        if !restart {
+            let e = o.error.unwrap_or_default();
+            assert!(e.contains("the germline is gone") && e.contains("signal 9"), "mechanism off: {e}");
+            continue;
+        }
+        assert_eq!(result_text(&o), "1", "pool {pool}: answered by a new germline ({:?})", o.error);
+        let second = germline(&mut rt).germline_pid().unwrap().expect("a germline process");
+        assert_ne!(first, second, "pool {pool}: a new germline");
+        assert_eq!(result_text(&rt.call(&request("count", json!({}), &[]))), "1", "pool {pool}: after");
+    }
+}
