@@ -958,9 +958,7 @@ impl Germline {
     /// lives. With its own PID namespace the germline is not the broker's child: the first
     /// process, which exits right after it, reports its end (128 + signal for a signal).
     pub fn gone(&mut self) -> Option<String> {
-        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: poll on one pidfd we own, without waiting.
-        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+        if !pidfd_exited(&self.pidfd).unwrap_or(false) {
             return None;
         }
         let relayed = self.keeper.is_some();
@@ -995,9 +993,7 @@ impl Germline {
         let mut nap = Duration::from_micros(20);
         let mut stops = self.stops.as_ref().map(AsRawFd::as_raw_fd);
         loop {
-            let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: poll on one pidfd we own, without waiting.
-            if unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+            if pidfd_exited(&self.pidfd).unwrap_or(false) {
                 return Err("the germline exited".into());
             }
             match inspect::state(self.pid) {
@@ -1313,6 +1309,16 @@ fn signal(pidfd: &OwnedFd, sig: i32) -> Result<(), ExecutorError> {
     Ok(())
 }
 
+/// Whether the process behind `fd` has exited (a pidfd is readable then), without waiting.
+fn pidfd_exited(fd: &OwnedFd) -> std::io::Result<bool> {
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll on one pidfd the caller owns, without waiting.
+    match unsafe { libc::poll(&mut pfd, 1, 0) } {
+        n if n < 0 => Err(std::io::Error::last_os_error()),
+        n => Ok(n > 0),
+    }
+}
+
 fn pidfd_kill(fd: &OwnedFd) -> std::io::Result<()> {
     // SAFETY: signalling through a pidfd we own.
     let rc = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, 0, 0) };
@@ -1372,9 +1378,8 @@ impl CopyProcess {
 
     /// Whether the copy has exited (its pidfd is readable then).
     pub fn exited(&self) -> bool {
-        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: poll on one pidfd we own, without waiting.
-        unsafe { libc::poll(&mut pfd, 1, 0) != 0 }
+        // A pidfd that cannot be polled counts as exited: the copy is not used.
+        pidfd_exited(&self.pidfd).unwrap_or(true)
     }
 
     fn send(&self, sig: i32) -> Result<(), ExecutorError> {
