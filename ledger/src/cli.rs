@@ -337,9 +337,15 @@ pub fn run_bench_command(cmd: &BenchCommand) -> Result<i32, LedgerError> {
     }
 }
 
-fn median_us(mut v: Vec<f64>) -> f64 {
+fn median_us(v: Vec<f64>) -> f64 {
+    quantile(v, 0.5)
+}
+
+/// The `q` quantile (nearest rank below) of `v`; 0 for no samples.
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    let at = ((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1));
+    v.get(at).copied().unwrap_or(0.0)
 }
 
 fn bench_ledger(args: &BenchLedgerArgs) -> Result<i32, LedgerError> {
@@ -551,13 +557,15 @@ fn bench_cli_calls(data: &Path, calls: u64) -> Result<(), LedgerError> {
         at_small.push(cli_call(&exe, &small, &release)?);
         at_big.push(cli_call(&exe, &big, &release)?);
     }
+    let (p90_small, p90_big) = (quantile(at_small.clone(), 0.9), quantile(at_big.clone(), 0.9));
     let (first, last) = (median_us(at_small), median_us(at_big));
     println!(
-        "cli: `ledger call` latency, {window} calls alternating: new ledger (entries 4..{}) median {first:.1} ms, grown ledger (entries {}..{}) median {last:.1} ms, ratio {:.3}",
+        "cli: `ledger call` latency, {window} calls alternating: new ledger (entries 4..{}) median {first:.1} ms, grown ledger (entries {}..{}) median {last:.1} ms, ratio {:.3}; P90 {p90_small:.1} and {p90_big:.1} ms, ratio {:.3}",
         3 + window,
         calls + 1,
         calls + window as u64,
-        last / first
+        last / first,
+        p90_big / p90_small
     );
     Ok(())
 }
