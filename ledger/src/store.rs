@@ -677,6 +677,12 @@ const INFO_LOG_MAX_BYTES: usize = 1 << 20;
 /// 1); at 8 most commands merge nothing, and each merge takes in more runs, so fewer
 /// bytes are rewritten per entry. Opening reads about this many files per family.
 const RUNS_BEFORE_MERGE: i32 = 8;
+/// The one table compression RocksDB is built with (ledger/Cargo.toml turns the
+/// others off). Snappy is RocksDB's default whenever it is linked, so every ledger
+/// written before the others were cut uses it and stays readable; a ledger whose
+/// tables name a compression this build lacks fails to open with RocksDB's error
+/// rather than being read wrongly.
+const TABLE_COMPRESSION: rocksdb::DBCompressionType = rocksdb::DBCompressionType::Snappy;
 /// How long closing waits for merges already under way.
 const CLOSE_COMPACTION_WAIT_US: u64 = 10_000_000;
 /// Table files in one column family above which opening merges it whole. Universal
@@ -711,6 +717,7 @@ fn db_options() -> Options {
     // thread starts per open for ten families), a quarter of a CLI command's time;
     // universal compaction keeps a few files per family, which one thread opens faster.
     opts.set_max_file_opening_threads(1);
+    opts.set_compression_type(TABLE_COMPRESSION);
     opts
 }
 
@@ -723,6 +730,7 @@ fn cf_options() -> Options {
     let mut opts = Options::default();
     opts.set_compaction_style(rocksdb::DBCompactionStyle::Universal);
     opts.set_level_zero_file_num_compaction_trigger(RUNS_BEFORE_MERGE);
+    opts.set_compression_type(TABLE_COMPRESSION);
     opts
 }
 
