@@ -472,11 +472,14 @@ struct FrontRunner {
     data_dir: PathBuf,
     hosts: Mutex<BTreeMap<ReleaseHash, Starting>>,
     /// Each release's labelled `tools/list`, from its first listing.
-    tools: Mutex<BTreeMap<ReleaseHash, (Value, Label)>>,
+    tools: Mutex<BTreeMap<ReleaseHash, Listed>>,
     /// Each release's labelled resource, resource template and prompt lists, each listed
     /// once.
-    lists: Mutex<BTreeMap<(ReleaseHash, &'static str), (Value, Label)>>,
+    lists: Mutex<BTreeMap<(ReleaseHash, &'static str), Listed>>,
 }
+
+/// A listing and the label of the copy that produced it.
+type Listed = (Value, Label);
 
 impl FrontRunner {
     /// Starts the runtime of `release` on a thread, unless it is started or starting.

@@ -157,6 +157,10 @@ fn corpus_release(dir: &Path, name: &str, db: &str) -> PathBuf {
     rel
 }
 
+/// A corpus server: name, module, entry function, the manifest's `{DB}` value, its
+/// command-line arguments, and the calls to make.
+type ServerCase = (&'static str, &'static str, &'static str, String, Vec<String>, Value);
+
 /// Issue 16 acceptance: `germline wrap` with the SDK client works for corpus servers
 /// configured by their command line (duckdb, make, calculator): the same tools and results
 /// as the bare server, each result labelled.
@@ -201,7 +205,7 @@ fn the_sdk_client_sees_wrapped_corpus_servers_as_the_bare_servers() {
     std::fs::write(project.join("Makefile"), "hello:\n\t@echo hello\nfail:\n\t@exit 4\n").expect("Makefile");
     let db_s = db.to_string_lossy().into_owned();
     let project_s = project.to_string_lossy().into_owned();
-    let servers: [(&str, &str, &str, String, Vec<String>, Value); 3] = [
+    let servers: [ServerCase; 3] = [
         (
             "duckdb",
             "mcp_server_duckdb",

@@ -53,6 +53,9 @@ fn recording_sink(max: usize) -> (u16, Arc<Mutex<Vec<u8>>>) {
     (port, seen)
 }
 
+/// Extra `serve` arguments, extra environment, and the baseline `/readyz` must report.
+type BaselineCase = (&'static [&'static str], &'static [(&'static str, &'static str)], Option<&'static str>);
+
 /// The service runs the unprotected baseline only when `--baseline` says so: with
 /// `GERMLINE_RUNTIME=sig-pin` in its environment it still runs germline (the hr payslip
 /// never reaches the finance-only OCR sink, `/readyz` reports `"baseline": null`); with
@@ -60,7 +63,7 @@ fn recording_sink(max: usize) -> (u16, Arc<Mutex<Vec<u8>>>) {
 /// `"baseline": "sig-pin"`.
 #[test]
 fn only_the_baseline_flag_runs_a_baseline_and_readyz_reports_it() {
-    let cases: [(&[&str], &[(&str, &str)], Option<&str>); 2] =
+    let cases: [BaselineCase; 2] =
         [(&[], &[("GERMLINE_RUNTIME", "sig-pin")], None), (&["--baseline", "sig-pin"], &[], Some("sig-pin"))];
     for (args, envs, baseline) in cases {
         let tmp = tempfile::tempdir().unwrap();

@@ -906,6 +906,7 @@ impl GermlineRuntime {
                 (copy, resumed.map(|()| (proxy, slot_listener, channel)))
             }
             Taken::Fresh(copy) => {
+                let copy = *copy;
                 let set_up =
                     prepare_copy(copy.pid, copy.ids(), &roots, &files, copy.scratch.as_ref(), copy.departure())
                         .and_then(|l| copy.channel_ready().map(|()| l));

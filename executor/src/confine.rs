@@ -433,7 +433,7 @@ impl<'a> RootPlan<'a> {
         }
         for p in declared {
             let plain = p.is_absolute()
-                && p.components().skip(1).next().is_some()
+                && p.components().nth(1).is_some()
                 && p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
             let taken = self.nodes.keys().any(|n| n.starts_with(p));
             if !plain || !free(p, read_only, data_roots) || p.starts_with(SCRATCH_PARENT) || taken {
@@ -1127,10 +1127,9 @@ fn proc_path(pid: libc::pid_t, file: &str) -> [u8; 48] {
             break;
         }
     }
-    let mut i = 0;
-    for &b in b"/proc/".iter().chain(digits[..d].iter().rev()).chain(b"/".iter()).chain(file.as_bytes()) {
+    let path = b"/proc/".iter().chain(digits[..d].iter().rev()).chain(b"/".iter()).chain(file.as_bytes());
+    for (i, &b) in path.enumerate() {
         out[i] = b;
-        i += 1;
     }
     out
 }

@@ -119,7 +119,7 @@ pub enum Taken {
     /// From the pool: only the view, twin inputs and slot are left to give it.
     Pooled(Box<ReadyCopy>),
     /// Just made, nothing set up (pooling off, or a release that needs its data to start).
-    Fresh(CopyProcess),
+    Fresh(Box<CopyProcess>),
 }
 
 impl Taken {
@@ -321,7 +321,7 @@ impl CopyPool {
                 match made {
                     Ok(copy) => {
                         st.holding += 1;
-                        return Ok(Taken::Fresh(copy));
+                        return Ok(Taken::Fresh(Box::new(copy)));
                     }
                     Err(e) => {
                         if matches!(e, ExecutorError::GermlineRefused { .. } | ExecutorError::GermlineGone(_)) {

@@ -87,7 +87,7 @@ pub struct Summary {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Registration {
     /// The source fits the profile's accepted structure.
-    Registered(Summary),
+    Registered(Box<Summary>),
     /// It does not: no summary, no certificate for any call.
     Rejected(String),
 }
@@ -167,11 +167,11 @@ pub fn summarize_source(profile: &Profile, source: &Path, python: &Path) -> Resu
         ExecutorError::Profile(format!("analysis output: {e}; stderr: {}", String::from_utf8_lossy(&out.stderr)))
     })?;
     match answer.get("status").and_then(Value::as_str) {
-        Some("registered") => Ok(Registration::Registered(Summary {
+        Some("registered") => Ok(Registration::Registered(Box::new(Summary {
             profile: profile.clone(),
             source_sha256: Sha256Digest(Sha256::digest(&bytes).into()),
             facts: answer.get("facts").cloned().unwrap_or(Value::Null),
-        })),
+        }))),
         _ => Ok(Registration::Rejected(
             answer.get("reason").and_then(Value::as_str).unwrap_or("analysis failed").to_owned(),
         )),

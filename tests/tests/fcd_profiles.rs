@@ -55,7 +55,7 @@ fn git_profile() -> Profile {
 
 fn registered(r: Registration) -> Summary {
     match r {
-        Registration::Registered(s) => s,
+        Registration::Registered(s) => *s,
         Registration::Rejected(why) => panic!("registration rejected: {why}"),
     }
 }

@@ -216,10 +216,13 @@ struct Scenario<'a> {
     /// Pending calls A and B of trial `i` under policy `tag`.
     calls: &'a dyn Fn(&str, usize) -> (CallRequest, CallRequest),
     /// The change between formation and dispatch.
-    change: &'a dyn Fn(&FormationHost, &[ReleaseHash]) -> Result<(), ExecutorError>,
+    change: &'a ChangeFn,
     /// Violations of policy `tag`'s calls, judged from the outside.
     violations: &'a dyn Fn(&str) -> usize,
 }
+
+/// A change made to a host between formation and dispatch.
+type ChangeFn = dyn Fn(&FormationHost, &[ReleaseHash]) -> Result<(), ExecutorError>;
 
 fn run_case(
     s: &Scenario<'_>,
