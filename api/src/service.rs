@@ -36,9 +36,6 @@ use error::ApiError;
 pub use metrics::Metrics;
 use releases::{Releases, StartParams};
 
-// Without a configured policy nothing is labelled and the agent is the only consumer:
-// calls still run in fresh copies and egress to undeclared hosts is denied.
-
 /// Everything the handlers share.
 pub struct Shared {
     /// Resolved configuration.

@@ -679,9 +679,9 @@ const INFO_LOG_MAX_BYTES: usize = 1 << 20;
 const RUNS_BEFORE_MERGE: i32 = 8;
 /// The one table compression RocksDB is built with (ledger/Cargo.toml turns the
 /// others off). Snappy is RocksDB's default whenever it is linked, so every ledger
-/// written before the others were cut uses it and stays readable; a ledger whose
-/// tables name a compression this build lacks fails to open with RocksDB's error
-/// rather than being read wrongly.
+/// written before the others were cut uses it and stays readable. Naming it here makes
+/// a build without Snappy refuse to open a ledger (RocksDB checks that a configured
+/// compression is linked) instead of silently writing uncompressed tables.
 const TABLE_COMPRESSION: rocksdb::DBCompressionType = rocksdb::DBCompressionType::Snappy;
 /// How long closing waits for merges already under way.
 const CLOSE_COMPACTION_WAIT_US: u64 = 10_000_000;
