@@ -211,39 +211,286 @@ fn relaxed_allowance(pid: i32, fd: &str, target: &str, path: &std::path::Path) -
 /// and a later one learn which, or how many, by whether its own faults still succeed.
 pub fn check_g3(pid: i32, scratch_dev: Option<(u32, u32)>) -> Result<(), ExecutorError> {
     let scratch_dev = scratch_dev.filter(|_| !SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS.load(Ordering::SeqCst));
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(ExecutorError::io(format!("reading /proc/{pid}/maps")))?;
-    for line in maps.lines() {
-        let mut parts = line.split_whitespace();
-        let (range, perms) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        let path = parts.nth(3).unwrap_or("");
-        let shared = perms.as_bytes().get(3) == Some(&b's');
-        let dev = line
-            .split_whitespace()
-            .nth(3)
-            .and_then(|d| d.split_once(':'))
-            .and_then(|(a, b)| Some((u32::from_str_radix(a, 16).ok()?, u32::from_str_radix(b, 16).ok()?)));
-        if scratch_dev.is_some() && dev == scratch_dev {
-            let kind = if shared { "shared" } else { "private" };
-            return Err(ExecutorError::refused(
-                "G3",
-                format!("{kind} mapping {range} {perms} of a file of the germline's import scratch"),
-            ));
+    let maps = match maps::by_query(pid, scratch_dev) {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            static NOTED: std::sync::Once = std::sync::Once::new();
+            NOTED.call_once(|| {
+                tracing::info!("this kernel has no PROCMAP_QUERY (Linux 6.11): G3 reads the text of /proc/PID/maps")
+            });
+            maps::by_text(pid)?
         }
-        if !shared {
+        Err(e) => return Err(e),
+    };
+    match g3_findings(&maps, scratch_dev).into_iter().next() {
+        Some((_, finding)) => Err(ExecutorError::refused("G3", finding)),
+        None => Ok(()),
+    }
+}
+
+/// What G3 refuses among `maps`, in address order. An allowlist: a mapping passes when it
+/// is private and not of a file on `scratch_dev`, or shared, read-only and of a named,
+/// existing file (a path, not `(deleted)`, not `/dev/zero`, a memfd or System V memory).
+/// Anything else that is shared, anonymous shared memory under any name included
+/// (`[anon_shmem:NAME]` where the kernel allows naming it), is memory every copy would
+/// share.
+fn g3_findings(maps: &[maps::Mapping], scratch_dev: Option<(u32, u32)>) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    for m in maps {
+        if scratch_dev == Some(m.dev) {
+            let kind = if m.shared { "shared" } else { "private" };
+            out.push((m.start, format!("{kind} mapping {} of a file of the germline's import scratch", m.describe())));
             continue;
         }
-        let writable = perms.as_bytes().get(1) == Some(&b'w');
-        let anonymous = path.is_empty()
-            || path.starts_with("/dev/zero")
-            || path.starts_with("/memfd:")
-            || path.starts_with("/SYSV")
-            || line.ends_with("(deleted)");
-        if writable || anonymous {
-            return Err(ExecutorError::refused("G3", format!("shared mapping {range} {perms} {path}")));
+        if m.shared && (m.writable || !maps::names_an_existing_file(&m.name)) {
+            out.push((m.start, format!("shared mapping {}", m.describe())));
         }
     }
-    Ok(())
+    out
+}
+
+/// A process's mappings as G3 reads them: asked one at a time of the kernel
+/// (`PROCMAP_QUERY`, Linux 6.11), or parsed from the text of `/proc/PID/maps` where the
+/// kernel lacks it. The query skips in the kernel what G3 need not see (private mappings,
+/// or anonymous ones when the import scratch is checked) and formats no path but those of
+/// shared mappings: reading the text formats every mapping's path, about a seventh of
+/// the broker's CPU per call under load.
+mod maps {
+    use std::fs;
+    use std::os::fd::AsRawFd;
+
+    use crate::ExecutorError;
+
+    /// One mapping: its range, permissions, the device of its file (0:0 for none) and its
+    /// name as `/proc/PID/maps` prints it (a path, `[heap]`, ... or empty; asked of the
+    /// kernel for shared mappings only).
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct Mapping {
+        pub start: u64,
+        pub end: u64,
+        pub readable: bool,
+        pub writable: bool,
+        pub executable: bool,
+        pub shared: bool,
+        pub dev: (u32, u32),
+        pub name: String,
+    }
+
+    impl Mapping {
+        pub fn describe(&self) -> String {
+            let flag = |on: bool, c: char| if on { c } else { '-' };
+            let perms: String = [
+                flag(self.readable, 'r'),
+                flag(self.writable, 'w'),
+                flag(self.executable, 'x'),
+                if self.shared { 's' } else { 'p' },
+            ]
+            .into_iter()
+            .collect();
+            let (major, minor) = self.dev;
+            let name = if self.name.is_empty() { String::new() } else { format!(" {}", self.name) };
+            format!("{:x}-{:x} {perms} {major:02x}:{minor:02x}{name}", self.start, self.end)
+        }
+    }
+
+    /// Whether a shared mapping's name is that of a file that has a path: not anonymous
+    /// shared memory (`/dev/zero`, memfd, System V, any `[...]` name), not an unlinked file.
+    pub fn names_an_existing_file(name: &str) -> bool {
+        name.starts_with('/')
+            && !name.ends_with("(deleted)")
+            && !name.starts_with("/dev/zero")
+            && !name.starts_with("/memfd:")
+            && !name.starts_with("/SYSV")
+    }
+
+    /// `struct procmap_query` of `<linux/fs.h>`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ProcmapQuery {
+        size: u64,
+        query_flags: u64,
+        query_addr: u64,
+        vma_start: u64,
+        vma_end: u64,
+        vma_flags: u64,
+        vma_page_size: u64,
+        vma_offset: u64,
+        inode: u64,
+        dev_major: u32,
+        dev_minor: u32,
+        vma_name_size: u32,
+        build_id_size: u32,
+        vma_name_addr: u64,
+        build_id_addr: u64,
+    }
+
+    const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 104);
+    /// `_IOWR('f', 17, struct procmap_query)`.
+    const PROCMAP_QUERY: libc::c_ulong = 0xc068_6611;
+    const VMA_READABLE: u64 = 0x01;
+    const VMA_WRITABLE: u64 = 0x02;
+    const VMA_EXECUTABLE: u64 = 0x04;
+    const VMA_SHARED: u64 = 0x08;
+    const COVERING_OR_NEXT_VMA: u64 = 0x10;
+    const FILE_BACKED_VMA: u64 = 0x20;
+    /// More mappings than a process can have (`vm.max_map_count` is 65530 by default).
+    const MAX_MAPPINGS: usize = 1 << 22;
+
+    /// The mappings G3 must see, asked of the kernel: every shared mapping (with its
+    /// name), and with `scratch_dev` every mapping of a file too (named when it is of a
+    /// file on that device). `None` when this kernel has no `PROCMAP_QUERY`.
+    pub fn by_query(pid: i32, scratch_dev: Option<(u32, u32)>) -> Result<Option<Vec<Mapping>>, ExecutorError> {
+        let path = format!("/proc/{pid}/maps");
+        let maps = fs::File::open(&path).map_err(ExecutorError::io(format!("opening {path}")))?;
+        let mut out = Vec::new();
+        if !query_each(&maps, &path, VMA_SHARED, true, &mut out)? {
+            return Ok(None);
+        }
+        if let Some(dev) = scratch_dev {
+            let mut file_backed = Vec::new();
+            if !query_each(&maps, &path, FILE_BACKED_VMA, false, &mut file_backed)? {
+                return Ok(None);
+            }
+            for mut m in file_backed.into_iter().filter(|m| !m.shared) {
+                if m.dev == dev {
+                    let mut named = Vec::new();
+                    query_at(&maps, &path, m.start, FILE_BACKED_VMA, true, &mut named)?;
+                    m.name = named.pop().filter(|n| n.start == m.start).map(|n| n.name).unwrap_or_default();
+                }
+                out.push(m);
+            }
+            out.sort_by_key(|m| m.start);
+        }
+        Ok(Some(out))
+    }
+
+    /// Asks for every mapping matching `filter`, in address order; false when the kernel
+    /// does not know the request (before any answer).
+    fn query_each(
+        maps: &fs::File,
+        path: &str,
+        filter: u64,
+        names: bool,
+        out: &mut Vec<Mapping>,
+    ) -> Result<bool, ExecutorError> {
+        let mut addr = 0u64;
+        loop {
+            if out.len() >= MAX_MAPPINGS {
+                return Err(ExecutorError::refused("G3", format!("more than {MAX_MAPPINGS} mappings in {path}")));
+            }
+            match query_at(maps, path, addr, filter, names, out)? {
+                Answer::Unknown if out.is_empty() => return Ok(false),
+                Answer::Unknown => {
+                    return Err(ExecutorError::io(format!("asking {path} for its mappings"))(std::io::Error::other(
+                        "the kernel stopped answering PROCMAP_QUERY",
+                    )))
+                }
+                Answer::NoMore => return Ok(true),
+                Answer::Next(end) => addr = end,
+            }
+        }
+    }
+
+    enum Answer {
+        /// The kernel does not know `PROCMAP_QUERY`.
+        Unknown,
+        /// No mapping matches at or after the address.
+        NoMore,
+        /// One was pushed; it ends here.
+        Next(u64),
+    }
+
+    /// Asks for the first mapping matching `filter` at or after `addr` (with its name
+    /// when `name`) and pushes it onto `out`.
+    fn query_at(
+        maps: &fs::File,
+        path: &str,
+        addr: u64,
+        filter: u64,
+        name: bool,
+        out: &mut Vec<Mapping>,
+    ) -> Result<Answer, ExecutorError> {
+        let mut buf = if name { vec![0u8; libc::PATH_MAX as usize] } else { Vec::new() };
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_flags: filter | COVERING_OR_NEXT_VMA,
+            query_addr: addr,
+            vma_name_size: buf.len() as u32,
+            // The kernel refuses an address with a size of 0.
+            vma_name_addr: if name { buf.as_mut_ptr() as u64 } else { 0 },
+            ..Default::default()
+        };
+        // SAFETY: PROCMAP_QUERY writes only into `q` and, up to `vma_name_size` bytes,
+        // into `buf`, both live across the call.
+        let rc = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(Answer::NoMore),
+                Some(libc::ENOTTY | libc::EINVAL) => Ok(Answer::Unknown),
+                // A name longer than PATH_MAX: a mapping G3 cannot name.
+                Some(libc::ENAMETOOLONG) => Err(ExecutorError::refused(
+                    "G3",
+                    format!("a mapping at or after {addr:x} whose name is too long to read"),
+                )),
+                _ => Err(ExecutorError::io(format!("asking {path} for its mappings"))(e)),
+            };
+        }
+        if q.vma_end <= addr || q.vma_end <= q.vma_start {
+            return Err(ExecutorError::io(format!("asking {path} for its mappings"))(std::io::Error::other(format!(
+                "the kernel answered {:x}-{:x} for an address of {addr:x}",
+                q.vma_start, q.vma_end
+            ))));
+        }
+        // The size counts the terminating NUL.
+        let len = (q.vma_name_size as usize).saturating_sub(1).min(buf.len());
+        out.push(Mapping {
+            start: q.vma_start,
+            end: q.vma_end,
+            readable: q.vma_flags & VMA_READABLE != 0,
+            writable: q.vma_flags & VMA_WRITABLE != 0,
+            executable: q.vma_flags & VMA_EXECUTABLE != 0,
+            shared: q.vma_flags & VMA_SHARED != 0,
+            dev: (q.dev_major, q.dev_minor),
+            name: String::from_utf8_lossy(&buf[..len]).into_owned(),
+        });
+        Ok(Answer::Next(q.vma_end))
+    }
+
+    /// Every mapping, parsed from the text of `/proc/PID/maps`.
+    pub fn by_text(pid: i32) -> Result<Vec<Mapping>, ExecutorError> {
+        let path = format!("/proc/{pid}/maps");
+        let text = fs::read_to_string(&path).map_err(ExecutorError::io(format!("reading {path}")))?;
+        text.lines()
+            .map(|l| {
+                parse_line(l).ok_or_else(|| ExecutorError::refused("G3", format!("unreadable line of {path}: {l}")))
+            })
+            .collect()
+    }
+
+    /// `start-end perms offset major:minor inode   name`; the name (which may hold spaces)
+    /// is the rest of the line.
+    fn parse_line(line: &str) -> Option<Mapping> {
+        let mut f = line.splitn(6, ' ');
+        let (range, perms, _offset, dev, _inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let name = f.next().unwrap_or("").trim_start().to_owned();
+        let (start, end) = range.split_once('-')?;
+        let (major, minor) = dev.split_once(':')?;
+        let perms = perms.as_bytes();
+        if perms.len() != 4 {
+            return None;
+        }
+        Some(Mapping {
+            start: u64::from_str_radix(start, 16).ok()?,
+            end: u64::from_str_radix(end, 16).ok()?,
+            readable: perms[0] == b'r',
+            writable: perms[1] == b'w',
+            executable: perms[2] == b'x',
+            shared: perms[3] == b's',
+            dev: (u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?),
+            name,
+        })
+    }
 }
 
 /// Test-only switch ("mechanism off"): skip [`check_children_end_unseen`] and
@@ -450,6 +697,105 @@ mod tests {
         unsafe {
             libc::close(fds[0]);
             libc::close(fds[1]);
+        }
+    }
+
+    /// Maps `len` bytes of `fd` (or anonymous memory for -1) at an address of the kernel's choosing.
+    fn map(len: usize, prot: i32, flags: i32, fd: i32) -> usize {
+        // SAFETY: a fresh mapping at an address the kernel picks; unmapped by the caller.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        p as usize
+    }
+
+    #[test]
+    fn g3_finds_the_same_by_query_and_by_text() {
+        use std::os::fd::AsRawFd;
+        let me = std::process::id() as i32;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file with spaces");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
+        let read_only = std::fs::File::open(&path).unwrap();
+        // SAFETY: memfd_create on a constant name; the descriptor is owned below.
+        let memfd = unsafe { libc::memfd_create(c"g3".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(memfd >= 0);
+        // SAFETY: a fresh descriptor owned by nobody else.
+        let memfd = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(memfd) };
+        memfd.set_len(4096).unwrap();
+        let (r, rw) = (libc::PROT_READ, libc::PROT_READ | libc::PROT_WRITE);
+        let (shared, private, anon) = (libc::MAP_SHARED, libc::MAP_PRIVATE, libc::MAP_ANONYMOUS);
+        let made = [
+            (map(8192, r, shared, read_only.as_raw_fd()), 8192, "shared read-only file: allowed"),
+            (map(8192, r, private, read_only.as_raw_fd()), 8192, "private file: allowed but on the scratch device"),
+            (map(4096, rw, shared | anon, -1), 4096, "shared anonymous writable"),
+            (map(4096, r, shared | anon, -1), 4096, "shared anonymous read-only"),
+            (map(4096, r, shared, memfd.as_raw_fd()), 4096, "memfd read-only"),
+        ];
+        let ours = |maps: Vec<maps::Mapping>| -> Vec<maps::Mapping> {
+            maps.into_iter().filter(|m| made.iter().any(|(p, ..)| m.start == *p as u64)).collect()
+        };
+        let by_text = ours(maps::by_text(me).unwrap());
+        assert_eq!(by_text.len(), made.len(), "{by_text:?}");
+        assert!(by_text.iter().any(|m| m.name.ends_with("file with spaces")), "{by_text:?}");
+        let by_query = match maps::by_query(me, Some(dev)).unwrap() {
+            Some(found) => ours(found),
+            None => {
+                // Before Linux 6.11 the text is all there is.
+                let (major, minor) = kernel_version();
+                assert!((major, minor) < (6, 11), "PROCMAP_QUERY missing on Linux {major}.{minor}");
+                return;
+            }
+        };
+        let starts = |f: Vec<(u64, String)>| f.into_iter().map(|(s, _)| s as usize).collect::<Vec<_>>();
+        for scratch in [None, Some(dev)] {
+            let (q, t) = (g3_findings(&by_query, scratch), g3_findings(&by_text, scratch));
+            assert_eq!(starts(q.clone()), starts(t.clone()), "query {q:?}\ntext {t:?}");
+            let mut expected: Vec<usize> = made[2..].iter().map(|(p, ..)| *p).collect();
+            if scratch.is_some() {
+                expected.extend(made[..2].iter().map(|(p, ..)| *p));
+            }
+            expected.sort();
+            if scratch.is_some() {
+                // Both name the file a refused mapping of the scratch is of.
+                for f in [&q, &t] {
+                    let (_, text) = f.iter().find(|(s, _)| *s as usize == made[1].0).unwrap();
+                    assert!(
+                        text.contains("private mapping")
+                            && text.ends_with("file with spaces of a file of the germline's import scratch"),
+                        "{text}"
+                    );
+                }
+            }
+            assert_eq!(starts(q), expected, "scratch {scratch:?}");
+        }
+        for (p, len, _) in made {
+            // SAFETY: unmapping what `map` mapped above.
+            unsafe { libc::munmap(p as *mut libc::c_void, len) };
+        }
+    }
+
+    fn kernel_version() -> (u32, u32) {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release.trim().split(['.', '-']).map(|n| n.parse().unwrap_or(0));
+        (v.next().unwrap_or(0), v.next().unwrap_or(0))
+    }
+
+    #[test]
+    fn g3_allows_shared_memory_only_of_a_named_existing_file() {
+        for (name, allowed) in [
+            ("/usr/lib/x86_64-linux-gnu/libc.so.6", true),
+            ("/a path/with spaces", true),
+            ("", false),
+            ("[anon_shmem:named]", false),
+            ("[heap]", false),
+            ("/dev/zero (deleted)", false),
+            ("/memfd:buffer (deleted)", false),
+            ("/SYSV00000000 (deleted)", false),
+            ("/tmp/unlinked (deleted)", false),
+        ] {
+            assert_eq!(maps::names_an_existing_file(name), allowed, "{name:?}");
         }
     }
 

@@ -37,10 +37,24 @@ fn o1_o2_and_init_thread_are_refused_with_the_check_named() {
     assert!(refusal(w.start(RuntimeKind::Germline, &pipe, policy())).contains("(G2)"));
     let shm = case("shm", "KEEP.append(mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED))");
     assert!(refusal(w.start(RuntimeKind::Germline, &shm, policy())).contains("(G3)"));
+    // Shared memory mapped read-only is refused as well: each copy could make it writable
+    // with mprotect (anonymous shared memory, a memfd) and write where the next reads.
+    let shm_ro = case("shm-ro", "KEEP.append(mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ))");
+    assert!(refusal(w.start(RuntimeKind::Germline, &shm_ro, policy())).contains("(G3)"));
+    let memfd = case(
+        "memfd",
+        // Mapped by libc (Python's mmap keeps a descriptor, which G2 would refuse first).
+        "import ctypes; libc = ctypes.CDLL(None); libc.mmap.restype = ctypes.c_void_p; \
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]; \
+         fd = os.memfd_create('m'); os.ftruncate(fd, 4096); \
+         KEEP.append(libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)); os.close(fd)",
+    );
+    let r = refusal(w.start(RuntimeKind::Germline, &memfd, policy()));
+    assert!(r.contains("(G3)"), "{r}");
     let thread = case("thread", "threading.Thread(target=lambda: __import__('time').sleep(600), daemon=True).start()");
     assert!(refusal(w.start(RuntimeKind::Germline, &thread, policy())).contains("(G1)"));
     // Mechanism off: the unprotected runtime starts all of them.
-    for rel in [&pipe, &shm, &thread] {
+    for rel in [&pipe, &shm, &shm_ro, &memfd, &thread] {
         assert_eq!(refusal(w.start(RuntimeKind::SigPin, rel, policy())), "started");
     }
 }
