@@ -262,3 +262,59 @@ fn a_germline_that_died_is_started_again_at_the_next_call() {
         assert_eq!(result_text(&rt.call(&request("count", json!({}), &[]))), "1", "pool {pool}: after");
     }
 }
+
+const SESSIONS: &str = r#"
+RUNS = []
+def create_server():
+    m = FastMCP("sessions")
+    real = m._mcp_server.run
+    async def counted(*args, **kwargs):
+        RUNS.append(os.getpid())
+        return await real(*args, **kwargs)
+    m._mcp_server.run = counted
+    @m.tool()
+    def runs() -> str:
+        return json.dumps(RUNS)
+    return m
+"#;
+
+const LIFESPAN: &str = r#"
+import contextlib
+RUNS = []
+@contextlib.asynccontextmanager
+async def lifespan(server):
+    RUNS.append(os.getpid())
+    yield {}
+def create_server():
+    m = FastMCP("lifespan", lifespan=lifespan)
+    @m.tool()
+    def runs() -> str:
+        return json.dumps(RUNS)
+    return m
+"#;
+
+/// Before its first fork the germline answers one data-free MCP session of the SDK's own
+/// (`_warm_session`), so every copy starts with the request path's bytecode specialized
+/// and the SDK's caches filled instead of doing it in pages it copies on write. It never
+/// runs release code for that: a server with a lifespan of its own (which runs with every
+/// session, and may open its data) is left alone, and its lifespan runs in the copy only.
+#[test]
+fn the_germline_warms_the_sdk_with_one_session_and_never_runs_a_releases_lifespan() {
+    let w = World::new();
+    for pool in [0, 2] {
+        let rel = w.release("sessions", "", SESSIONS);
+        let mut rt = pooled(&w, &rel, pool, "");
+        let o = rt.call(&request("runs", json!({}), &[]));
+        // The germline is pid 2 of its PID namespace; a copy is pid 1 of its own.
+        assert_eq!(
+            result_text(&o),
+            "[2, 1]",
+            "pool {pool}: one session in the germline, one in the copy ({:?})",
+            o.error
+        );
+        let rel = w.release("lifespan", "", LIFESPAN);
+        let mut rt = pooled(&w, &rel, pool, "");
+        let o = rt.call(&request("runs", json!({}), &[]));
+        assert_eq!(result_text(&o), "[1]", "pool {pool}: the release's lifespan runs in the copy only ({:?})", o.error);
+    }
+}
