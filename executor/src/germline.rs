@@ -1266,10 +1266,21 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd, ExecutorError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// The first wait in [`pause_stopped`] between reading a copy's thread states; each
+/// later one doubles, up to [`STOP_POLL_MAX`].
+const STOP_POLL_FIRST: Duration = Duration::from_micros(25);
+const STOP_POLL_MAX: Duration = Duration::from_micros(400);
+
 /// [`CopyProcess::pause_idle`] by the copy's pidfd and pid.
 fn pause_stopped(pidfd: &OwnedFd, pid: i32, check_children: bool) -> Result<(), ExecutorError> {
     signal(pidfd, libc::SIGSTOP)?;
     let until = Instant::now() + Duration::from_secs(2);
+    // No event tells a process other than its parent that a process stopped, so its
+    // threads' states are read again until every one is stopped. An idle copy stops as
+    // soon as it is scheduled; on a busy machine that can take a scheduler slice or more,
+    // so the waits between readings grow (each reading lists the threads and reads each
+    // one's `stat`, most of this loop's cost) instead of reading every 100 us.
+    let mut wait = STOP_POLL_FIRST;
     loop {
         let tasks = std::fs::read_dir(format!("/proc/{}/task", pid))
             .map_err(ExecutorError::io("listing a pooled copy's threads"))?;
@@ -1285,7 +1296,8 @@ fn pause_stopped(pidfd: &OwnedFd, pid: i32, check_children: bool) -> Result<(), 
         if Instant::now() > until {
             return Err(ExecutorError::Copy("a pooled copy did not stop".into()));
         }
-        std::thread::sleep(Duration::from_micros(100));
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(STOP_POLL_MAX);
     }
     if check_children {
         if let Some(&c) = inspect::live_children(pid)?.first() {
