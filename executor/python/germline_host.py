@@ -319,13 +319,7 @@ def _warm_sdk():
         for kind in (SessionMessage | Exception, SessionMessage, types.JSONRPCResponse | types.JSONRPCError):
             for stream in anyio.create_memory_object_stream[kind](0):
                 stream.close()
-        for line in (
-            '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
-            '"capabilities":{},"clientInfo":{"name":"germline-broker","version":"0"}}}',
-            '{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}',
-            '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x","arguments":{}}}',
-            '{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"x"}],"isError":false}}',
-        ):
+        for line in _WARM_LINES + _WARM_SDK_HANDLED + (_WARM_RESULT,):
             msg = types.JSONRPCMessage.model_validate_json(line)
             msg.model_dump_json(by_alias=True, exclude_none=True)
     except Exception:
@@ -343,6 +337,8 @@ _WARM_SDK_HANDLED = (
     '{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}',
     '{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"germline warm-up","arguments":{}}}',
 )
+# The shape of a tool's answer (parsed by `_warm_sdk`, never sent).
+_WARM_RESULT = '{"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"text","text":"x"}],"isError":false}}'
 
 
 def _warm_session(server):

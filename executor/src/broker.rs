@@ -205,8 +205,9 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     // at once (not at the deadline); a copy alive at the deadline is killed.
     let timed_out = Arc::new(AtomicBool::new(false));
     let died = Arc::new(AtomicBool::new(false));
+    let killer = Arc::new(killer);
     let watchdog = {
-        let (wake, died, timed_out) = (wake.clone(), died.clone(), timed_out.clone());
+        let (wake, died, timed_out, killer) = (wake.clone(), died.clone(), timed_out.clone(), killer.clone());
         let pidfd = killer.pidfd();
         thread::spawn(move || {
             // Without a pidfd (its copy is already gone) only the deadline and the wake-up
@@ -260,7 +261,14 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     let _ = proxy.join();
     let _ = slots.join();
 
-    let result = if timed_out.load(Ordering::SeqCst) {
+    // The channel's own timeouts end at the same deadline as the watchdog's wait, and may
+    // end first: a call that failed once its deadline had passed failed by the deadline,
+    // whichever of the two noticed, and its copy is killed here if the watchdog did not.
+    let over = timed_out.load(Ordering::SeqCst) || (result.is_err() && Instant::now() >= deadline);
+    if over {
+        killer.kill();
+    }
+    let result = if over {
         Err(format!("copy exceeded its deadline of {} ms and was killed", budget.as_millis()))
     } else if result.is_err() && died.load(Ordering::SeqCst) && timings.connect.is_zero() {
         Err("the copy exited before it connected to its channel".to_owned())

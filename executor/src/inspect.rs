@@ -211,16 +211,15 @@ fn relaxed_allowance(pid: i32, fd: &str, target: &str, path: &std::path::Path) -
 /// and a later one learn which, or how many, by whether its own faults still succeed.
 pub fn check_g3(pid: i32, scratch_dev: Option<(u32, u32)>) -> Result<(), ExecutorError> {
     let scratch_dev = scratch_dev.filter(|_| !SCRATCH_MAPPING_CHECK_OFF_FOR_TESTS.load(Ordering::SeqCst));
-    let maps = match maps::by_query(pid, scratch_dev) {
-        Ok(Some(found)) => found,
-        Ok(None) => {
+    let maps = match maps::by_query(pid, scratch_dev)? {
+        Some(found) => found,
+        None => {
             static NOTED: std::sync::Once = std::sync::Once::new();
             NOTED.call_once(|| {
                 tracing::info!("this kernel has no PROCMAP_QUERY (Linux 6.11): G3 reads the text of /proc/PID/maps")
             });
             maps::by_text(pid)?
         }
-        Err(e) => return Err(e),
     };
     match g3_findings(&maps, scratch_dev).into_iter().next() {
         Some((_, finding)) => Err(ExecutorError::refused("G3", finding)),
