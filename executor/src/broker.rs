@@ -153,6 +153,8 @@ pub struct CopyJob<'a> {
 }
 
 struct CopyState {
+    /// Set when the copy's call is over: nothing more is relayed or recorded.
+    closed: bool,
     label: OutputLabel,
     egress: Vec<EgressEvent>,
     sent: BTreeMap<HostName, usize>,
@@ -176,8 +178,13 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         killer,
     } = job;
     let max = policy.limits.max_message_bytes;
-    let state =
-        Arc::new(Mutex::new(CopyState { label, egress: Vec::new(), sent: BTreeMap::new(), received: BTreeMap::new() }));
+    let state = Arc::new(Mutex::new(CopyState {
+        closed: false,
+        label,
+        egress: Vec::new(),
+        sent: BTreeMap::new(),
+        received: BTreeMap::new(),
+    }));
     let slot_writes = Arc::new(Mutex::new(Vec::new()));
     let slot_source = Arc::new(slot_source);
     let slot_given: Arc<Mutex<Option<SlotGiven>>> = Arc::new(Mutex::new(None));
@@ -254,12 +261,28 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         }
     };
     let t_down = Instant::now();
+    // The copy's answer is in (or the call failed): its threads are told to stop, and what
+    // they do from here on no longer counts. The call does not wait for them to be
+    // scheduled and exit (on a busy host that wait was most of a pooled call's teardown);
+    // instead each part of the copy's record is closed under its own lock, which the
+    // thread that adds to it holds while it acts: an egress being relayed is finished and
+    // recorded first, and anything later is refused, never relayed unrecorded.
     wake.wake();
-    slot_stop.store(true, Ordering::SeqCst);
+    let writes = {
+        let mut w = slot_writes.lock().unwrap_or_else(|p| p.into_inner());
+        slot_stop.store(true, Ordering::SeqCst);
+        std::mem::take(&mut *w)
+    };
     slot_source.interrupt();
-    let _ = watchdog.join();
-    let _ = proxy.join();
-    let _ = slots.join();
+    // After any slot being given (its label joined into the copy's) is in.
+    let given = slot_given.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let (label, egress, received) = {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.closed = true;
+        (st.label.clone(), std::mem::take(&mut st.egress), std::mem::take(&mut st.received))
+    };
+    // Not joined: woken above, each ends on its own.
+    drop((watchdog, proxy, slots));
 
     // The channel's own timeouts end at the same deadline as the watchdog's wait, and may
     // end first: a call that failed once its deadline had passed failed by the deadline,
@@ -275,16 +298,6 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
     } else {
         result.map_err(|e| e.to_string())
     };
-    let st = Arc::try_unwrap(state).map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()));
-    let (label, egress, received) = match st {
-        Ok(s) => (s.label, s.egress, s.received),
-        Err(arc) => {
-            let s = arc.lock().unwrap_or_else(|p| p.into_inner());
-            (s.label.clone(), s.egress.clone(), s.received.clone())
-        }
-    };
-    let writes = std::mem::take(&mut *slot_writes.lock().unwrap_or_else(|p| p.into_inner()));
-    let given = slot_given.lock().unwrap_or_else(|p| p.into_inner()).take();
     timings.teardown = t_down.elapsed();
     CopyResult { result, label, slot_writes: writes, slot: given, egress, received, timings }
 }
@@ -475,6 +488,9 @@ fn egress(
     deadline: Instant,
 ) -> Vec<u8> {
     let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    if st.closed {
+        return http::denied_response("the call is over");
+    }
     let Ok(host) = HostName::new(&req.host) else {
         st.egress.push(EgressEvent { group, host: req.host.clone(), decision: "denied" });
         return http::denied_response("not a host name");
@@ -618,6 +634,9 @@ fn slot_request(line: &[u8], copy: &CopySlot, budget: &mut WriteBudget) -> Optio
         }
     });
     let Some(op) = parsed else { return Some(b"malformed slot request\n".to_vec()) };
+    if copy.stop.load(Ordering::SeqCst) {
+        return None;
+    }
     let mut given = copy.given.lock().unwrap_or_else(|p| p.into_inner());
     if given.is_none() {
         // The copy's label as it stands when it gives the lease back (after its answer).
@@ -639,9 +658,15 @@ fn slot_request(line: &[u8], copy: &CopySlot, budget: &mut WriteBudget) -> Optio
         Op::Write(..) if budget.count == 0 => b"too many slot writes\n".to_vec(),
         Op::Write(..) if line.len() > budget.bytes => b"slot writes over the size limit\n".to_vec(),
         Op::Write(key, value) => {
+            // Under the lock the call's end takes the writes with: a write either counts or
+            // is refused, never acknowledged and dropped.
+            let mut writes = copy.writes.lock().unwrap_or_else(|p| p.into_inner());
+            if copy.stop.load(Ordering::SeqCst) {
+                return None;
+            }
             budget.count -= 1;
             budget.bytes -= line.len();
-            copy.writes.lock().unwrap_or_else(|p| p.into_inner()).push((key, value));
+            writes.push((key, value));
             b"ok\n".to_vec()
         }
     })

@@ -120,6 +120,14 @@ pub fn check_g1(pid: i32) -> Result<(), ExecutorError> {
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|v| v.trim().parse::<u32>().ok())
         .ok_or_else(|| ExecutorError::refused("G1", "no thread count in /proc status"))?;
+    // No thread at all: the process has exited and is being reaped (a live one always has
+    // its main thread). Not a refusal of the release: the caller learns the process is
+    // gone (a germline killed while the pool forked from it is started again).
+    if threads == 0 {
+        return Err(ExecutorError::io(format!("G1: process {pid} has exited"))(std::io::Error::from_raw_os_error(
+            libc::ESRCH,
+        )));
+    }
     if threads != 1 {
         return Err(ExecutorError::refused(
             "G1",

@@ -41,7 +41,8 @@ pub struct CopyTimings {
     pub first_byte: Duration,
     /// First byte until the whole answer is read.
     pub answer: Duration,
-    /// Stopping the copy's relay threads and killing it (its death is awaited later).
+    /// Closing the copy's record (its relay threads are told to stop, not waited for) and
+    /// killing it (its death is awaited later).
     pub teardown: Duration,
 }
 

@@ -348,3 +348,40 @@ fn tools_list_comes_from_a_data_free_copy_and_matches_sig_pin() {
     let names: Vec<&str> = lists[1]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, ["summarize", "scan"]);
 }
+
+const LATE: &str = r#"
+import threading
+def create_server():
+    m = FastMCP("late")
+    @m.tool()
+    def late() -> str:
+        threading.Thread(target=lambda: get("http://slow.example/"), daemon=True).start()
+        time.sleep(0.3)
+        return "answered"
+    return m
+"#;
+
+/// A request the copy's broker is still relaying when the copy answers is finished and
+/// recorded before the call returns: the call does not wait for the broker's threads to
+/// exit, but closes the copy's record under the lock a relay holds. Nothing reaches a host
+/// without being in the call's egress log. Fork per call and pooled.
+#[test]
+fn an_egress_in_flight_at_the_answer_is_in_the_egress_log() {
+    for pool in [0, 2] {
+        let w = World::new();
+        let slow = Sink::start(SinkBehaviour::Slow { delay: std::time::Duration::from_millis(1500) });
+        let rel = w.release("late", "[tools.late]\nhosts = [\"slow.example\"]\n", &format!("import time\n{LATE}"));
+        let limits = format!("[limits]\npool = {pool}\n");
+        let policy = w.policy(&[("slow.example", &[], Some(slow.addr()))], &[("agent", &[])], &limits);
+        let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+        let t0 = std::time::Instant::now();
+        let o = rt.call(&request("late", json!({}), &[]));
+        let took = t0.elapsed();
+        assert_eq!(result_text(&o), "answered", "pool {pool}: {:?}", o.error);
+        assert_eq!(slow.request_count(), 1, "pool {pool}: the request reached the host while the copy answered");
+        let log: Vec<(String, String)> =
+            o.egress.iter().map(|e| (e.host.clone().unwrap_or_default(), e.decision.clone())).collect();
+        assert_eq!(log, [("slow.example".to_owned(), "delivered".to_owned())], "pool {pool}: in the log");
+        assert!(took >= std::time::Duration::from_millis(1400), "pool {pool}: the call waited for the relay: {took:?}");
+    }
+}
