@@ -391,7 +391,9 @@ fn talk_pooled(
         }
     }
     client.control(&twin_line, ack).map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
+    let t_view = Instant::now();
     view.mount()?;
+    timings.view = t_view.elapsed();
     let mut data_line = json!({"germline": "data"});
     if let Value::Object(m) = data {
         if let Some(o) = data_line.as_object_mut() {
@@ -399,7 +401,7 @@ fn talk_pooled(
         }
     }
     client.control(&data_line, false)?;
-    timings.preamble = t1.elapsed();
+    timings.preamble = t1.elapsed() - timings.view;
     ask(&mut client, method, params, timings)
 }
 

@@ -33,8 +33,11 @@ pub struct CopyTimings {
     pub threads: Duration,
     /// Until the copy connected to its channel.
     pub connect: Duration,
-    /// Sending the preamble (twin inputs, slot, environment).
+    /// Sending the preamble (twin inputs, slot, environment); for a pooled copy, the twin
+    /// inputs until the copy has taken them, and its slot and environment.
     pub preamble: Duration,
+    /// Mounting a pooled copy's view (a fresh copy's is mounted while it connects).
+    pub view: Duration,
     /// MCP `initialize` and `notifications/initialized`.
     pub initialize: Duration,
     /// `tools/call` sent until the first byte of the copy's answer.
@@ -48,7 +51,7 @@ pub struct CopyTimings {
 
 impl CopyTimings {
     /// Every phase with its name, in call order.
-    pub fn phases(&self) -> [(&'static str, Duration); 15] {
+    pub fn phases(&self) -> [(&'static str, Duration); 16] {
         [
             ("take from pool", self.take),
             ("reap previous copy", self.reap),
@@ -61,6 +64,7 @@ impl CopyTimings {
             ("broker threads", self.threads),
             ("channel connect", self.connect),
             ("preamble", self.preamble),
+            ("view mount", self.view),
             ("MCP initialize", self.initialize),
             ("first byte", self.first_byte),
             ("answer", self.answer),
