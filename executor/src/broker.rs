@@ -8,7 +8,6 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use germline_model::{CallRecords, EgressDecision, HostName, OutputLabel};
@@ -23,6 +22,7 @@ use crate::policy::Policy;
 use crate::slots::{SlotGiven, SlotSource};
 use crate::timings::CopyTimings;
 use crate::wake::{Ready, Wake};
+use crate::workers;
 use crate::ExecutorError;
 
 /// What one call's copies share: the records of each host, in the model's terms.
@@ -207,16 +207,18 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         }
     };
 
-    // One thread per copy sleeps on its pidfd until the copy exits, the deadline passes or
-    // the call is over. A copy that dies before it connects ends the wait for its channel
-    // at once (not at the deadline); a copy alive at the deadline is killed.
+    // Three broker threads per copy, taken from `workers` and never joined: each ends its
+    // job when the copy's wake-up fires. One sleeps on its pidfd until the copy exits, the
+    // deadline passes or the call is over. A copy that dies before it connects ends the
+    // wait for its channel at once (not at the deadline); a copy alive at the deadline is
+    // killed.
     let timed_out = Arc::new(AtomicBool::new(false));
     let died = Arc::new(AtomicBool::new(false));
     let killer = Arc::new(killer);
-    let watchdog = {
+    {
         let (wake, died, timed_out, killer) = (wake.clone(), died.clone(), timed_out.clone(), killer.clone());
         let pidfd = killer.pidfd();
-        thread::spawn(move || {
+        workers::run(move || {
             // Without a pidfd (its copy is already gone) only the deadline and the wake-up
             // end the wait: poll ignores a negative descriptor.
             let fd = pidfd.as_ref().map_or(-1, |p| p.as_raw_fd());
@@ -231,14 +233,14 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
                 }
                 Ready::Woken => {}
             }
-        })
-    };
-    let proxy = {
+        });
+    }
+    {
         let (wake, state, shared, policy) = (wake.clone(), state.clone(), shared.clone(), policy.clone());
         let listener = proxy;
-        thread::spawn(move || proxy_loop(listener, &wake, group_index, &state, &shared, &policy, deadline))
-    };
-    let slots = {
+        workers::run(move || proxy_loop(listener, &wake, group_index, &state, &shared, &policy, deadline));
+    }
+    {
         let copy_slot = CopySlot {
             source: slot_source.clone(),
             given: slot_given.clone(),
@@ -248,8 +250,8 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
             deadline,
         };
         let (wake, listener) = (wake.clone(), slot);
-        thread::spawn(move || slot_loop(listener, &wake, &copy_slot, max))
-    };
+        workers::run(move || slot_loop(listener, &wake, &copy_slot, max));
+    }
 
     timings.threads = t_threads.elapsed();
     let result = match channel {
@@ -281,8 +283,6 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         st.closed = true;
         (st.label.clone(), std::mem::take(&mut st.egress), std::mem::take(&mut st.received))
     };
-    // Not joined: woken above, each ends on its own.
-    drop((watchdog, proxy, slots));
 
     // The channel's own timeouts end at the same deadline as the watchdog's wait, and may
     // end first: a call that failed once its deadline had passed failed by the deadline,

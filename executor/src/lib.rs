@@ -37,6 +37,7 @@ pub mod timings;
 pub mod tls;
 pub mod view_order;
 pub mod wake;
+mod workers;
 
 pub use error::ExecutorError;
 
