@@ -3,13 +3,11 @@
 //! 0600 file under the runtime's home, outside every path a germline may read, and only
 //! the certificate file is ever handed to a germline.
 
-use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -24,8 +22,6 @@ use crate::ExecutorError;
 pub const CA_CERT_FILE: &str = "germline-ca.pem";
 const CA_KEY_FILE: &str = "germline-ca-key.pem";
 const CA_NAME: &str = "germline deployment CA";
-/// Most leaf certificates kept; the cache starts over when full.
-const MAX_LEAVES: usize = 1024;
 
 /// A leaf certificate for one host name, with its key, ready for a TLS server.
 pub struct Leaf {
@@ -36,12 +32,11 @@ pub struct Leaf {
 }
 
 /// The deployment CA: loads (or creates once) the key and certificate and issues leaf
-/// certificates per host, cached.
+/// certificates, a new one (with a new key) each time: nothing is kept between two.
 pub struct DeploymentCa {
     cert_path: PathBuf,
     cert_der: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
-    leaves: Mutex<HashMap<String, Arc<Leaf>>>,
 }
 
 impl std::fmt::Debug for DeploymentCa {
@@ -118,7 +113,7 @@ impl DeploymentCa {
             std::fs::rename(&tmp, &cert_path).map_err(ExecutorError::io("installing the CA certificate"))?;
             (key, cert.der().clone())
         };
-        Ok(DeploymentCa { cert_path, cert_der, issuer: Issuer::new(params, key), leaves: Mutex::new(HashMap::new()) })
+        Ok(DeploymentCa { cert_path, cert_der, issuer: Issuer::new(params, key) })
     }
 
     /// The certificate file copies trust (the only CA file a germline may read).
@@ -126,12 +121,8 @@ impl DeploymentCa {
         &self.cert_path
     }
 
-    /// A leaf certificate for `host` signed by this CA (cached per host).
-    pub fn leaf(&self, host: &str) -> Result<Arc<Leaf>, ExecutorError> {
-        let mut cache = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = cache.get(host) {
-            return Ok(l.clone());
-        }
+    /// A new leaf certificate for `host`, with a new key, signed by this CA.
+    pub fn leaf(&self, host: &str) -> Result<Leaf, ExecutorError> {
         let mut params = CertificateParams::new(vec![host.to_owned()]).map_err(|e| cerr("leaf name", e))?;
         params.distinguished_name.push(DnType::CommonName, host);
         params.use_authority_key_identifier_extension = true;
@@ -139,15 +130,10 @@ impl DeploymentCa {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let key = KeyPair::generate().map_err(|e| cerr("leaf key", e))?;
         let cert = params.signed_by(&key, &self.issuer).map_err(|e| cerr("leaf signing", e))?;
-        let leaf = Arc::new(Leaf {
+        Ok(Leaf {
             chain: vec![cert.der().clone(), self.cert_der.clone()],
             key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        });
-        if cache.len() >= MAX_LEAVES {
-            cache.clear();
-        }
-        cache.insert(host.to_owned(), leaf.clone());
-        Ok(leaf)
+        })
     }
 }
 
@@ -184,8 +170,9 @@ mod tests {
         let cert = std::fs::read(ca.cert_path()).unwrap();
         let again = DeploymentCa::open(&dir.path().join("ca")).unwrap();
         assert_eq!(std::fs::read(again.cert_path()).unwrap(), cert, "the CA is created once");
-        let a = ca.leaf("api.example").unwrap();
-        assert!(Arc::ptr_eq(&a, &ca.leaf("api.example").unwrap()), "leaves are cached");
+        let (a, b) = (ca.leaf("api.example").unwrap(), ca.leaf("api.example").unwrap());
+        assert_ne!(a.chain[0], b.chain[0], "every leaf is new: nothing is kept between two");
+        assert_eq!(a.chain[1], b.chain[1], "both are signed by the one CA");
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(DeploymentCa::open(&dir.path().join("ca")).is_err(), "a readable key is refused");
     }

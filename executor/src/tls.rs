@@ -28,11 +28,23 @@ const MAX_TUNNEL_REQUESTS: usize = 100;
 
 /// The broker's TLS side for one deployment: the CA that copies trust and the client
 /// configuration that verifies real destinations.
+///
+/// It keeps nothing that one copy's traffic changes and another copy's can see. Each
+/// tunnel gets a leaf of its own, with a key of its own (a cache of leaves shared by every
+/// copy was a channel: a copy holding an item filled it with made-up host names, and a
+/// later copy counted how many names it took until its own host's leaf changed). Upstream
+/// sessions are never resumed (a shared resumption store would let one copy's deliveries
+/// change whether, and how fast, another copy's handshake with a host completes).
 pub struct DeploymentTls {
     ca: DeploymentCa,
-    servers: Mutex<HashMap<String, Arc<ServerConfig>>>,
+    /// Only with [`SHARED_LEAVES_FOR_TESTS`]: the shared cache, as it was.
+    shared_for_tests: Mutex<HashMap<String, Arc<ServerConfig>>>,
     client: Arc<ClientConfig>,
 }
+
+/// Test-only: tunnels share one leaf per host name, cached for the deployment and started
+/// over at 1024 names (the mechanism-off twin of `redteam_tls`).
+pub static SHARED_LEAVES_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl std::fmt::Debug for DeploymentTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,12 +77,13 @@ impl DeploymentTls {
                 roots.add(c).map_err(|e| ExecutorError::Policy(format!("tls.extra_roots {}: {e}", path.display())))?;
             }
         }
-        let client = ClientConfig::builder_with_provider(provider())
+        let mut client = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| terr("client versions", e))?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        Ok(DeploymentTls { ca, servers: Mutex::new(HashMap::new()), client: Arc::new(client) })
+        client.resumption = rustls::client::Resumption::disabled();
+        Ok(DeploymentTls { ca, shared_for_tests: Mutex::new(HashMap::new()), client: Arc::new(client) })
     }
 
     /// The CA certificate file copies trust.
@@ -78,23 +91,29 @@ impl DeploymentTls {
         self.ca.cert_path()
     }
 
+    /// A server configuration for one tunnel as `host`, with a fresh leaf.
     fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, ExecutorError> {
-        if let Some(c) = self.servers.lock().unwrap_or_else(|p| p.into_inner()).get(host) {
-            return Ok(c.clone());
+        let shared = SHARED_LEAVES_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst);
+        if shared {
+            if let Some(c) = self.shared_for_tests.lock().unwrap_or_else(|p| p.into_inner()).get(host) {
+                return Ok(c.clone());
+            }
         }
         let leaf = self.ca.leaf(host)?;
         let cfg = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| terr("server versions", e))?
             .with_no_client_auth()
-            .with_single_cert(leaf.chain.clone(), leaf.key.clone_key())
+            .with_single_cert(leaf.chain, leaf.key)
             .map_err(|e| terr("leaf", e))?;
         let cfg = Arc::new(cfg);
-        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-        if servers.len() >= 1024 {
-            servers.clear();
+        if shared {
+            let mut servers = self.shared_for_tests.lock().unwrap_or_else(|p| p.into_inner());
+            if servers.len() >= 1024 {
+                servers.clear();
+            }
+            servers.insert(host.to_owned(), cfg.clone());
         }
-        servers.insert(host.to_owned(), cfg.clone());
         Ok(cfg)
     }
 
@@ -234,5 +253,84 @@ mod tests {
         assert!(rest.ends_with(b"two!"), "{}", String::from_utf8_lossy(&rest));
         let https = |t: &str, b: &[u8]| ("https".to_owned(), "api.example".to_owned(), t.to_owned(), b.to_vec());
         assert_eq!(seen, vec![https("/one", b""), https("/two", b"hi")]);
+    }
+
+    /// Two forwards to one host: each is a full handshake. With the client's resumption
+    /// store on (rustls' default, the mechanism off), the second resumes the first's
+    /// session: state one copy's delivery leaves for another's.
+    #[test]
+    fn upstream_sessions_are_never_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_dir = dir.path().join("ca");
+        // The host's certificate comes from the same CA, trusted as an extra root.
+        let ca_pem = DeploymentCa::open(&ca_dir).unwrap().cert_path().to_owned();
+        let tls = DeploymentTls::open(&ca_dir, &[ca_pem]).unwrap();
+        let leaf = tls.ca.leaf("api.example").unwrap();
+        let server = Arc::new(
+            ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(leaf.chain, leaf.key)
+                .unwrap(),
+        );
+        let mut roots = RootCertStore::empty();
+        for c in pem_certificates(&std::fs::read(tls.ca_cert_path()).unwrap()).unwrap() {
+            roots.add(c).unwrap();
+        }
+        // rustls' default: a resumption store.
+        let resuming = Arc::new(
+            ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        let req = HttpRequest {
+            method: "GET".into(),
+            scheme: "https".into(),
+            host: "api.example".into(),
+            port: 443,
+            target: "/".into(),
+            headers: vec![("Host".into(), b"api.example".to_vec())],
+            body: Vec::new(),
+        };
+        let mut kinds = Vec::new();
+        for off in [true, false] {
+            let t = DeploymentTls {
+                ca: DeploymentCa::open(&ca_dir).unwrap(),
+                shared_for_tests: Mutex::new(HashMap::new()),
+                client: if off { resuming.clone() } else { tls.client.clone() },
+            };
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = server.clone();
+            let host = std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                for _ in 0..2 {
+                    let (tcp, _) = listener.accept().unwrap();
+                    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let mut s = StreamOwned::new(ServerConnection::new(server.clone()).unwrap(), tcp);
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && s.read(&mut b).unwrap() == 1 {
+                        head.push(b[0]);
+                    }
+                    seen.push(s.conn.handshake_kind());
+                    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok").unwrap();
+                    s.conn.send_close_notify();
+                    let _ = s.flush();
+                }
+                seen
+            });
+            for _ in 0..2 {
+                let reply = t.forward(&req, addr, Instant::now() + Duration::from_secs(10), 1 << 20).unwrap();
+                assert!(reply.ends_with(b"ok"), "{}", String::from_utf8_lossy(&reply));
+            }
+            kinds.push(host.join().unwrap());
+        }
+        use rustls::HandshakeKind::{Full, Resumed};
+        assert_eq!(kinds[0], [Some(Full), Some(Resumed)], "mechanism off: the second session resumes the first");
+        assert_eq!(kinds[1], [Some(Full), Some(Full)], "every upstream handshake is a full one");
     }
 }
