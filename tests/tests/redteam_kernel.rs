@@ -149,7 +149,7 @@ fn check_reap(exit_signal: bool, refusal: &str) {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let (c, text, err) = reap_run(true, exit_signal);
     assert!(err.is_none(), "off: {err:?} {text}");
-    assert!(c.leaked(&text), "off: the canary reaches the public consumer: {text}");
+    assert!(c.leaked(&text), "off: the canary {} reaches the public consumer: {text}", c.canary);
     let got: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(got["got"], json!(c.canary), "off: 96 of 96 bits");
     eprintln!("reap (exit signal {exit_signal}) off: 96/96 bits in 12 calls ({text})");
