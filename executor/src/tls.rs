@@ -43,7 +43,8 @@ pub struct DeploymentTls {
 }
 
 /// Test-only: tunnels share one leaf per host name, cached for the deployment and started
-/// over at 1024 names (the mechanism-off twin of `redteam_tls`).
+/// over at 1024 names (the mechanism-off run of
+/// `redteam_teardown::redteam_tls_leaf_cache_carries_a_count_between_copies_only_when_shared`).
 pub static SHARED_LEAVES_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl std::fmt::Debug for DeploymentTls {
