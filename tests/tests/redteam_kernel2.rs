@@ -1,9 +1,9 @@
 //! Kernel channels found by a second adversarial pass, after each live copy got host ids
-//! of its own (`executor/src/ids.rs`). Each test runs releases from
-//! `tests/attacks/kernel/<name>/server.py` with the mechanism that closes the channel off
-//! (the earlier denylist filter, which let `getsockname`, `SO_COOKIE` and `SO_ZEROCOPY`
-//! through; or the broker's egress on kernel-picked source ports) and asserts the canary
-//! crosses, then with it on and asserts nothing does.
+//! of its own (`executor/src/ids.rs`), and by a later one (`statfs`, issue 15). Each test
+//! runs releases from `tests/attacks/kernel/<name>/server.py` with the mechanism that
+//! closes the channel off (the earlier denylist filter, which let `getsockname`,
+//! `SO_COOKIE`, `SO_ZEROCOPY` and `statfs` through; or the broker's egress on kernel-picked
+//! source ports) and asserts the canary crosses, then with it on and asserts nothing does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -13,6 +13,7 @@ use germline_executor::confine::SandboxSwitches;
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_executor::seccomp::SeccompPolicy;
 use germline_tests::oracle::Oracle;
+use germline_tests::sink::{Sink, SinkBehaviour};
 use germline_tests::world::{request, result_text, World};
 use serde_json::{json, Value};
 
@@ -528,4 +529,85 @@ def create_server():
         eprintln!("broker source ports, kernel-picked {off}: steps {steps:?} after 200 connects each");
         assert_eq!(moved, off, "off: every step is what the connects moved the entry by; on: unrelated ({steps:?})");
     }
+}
+
+// --- statfs: host free space moved by the broker's own writes --------------------------
+
+/// One 2 MiB reply: a trigger's opening, which holds the serving copy's transcript, is
+/// about 680 blocks of 4 KiB.
+const STATFS_REPLY: usize = 2 << 20;
+
+/// `bits` hr calls of the sender (its consumer is cleared for hr, its only host for
+/// nothing), each followed by a public call of another release that reads `/usr`'s free
+/// blocks. Returns the public answers.
+fn statfs_run(off: bool, bits: usize) -> (Oracle, String, Vec<String>) {
+    let code = attack("statfs");
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    // The broker's data directory on the file system under /usr, as on a one-disk host.
+    let data = tempfile::Builder::new().prefix("germline-statfs-").tempdir_in("/var/tmp").expect("/var/tmp");
+    let dev = |path: &Path| std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(path).unwrap());
+    assert_eq!(dev(data.path()), dev(Path::new("/usr")), "this test needs /var/tmp and /usr on one file system");
+    let big = Sink::start(SinkBehaviour::Ok { status: 200, body: vec![b'a'; STATFS_REPLY] });
+    let sender = w.release("statfs-send", "[tools.carry]\nhosts = [\"stats.example\"]\n[tools.free]\n", &code);
+    let policy = w.policy(&[("stats.example", &[], Some(big.addr()))], &[("agent", &["hr"])], "");
+    let mut sender = with_filter(w.start(RuntimeKind::Germline, &sender, policy).expect("sender starts"), filter(off));
+    sender.set_trigger_log(data.path().join("triggers.jsonl"));
+    // The receiver: another release, called by a consumer cleared for nothing.
+    let receiver = w.release("statfs-read", "[tools.free]\n[tools.carry]\n", &code);
+    let policy = w.policy(&[], &[("public", &[])], "");
+    let mut reader =
+        with_filter(w.start(RuntimeKind::Germline, &receiver, policy).expect("reader starts"), filter(off));
+    let mut reads = vec![public_with(&mut reader, "free", json!({}))];
+    for i in 0..bits {
+        let mut req = request("carry", json!({"document": secret, "i": i}), &[&secret]);
+        req.consumers = vec!["agent".into()];
+        let o = sender.call(&req);
+        assert!(o.error.is_none(), "carry {i}: {:?}", o.error);
+        reads.push(public_with(&mut reader, "free", json!({})));
+    }
+    (oracle, hr.as_str().to_owned(), reads)
+}
+
+/// Bit `i` is 1 where the free blocks dropped by more than half an opening between reads.
+fn statfs_decode(reads: &[String]) -> String {
+    let blocks: Vec<i64> =
+        reads.iter().map(|r| r.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0)).collect();
+    let threshold = (STATFS_REPLY as i64 / 4096) / 2;
+    let mut got = 0u128;
+    for (i, pair) in blocks.windows(2).take(96).enumerate() {
+        got |= u128::from(pair[0] - pair[1] > threshold) << (95 - i);
+    }
+    format!("GLC-hr-{got:024x}")
+}
+
+/// Found by the adversarial pass after issue 15's teardown. A copy holding hr decides
+/// whether its call records a trigger; a trigger makes the broker append and fsync the
+/// call's opening (megabytes: the transcript of the data-free serving copy, which fetched
+/// a large reply). Any later copy of any release, for a consumer cleared for nothing, read
+/// the drop in free blocks with `statvfs("/usr")`: a read-only bind reports the live
+/// counters of the file system under it. Off (the earlier denylist filter, `statfs`
+/// allowed) the canary crosses; on, `statfs` and `fstatfs` are refused.
+#[test]
+fn statfs_free_blocks_moved_by_trigger_openings_carry_the_canary_to_another_release() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    // Another writer on the host can move the count by as much as an opening now and then,
+    // so the off run counts the bits it got right: 88 of 96 is a disclosure all the same
+    // (chance is 48).
+    let (oracle, canary, reads) = statfs_run(true, 96);
+    let text = statfs_decode(&reads);
+    let want = u128::from_str_radix(canary.rsplit('-').next().unwrap_or_default(), 16).unwrap();
+    let got = u128::from_str_radix(text.rsplit('-').next().unwrap_or_default(), 16).unwrap();
+    let right = 96 - (want ^ got).count_ones();
+    assert!(right >= 88, "statfs off: {right}/96 bits of {canary} reach a public call: {text} ({reads:?})");
+    let whole = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
+    eprintln!("statfs off: {right}/96 bits in 96 hr calls and 97 public reads ({text}; the whole canary: {whole})");
+    let (oracle, _, reads) = statfs_run(false, 4);
+    for r in &reads {
+        assert!(refused(r), "statfs on: every read refused: {reads:?}");
+        assert!(oracle.disclosures("public", &[], r.as_bytes()).is_empty(), "statfs on: {reads:?}");
+    }
+    eprintln!("statfs on: 0 bits ({})", reads[0]);
 }
