@@ -34,8 +34,8 @@ fn release(name: &str, dir: &Path) {
 }
 
 /// The hr document holding `content` under `dir/items/hr`, and a policy clearing
-/// `hr.example` for hr, `stats.example` and the `public` consumer for nothing, both hosts
-/// at one loopback sink. Returns the document's path.
+/// `hr.example` and the `hrc` consumer for hr, `stats.example` and the `public` consumer
+/// for nothing, both hosts at one loopback sink. Returns the document's path.
 fn world(dir: &Path, content: &str, sink_connections: usize) -> PathBuf {
     let items = dir.join("items/hr");
     std::fs::create_dir_all(&items).unwrap();
@@ -45,7 +45,7 @@ fn world(dir: &Path, content: &str, sink_connections: usize) -> PathBuf {
     std::fs::write(
         dir.join("policy.toml"),
         format!(
-            "tags = [\"hr\"]\n[[items]]\npath = \"{}/**\"\nlabel = [\"hr\"]\n[destinations.\"hr.example\"]\nclearance = [\"hr\"]\n[destinations.\"stats.example\"]\nclearance = []\n[consumers.public]\nclearance = []\n[hosts]\n\"hr.example\" = \"127.0.0.1:{port}\"\n\"stats.example\" = \"127.0.0.1:{port}\"\n",
+            "tags = [\"hr\"]\n[[items]]\npath = \"{}/**\"\nlabel = [\"hr\"]\n[destinations.\"hr.example\"]\nclearance = [\"hr\"]\n[destinations.\"stats.example\"]\nclearance = []\n[consumers.public]\nclearance = []\n[consumers.hrc]\nclearance = [\"hr\"]\n[hosts]\n\"hr.example\" = \"127.0.0.1:{port}\"\n\"stats.example\" = \"127.0.0.1:{port}\"\n",
             items.display()
         ),
     )
@@ -614,4 +614,53 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
     assert_eq!(sums, [0.0; 4], "on: no latency sample of a call with a labelled copy");
     assert_eq!(ran, Some(3.0), "on: every call counted, as `ran`");
     assert!(!log.contains("latency_ms="), "on: no latency in the call span: {log}");
+}
+
+/// Found by the adversarial pass of 2026-12-04 (`tests/attacks/outputs/replay-lock`). The
+/// service verifies a call's triggers (probe and control replays, which hold the hr item)
+/// after the call's outcome went out but while it still holds the release's lane, so the
+/// next call of the release waits for them. An hr call whose only consumer (`hrc`) is
+/// cleared for hr records a trigger; its probe sleeps 0.15 s x a hex digit per try (3
+/// tries); a `public` caller calling right after reads the digit from its own round trip,
+/// against one trigger whose probe sleeps for digit 0.
+/// Open (SECURITY.md, "Replay time seen by the next caller"): asserts what was measured.
+#[test]
+#[ignore = "open channel: see SECURITY.md"]
+fn replay_time_holding_the_lane_spells_hr_digits_to_the_next_public_caller() {
+    const CANARY: &str = "c0ffee5a";
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    release("replay-lock", dir);
+    let doc = world(dir, CANARY, 1000);
+    let (svc, hash) = Service::start(dir, &[]);
+    let token = std::fs::read_to_string(dir.join("data/api-token")).unwrap().trim().to_owned();
+    let url = format!("/v1/releases/{hash}/calls");
+    let hr_call = |i: i64| json!({"tool": "scan", "arguments": {"document": doc, "index": i}, "items": [doc], "consumers": ["hrc"]});
+    let public_call = json!({"tool": "scan", "arguments": {"document": ""}, "consumers": ["public"]});
+    // An hr call, then at once a public call, timed by its caller.
+    let round = |i: i64| {
+        let (s, b) = svc.http("POST", &url, Some((&token, &hr_call(i))));
+        assert_eq!(s, 200, "{b}");
+        let t0 = Instant::now();
+        let (s, b) = svc.http("POST", &url, Some((&token, &public_call)));
+        assert_eq!(s, 200, "{b}");
+        assert!(!b.contains(CANARY), "{b}");
+        t0.elapsed().as_secs_f64()
+    };
+    // Calibration: a trigger whose probe sleeps for digit 0 (index -1), i.e. the replays'
+    // own cost. The unit is public too: the host's probe tries (3 by default) times the
+    // release's step.
+    let zero = round(-1);
+    let unit = 3.0 * 0.15;
+    let mut spelled = String::new();
+    // Dampening suppresses the release at 9 triggered calls in a row: 1 + 7 here.
+    for i in 0..7 {
+        let waited = round(i) - zero;
+        let digit = (waited / unit).round().clamp(0.0, 15.0) as u32;
+        eprintln!("hr call {i}: the next public call waited {waited:.3} s more than after digit 0: {digit:x}");
+        spelled.push(char::from_digit(digit, 16).unwrap());
+    }
+    let right = spelled.chars().zip(CANARY.chars()).filter(|(a, b)| a == b).count();
+    eprintln!("the public caller read {spelled}, the hr document begins {}: {right}/7 hex digits", &CANARY[..7]);
+    assert!(right >= 6, "{spelled} against {CANARY}");
 }
