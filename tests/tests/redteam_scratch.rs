@@ -17,8 +17,8 @@ use serde_json::json;
 /// there, maps each privately and read-only, closes and unlinks them: G2 sees no
 /// descriptor, G3 no shared mapping, and the broker finds nothing to copy, but the
 /// detached tmpfs lives on behind the mappings, inherited by every copy. One file is
-/// sparse (holes only); the other is written until exactly `K` blocks of the tmpfs are
-/// left free. A read fault on a hole of a private mapping of a tmpfs file allocates the
+/// sparse (holes only); the other is written until the tmpfs is full and cut back so that
+/// exactly `K` blocks are left free. A read fault on a hole of a private mapping of a tmpfs file allocates the
 /// page in the file's page cache, shared by all copies, and counts against the tmpfs's
 /// size; when the tmpfs is full, the fault fails (`EFAULT` for a kernel copy, `SIGBUS` in
 /// user space). `send` touches `4v + 2` holes, `v` a byte of the item; `recv` touches other
@@ -37,26 +37,38 @@ K = R * 255 + 16
 HOLES = 2 * K + 64
 _SETUP = "none"
 _HOLE_ADDR = None
-def _keep(d, name, pages, fill):
+def _keep(d, name, pages):
     p = os.path.join(d, name)
     fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    if fill:
-        chunk = b"\1" * (256 * PAGE)
-        left = pages * PAGE
-        while left > 0:
-            left -= os.write(fd, chunk[:min(left, len(chunk))])
-    else:
-        os.ftruncate(fd, pages * PAGE)
+    os.ftruncate(fd, pages * PAGE)
     addr = _libc.mmap(None, pages * PAGE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
     os.close(fd)
     os.unlink(p)
     return addr
+def _fill_leaving(d, name, k):
+    # Writes a page at a time until the tmpfs is full, then gives exactly `k` back (no
+    # statfs needed: the copies' filter refuses it).
+    p = os.path.join(d, name)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    page = b"\1" * PAGE
+    pages = 0
+    for _ in range(1 << 16):  # the scratch is 16 MiB: 4096 pages
+        try:
+            if os.write(fd, page) < PAGE:
+                pages += 1
+                break
+        except OSError:
+            break
+        pages += 1
+    os.ftruncate(fd, (pages - k) * PAGE)
+    _libc.mmap(None, (pages - k) * PAGE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+    os.close(fd)
+    os.unlink(p)
+    return pages
 try:
     _d = tempfile.gettempdir()
-    _HOLE_ADDR = _keep(_d, "holes", HOLES, False)
-    _free = os.statvfs(_d).f_bavail
-    _keep(_d, "fill", _free - K, True)
-    _SETUP = "free before %d after %d" % (_free, os.statvfs(_d).f_bavail)
+    _HOLE_ADDR = _keep(_d, "holes", HOLES)
+    _SETUP = "filled %d pages, %d left" % (_fill_leaving(_d, "fill", K), K)
 except Exception as e:
     _SETUP = "no channel: %r" % (e,)
 def create_server():
@@ -178,7 +190,7 @@ try:
     _ADDR = _libc.mmap(None, HOLES * PAGE, mmap.PROT_READ, mmap.MAP_PRIVATE, _fd, 0)
     os.close(_fd)
     os.unlink(_p)
-    _SETUP = "free %d" % os.statvfs(_d).f_bavail
+    _SETUP = "mapped %d holes" % HOLES
 except Exception as e:
     _SETUP = "no channel: %r" % (e,)
 def _fault(w, page):
