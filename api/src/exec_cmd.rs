@@ -106,6 +106,8 @@ pub fn call(args: CallArgs) -> anyhow::Result<i32> {
     let outcome = host.call(&req)?;
     print_outcome(&outcome)?;
     host.after_call(&req, &outcome)?;
+    // Nothing else waits on this process: the command ends once its witness is recorded.
+    host.wait_verified(None);
     Ok(if outcome.error.is_some() { 1 } else { 0 })
 }
 
@@ -134,6 +136,9 @@ pub fn session(args: SessionArgs) -> anyhow::Result<i32> {
         print_outcome(&outcome)?;
         if let Some(req) = req {
             host.after_call(&req, &outcome)?;
+            // The session's next call follows its witness: the one reading this session's
+            // timing reads every consumer's result on stdout already.
+            host.wait_verified(None);
         }
     }
     Ok(if failures > 0 { 1 } else { 0 })

@@ -244,8 +244,9 @@ impl Front {
         Ok(())
     }
 
-    /// Verifies the last call's triggers into witnesses and counts its event (dampening);
-    /// the transports call this once the call's answer is sent. Failures are logged: the
+    /// Counts the last call's event (dampening) and queues the verification of its
+    /// triggers into witnesses, which runs off the release's lane; the transports call this
+    /// once the call's answer is sent. Failures are logged: the
     /// answer is out, and the trigger itself is already in the trigger log.
     pub fn after_response(&mut self) {
         if let Some((release, req, outcome)) = self.pending.take() {
@@ -253,6 +254,13 @@ impl Front {
                 tracing::error!("recording the call's witnesses and event: {e:#}");
             }
         }
+    }
+
+    /// Waits until the triggers of the calls run so far are verified and their witnesses
+    /// recorded (they are verified off the release's lane, so no message waits for them):
+    /// for a transport that is ending.
+    pub fn wait_verified(&self) {
+        self.runner.wait_verified();
     }
 
     /// A transport session ended: what it saw is forgotten.
@@ -511,7 +519,7 @@ impl FrontRunner {
         if let Runtime::Germline(g) = &mut rt {
             g.release = release;
         }
-        Ok(germline_host::Host::new(rt, ledger, data_dir))
+        germline_host::Host::new(rt, ledger, data_dir).map_err(|e| ExecutorError::Policy(format!("{e:#}")))
     }
 
     /// The host of `release`: its runtime started on first use, or waited for while it
@@ -573,6 +581,19 @@ impl FrontRunner {
 
     fn tools_label(&self, release: &ReleaseHash) -> Label {
         lock(&self.tools).get(release).map(|(_, l)| l.clone()).unwrap_or_default()
+    }
+
+    fn wait_verified(&self) {
+        let hosts: Vec<_> = lock(&self.hosts)
+            .values()
+            .filter_map(|s| match s {
+                Starting::Ready(h) => lock(h).verifier().cloned(),
+                _ => None,
+            })
+            .collect();
+        for v in hosts {
+            v.wait_idle(None);
+        }
     }
 
     fn after_call(&self, release: &ReleaseHash, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<()> {
@@ -748,6 +769,9 @@ fn serve_stdio(mut front: Front) -> anyhow::Result<()> {
         line.clear();
         let (n, over) = read_line_bounded(&mut input, &mut line, limit)?;
         if n == 0 {
+            // The agent host is gone: nobody waits on this process any more.
+            front.after_response();
+            front.wait_verified();
             return Ok(());
         }
         let reply = if over {

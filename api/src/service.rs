@@ -350,13 +350,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let grace = config.shutdown_grace;
     let state = rt.block_on(async { state(config) })?;
     let served = rt.block_on(serve(state.clone()));
+    let t0 = std::time::Instant::now();
     let drained = rt.block_on(state.in_flight.close_and_wait(grace));
     if !drained {
         tracing::warn!(
             "shutdown grace period over with calls still running; their ledger entries are durable when written"
         );
     }
-    state.releases.stop_all();
+    // Trigger verifications run off the calls: what is left of the grace period is theirs.
+    state.releases.stop_all(grace.saturating_sub(t0.elapsed()));
     rt.shutdown_timeout(Duration::from_secs(2));
     // The last handle closes the ledger (its writer thread finishes queued appends).
     match Arc::try_unwrap(state.0) {

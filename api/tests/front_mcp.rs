@@ -152,9 +152,10 @@ fn malformed_and_oversized_messages_get_json_rpc_errors() {
 }
 
 /// The front runs calls the way `germline call` does: triggers become witnesses after the
-/// answer is out, and a release whose witness suppresses it (it declared determinism) is
-/// refused from the next call on; the undeclared twin's witness weighs too little, so it
-/// keeps serving.
+/// answer is out (off the release's lane: no message waits for them, and the front waits
+/// for them when its agent host closes stdin), and a release whose witness suppresses it
+/// (it declared determinism) is refused from then on; the undeclared twin's witness weighs
+/// too little, so it keeps serving.
 #[test]
 fn wrap_records_witnesses_and_refuses_a_suppressed_release() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -166,49 +167,58 @@ fn wrap_records_witnesses_and_refuses_a_suppressed_release() {
         let rel = dir.path().join(format!("mixer-{declared}"));
         common::mixer_release(&rel, "mixer", declared);
         let data = fresh_data_dir(&home);
-        let mut child = Killed(
-            wrap(&["--policy".as_ref(), policy.as_os_str(), "--".as_ref(), rel.as_os_str()], &home, &data)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("germline wrap"),
-        );
-        let mut input = child.0.stdin.take().expect("stdin");
-        let mut output = BufReader::new(child.0.stdout.take().expect("stdout"));
-        let mut ask = |id: u64, method: &str, params: Value| -> Value {
-            let msg = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-            writeln!(input, "{msg}").expect("write");
-            let mut line = String::new();
-            output.read_line(&mut line).expect("read");
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-        };
-        ask(
-            1,
-            "initialize",
-            serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
-        );
         let call = serde_json::json!({"name": "scan", "arguments": {"document": invoice, "extra": payslip}});
-        let first = ask(2, "tools/call", call.clone());
+        // One agent host session: initialize, one call; its answer once stdin is closed
+        // and the front has exited.
+        let session = || -> Value {
+            let mut child = Killed(
+                wrap(&["--policy".as_ref(), policy.as_os_str(), "--".as_ref(), rel.as_os_str()], &home, &data)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("germline wrap"),
+            );
+            let mut input = child.0.stdin.take().expect("stdin");
+            let mut output = BufReader::new(child.0.stdout.take().expect("stdout"));
+            let mut ask = |id: u64, method: &str, params: Value| -> Value {
+                let msg = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+                writeln!(input, "{msg}").expect("write");
+                let mut line = String::new();
+                output.read_line(&mut line).expect("read");
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+            };
+            ask(
+                1,
+                "initialize",
+                serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+            );
+            let answer = ask(2, "tools/call", call.clone());
+            drop(input);
+            let _ = child.0.wait();
+            answer
+        };
+        let first = session();
         assert!(first.get("result").is_some(), "declared={declared}: {first}");
-        // The witness is recorded after the first answer, before the next message is served.
-        let second = ask(3, "tools/call", call);
+        {
+            let ledger = germline_ledger::Ledger::open(data.join("ledger"), germline_ledger::LedgerConfig::default())
+                .expect("the front's ledger");
+            let count = |kind: germline_ledger::EntryKind| {
+                (0..ledger.size()).filter(|i| ledger.get(*i).is_ok_and(|e| e.kind == kind)).count()
+            };
+            assert!(
+                count(germline_ledger::EntryKind::DampeningEvent) >= 1,
+                "declared={declared}: the call was counted"
+            );
+            assert_eq!(
+                count(germline_ledger::EntryKind::Witness),
+                1,
+                "declared={declared}: the trigger became a witness before the front exited"
+            );
+        }
+        let second = session();
         let message = second["error"]["message"].as_str().unwrap_or_default();
         assert_eq!(message.contains("suppressed"), refused, "declared={declared}: {second}");
         assert_eq!(second.get("result").is_some(), !refused, "declared={declared}: {second}");
-        drop(input);
-        let _ = child.0.wait();
-        let ledger = germline_ledger::Ledger::open(data.join("ledger"), germline_ledger::LedgerConfig::default())
-            .expect("the front's ledger");
-        let count = |kind: germline_ledger::EntryKind| {
-            (0..ledger.size()).filter(|i| ledger.get(*i).is_ok_and(|e| e.kind == kind)).count()
-        };
-        assert!(count(germline_ledger::EntryKind::DampeningEvent) >= 1, "declared={declared}: the calls were counted");
-        if declared {
-            assert!(
-                count(germline_ledger::EntryKind::Witness) >= 1,
-                "the trigger became a witness in the front's ledger"
-            );
-        }
     }
 }

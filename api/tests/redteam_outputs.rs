@@ -616,51 +616,57 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
     assert!(!log.contains("latency_ms="), "on: no latency in the call span: {log}");
 }
 
-/// Found by the adversarial pass of 2026-12-04 (`tests/attacks/outputs/replay-lock`). The
-/// service verifies a call's triggers (probe and control replays, which hold the hr item)
-/// after the call's outcome went out but while it still holds the release's lane, so the
-/// next call of the release waits for them. An hr call whose only consumer (`hrc`) is
-/// cleared for hr records a trigger; its probe sleeps 0.15 s x a hex digit per try (3
-/// tries); a `public` caller calling right after reads the digit from its own round trip,
-/// against one trigger whose probe sleeps for digit 0.
-/// Open (SECURITY.md, "Replay time seen by the next caller"): asserts what was measured.
+/// Found by the adversarial pass of 2026-12-04 (`tests/attacks/outputs/replay-lock`). An hr
+/// call whose only consumer (`hrc`) is cleared for hr records a trigger; its probe sleeps
+/// 0.15 s x a hex digit per try (3 tries); a `public` caller calls right after and times
+/// its own round trip, against one trigger whose probe sleeps for digit 0.
+/// - Off (`GERMLINE_TEST_VERIFY_IN_LANE=1`): the service verifies the trigger while it
+///   holds the release's lane, as it once did, so the public call waits for the replays and
+///   reads the digits.
+/// - On: the replays run on a germline of their own (`germline_host::Verifier`), and no
+///   call waits for them.
 #[test]
-#[ignore = "open channel: see SECURITY.md"]
 fn replay_time_holding_the_lane_spells_hr_digits_to_the_next_public_caller() {
     const CANARY: &str = "c0ffee5a";
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    release("replay-lock", dir);
-    let doc = world(dir, CANARY, 1000);
-    let (svc, hash) = Service::start(dir, &[]);
-    let token = std::fs::read_to_string(dir.join("data/api-token")).unwrap().trim().to_owned();
-    let url = format!("/v1/releases/{hash}/calls");
-    let hr_call = |i: i64| json!({"tool": "scan", "arguments": {"document": doc, "index": i}, "items": [doc], "consumers": ["hrc"]});
-    let public_call = json!({"tool": "scan", "arguments": {"document": ""}, "consumers": ["public"]});
-    // An hr call, then at once a public call, timed by its caller.
-    let round = |i: i64| {
-        let (s, b) = svc.http("POST", &url, Some((&token, &hr_call(i))));
-        assert_eq!(s, 200, "{b}");
-        let t0 = Instant::now();
-        let (s, b) = svc.http("POST", &url, Some((&token, &public_call)));
-        assert_eq!(s, 200, "{b}");
-        assert!(!b.contains(CANARY), "{b}");
-        t0.elapsed().as_secs_f64()
+    let read = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        release("replay-lock", dir);
+        let doc = world(dir, CANARY, 1000);
+        let (svc, hash) = Service::start(dir, env);
+        let token = std::fs::read_to_string(dir.join("data/api-token")).unwrap().trim().to_owned();
+        let url = format!("/v1/releases/{hash}/calls");
+        let hr_call = |i: i64| json!({"tool": "scan", "arguments": {"document": doc, "index": i}, "items": [doc], "consumers": ["hrc"]});
+        let public_call = json!({"tool": "scan", "arguments": {"document": ""}, "consumers": ["public"]});
+        // An hr call, then at once a public call, timed by its caller.
+        let round = |i: i64| {
+            let (s, b) = svc.http("POST", &url, Some((&token, &hr_call(i))));
+            assert_eq!(s, 200, "{b}");
+            let t0 = Instant::now();
+            let (s, b) = svc.http("POST", &url, Some((&token, &public_call)));
+            assert_eq!(s, 200, "{b}");
+            assert!(!b.contains(CANARY), "{b}");
+            t0.elapsed().as_secs_f64()
+        };
+        // Calibration: a trigger whose probe sleeps for digit 0 (index -1), i.e. the
+        // replays' own cost. The unit is public too: the host's probe tries (3 by default)
+        // times the release's step.
+        let zero = round(-1);
+        let unit = 3.0 * 0.15;
+        let mut spelled = String::new();
+        // Dampening suppresses the release at 9 triggered calls in a row: 1 + 7 here.
+        for i in 0..7 {
+            let waited = round(i) - zero;
+            let digit = (waited / unit).round().clamp(0.0, 15.0) as u32;
+            eprintln!("hr call {i}: the next public call waited {waited:.3} s more than after digit 0: {digit:x}");
+            spelled.push(char::from_digit(digit, 16).unwrap());
+        }
+        let right = spelled.chars().zip(CANARY.chars()).filter(|(a, b)| a == b).count();
+        eprintln!("the public caller read {spelled}, the hr document begins {}: {right}/7 hex digits", &CANARY[..7]);
+        (spelled, right)
     };
-    // Calibration: a trigger whose probe sleeps for digit 0 (index -1), i.e. the replays'
-    // own cost. The unit is public too: the host's probe tries (3 by default) times the
-    // release's step.
-    let zero = round(-1);
-    let unit = 3.0 * 0.15;
-    let mut spelled = String::new();
-    // Dampening suppresses the release at 9 triggered calls in a row: 1 + 7 here.
-    for i in 0..7 {
-        let waited = round(i) - zero;
-        let digit = (waited / unit).round().clamp(0.0, 15.0) as u32;
-        eprintln!("hr call {i}: the next public call waited {waited:.3} s more than after digit 0: {digit:x}");
-        spelled.push(char::from_digit(digit, 16).unwrap());
-    }
-    let right = spelled.chars().zip(CANARY.chars()).filter(|(a, b)| a == b).count();
-    eprintln!("the public caller read {spelled}, the hr document begins {}: {right}/7 hex digits", &CANARY[..7]);
-    assert!(right >= 6, "{spelled} against {CANARY}");
+    let (off, right) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
+    assert!(right >= 6, "off: the replay time spells the canary: {off} against {CANARY}");
+    let (on, right) = read(&[]);
+    assert!(right <= 2, "on: no call waits for a replay: {on} against {CANARY}");
 }

@@ -198,8 +198,15 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
         damp["calls"].as_u64().is_some_and(|c| c >= 3) && damp["penalty"].as_f64().is_some_and(|p| p > 0.0),
         "{damp}"
     );
-    let m = svc.get("/metrics").body;
-    assert_eq!(metric(&m, "germline_witnesses_total", &hash), witnesses.as_array().map(|a| a.len() as f64), "{m}");
+    // Counted once recorded (off the lane, right after the ledger entry).
+    let want = witnesses.as_array().map(|a| a.len() as f64);
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut m = svc.get("/metrics").body;
+    while metric(&m, "germline_witnesses_total", &hash) != want && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+        m = svc.get("/metrics").body;
+    }
+    assert_eq!(metric(&m, "germline_witnesses_total", &hash), want, "{m}");
 
     // The ledger: sign, read, prove.
     assert!(svc.get("/v1/ledger/checkpoint").client_error(404) || svc.get("/v1/ledger/checkpoint").status == 200);
@@ -293,6 +300,16 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
     assert_eq!(documented, seen, "every documented endpoint was exercised, and only those");
 }
 
+/// Waits (up to 120 s) until the service reports `hash` suppressed: a verdict lands after
+/// the call that triggered it is answered.
+fn wait_suppressed(svc: &Service, hash: &str) {
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    while svc.get(&format!("/v1/releases/{hash}/dampening")).json()["suppressed"] != true {
+        assert!(std::time::Instant::now() < until, "never suppressed\n{}", svc.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Dampening through the API: one verified witness suppresses a release that declared
 /// determinism, and its next call is refused (409) without running; the undeclared twin
 /// in the test above keeps running after three diverging calls.
@@ -310,14 +327,22 @@ fn a_suppressed_release_is_refused_with_409() {
     let call = json!({"tool": "scan", "arguments": {"document": items[0], "extra": items[1]}, "items": items});
     let first = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
     assert_eq!(first.status, 200, "{first:?}");
-    // The witness is verified after the first answer, before the release serves again.
+    // The witness is verified after the first answer, off the release's lane; the release
+    // is suppressed once its verdict lands.
+    wait_suppressed(&svc, &hash);
     let second = svc.post(&format!("/v1/releases/{hash}/calls"), Some(&token), &call);
     assert!(second.client_error(409), "{second:?}\n{}", svc.log());
     assert!(second.json()["error"].as_str().unwrap().contains("suppressed"), "{second:?}");
     let damp = svc.get(&format!("/v1/releases/{hash}/dampening")).json();
     assert_eq!(damp["suppressed"], true, "{damp}");
     assert_eq!(svc.get(&format!("/v1/releases/{hash}")).json()["dampening"]["suppressed"], true);
-    let m = svc.get("/metrics").body;
+    // The verdict's suppression is counted right after its ledger batch, off the lane.
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut m = svc.get("/metrics").body;
+    while metric(&m, "germline_suppressions_total", &hash).is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+        m = svc.get("/metrics").body;
+    }
     assert_eq!(metric(&m, "germline_dampening_refusals_total", &hash), Some(1.0), "{m}");
     assert_eq!(metric(&m, "germline_suppressions_total", &hash), Some(1.0), "{m}");
     assert_eq!(metric(&m, "germline_call_copies_count", &hash), Some(1.0), "the refused call forked nothing: {m}");

@@ -492,6 +492,43 @@ impl GermlineRuntime {
         self.refused.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Host paths a copy of this release can read: those bound read-only into its root
+    /// (the interpreter's, the shim, the release, the CA certificate; `/etc` without the
+    /// minimal root) and the policy's data roots (a call may name any file under them as an
+    /// item).
+    pub fn copy_visible_paths(&self) -> Vec<PathBuf> {
+        let spec = &self.spec;
+        let mut v = spec.runtime.read_paths.clone();
+        v.push(spec.runtime.shim_dir.clone());
+        v.push(spec.release_dir.clone());
+        v.extend(spec.extra_read.iter().cloned());
+        v.extend(spec.data_roots.iter().cloned());
+        if !spec.switches.minimal_root {
+            v.push(PathBuf::from("/etc"));
+        }
+        v
+    }
+
+    /// Refuses `path` as a place for germline's own outputs (the ledger, the trigger log,
+    /// witnesses and their openings, which hold items of every label) when a copy of this
+    /// release could read it: inside a path bound into its root or under a data root.
+    /// Paths are compared resolved (symbolic links, `..`), up to their deepest existing
+    /// ancestor.
+    pub fn check_private(&self, path: &Path, what: &str) -> Result<(), ExecutorError> {
+        let mine = resolved(path);
+        for v in self.copy_visible_paths() {
+            let theirs = resolved(&v);
+            if mine.starts_with(&theirs) {
+                return Err(ExecutorError::Policy(format!(
+                    "{what} {} is inside {}, which the release's copies can read; keep it outside every path a copy reads",
+                    path.display(),
+                    v.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Starts another germline of this release (a lane, see [`crate::lanes`]) when called:
     /// same release, policy and switches, sharing this one's slots and refusal.
     pub fn lane_maker(&self) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
@@ -1016,6 +1053,31 @@ impl GermlineRuntime {
 }
 
 /// The pool of `size` copies of `germline` for a release under `policy`.
+/// `p` made absolute with its deepest existing ancestor resolved (symbolic links and `..`
+/// there), and the rest appended as written.
+fn resolved(p: &Path) -> PathBuf {
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+    };
+    let mut rest = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        if let Ok(c) = cur.canonicalize() {
+            return rest.iter().rev().fold(c, |acc: PathBuf, n| acc.join(n));
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                cur = parent;
+            }
+            // `..` left over where nothing exists: compare as written.
+            _ => return abs,
+        }
+    }
+}
+
 fn copy_pool(germline: Germline, size: usize, policy: &Policy, manifest: &Manifest) -> CopyPool {
     CopyPool::new(Box::new(germline), size, policy.limits.max_message_bytes, manifest.warm_up_calls())
 }

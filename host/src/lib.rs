@@ -3,6 +3,7 @@
 //! the MCP front, plus the places they keep their files ([`home`], [`data_dir`]) and a
 //! release directory's identity ([`release_id`]).
 
+pub mod verification;
 pub mod witness;
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use germline_executor::call::{CallOutcome, CallRequest, CallStatus};
 use germline_executor::runtime::Runtime;
 use germline_ledger::Ledger;
 
+pub use verification::{Verified, Verifier};
 pub use witness::{opening_path, witness_triggers, Witnessed};
 
 /// Where germline keeps its shim and other run-time files.
@@ -35,7 +37,8 @@ pub struct Host {
     /// The runtime.
     pub rt: Runtime,
     ledger: Option<Arc<Ledger>>,
-    data_dir: PathBuf,
+    /// Verifies triggers off this runtime's lane (germline runtimes with a ledger).
+    verifier: Option<Arc<Verifier>>,
 }
 
 /// Opens the embedded ledger under `data_dir` (the RocksDB default).
@@ -59,17 +62,49 @@ impl Host {
     /// germline runtimes only; baselines have no dampening), witness files under it too.
     /// The CLI commands open the ledger this way, once per command.
     pub fn open(rt: Runtime, data_dir: PathBuf) -> anyhow::Result<Host> {
+        check_private(&rt, &data_dir)?;
         let ledger = match &rt {
             Runtime::Germline(_) => Some(open_ledger(&data_dir)?),
             _ => None,
         };
-        Ok(Host::new(rt, ledger, data_dir))
+        Host::new(rt, ledger, data_dir)
     }
 
     /// A host around a started runtime; dampening and witnesses go to `ledger` (germline
-    /// runtimes), witness files under `data_dir`.
-    pub fn new(rt: Runtime, ledger: Option<Arc<Ledger>>, data_dir: PathBuf) -> Host {
-        Host { rt, ledger, data_dir }
+    /// runtimes), witness files under `data_dir`. Its triggers are verified on a germline
+    /// of their own ([`Verifier`]), made like this one (release id set first).
+    ///
+    /// Refused when a copy of the release could read `data_dir` or the trigger log (see
+    /// [`check_private`]).
+    pub fn new(rt: Runtime, ledger: Option<Arc<Ledger>>, data_dir: PathBuf) -> anyhow::Result<Host> {
+        check_private(&rt, &data_dir)?;
+        let verifier = match (&rt, &ledger) {
+            (Runtime::Germline(g), Some(l)) => {
+                let make: verification::MakeGermline = Arc::new(g.lane_maker());
+                Some(Verifier::new(g.release, make, l.clone(), data_dir))
+            }
+            _ => None,
+        };
+        Ok(Host { rt, ledger, verifier })
+    }
+
+    /// This host with `verifier` instead of its own: the lanes of one release share one.
+    pub fn with_verifier(mut self, verifier: Option<Arc<Verifier>>) -> Host {
+        if verifier.is_some() {
+            self.verifier = verifier;
+        }
+        self
+    }
+
+    /// The verifier of this host's triggers.
+    pub fn verifier(&self) -> Option<&Arc<Verifier>> {
+        self.verifier.as_ref()
+    }
+
+    /// Waits until the triggers of calls run so far are verified and their witnesses
+    /// recorded (`None`: however long the replays take). `false` on timeout.
+    pub fn wait_verified(&self, timeout: Option<std::time::Duration>) -> bool {
+        self.verifier.as_ref().is_none_or(|v| v.wait_idle(timeout))
     }
 
     /// One call under dampening: a suppressed release is refused (and the refusal still
@@ -125,8 +160,11 @@ impl Host {
         self.call(req).map_err(|e| germline_executor::ExecutorError::Call(format!("{e:#}")))
     }
 
-    /// After the outcome is printed: verify triggers into witnesses, log them, and count
-    /// the call's event.
+    /// After the outcome is out: count the call's event (dampening: unverified when it
+    /// recorded triggers) and queue the verification of its triggers, which runs off this
+    /// lane ([`Verifier`]); returns without waiting for it. A verified verdict is recorded
+    /// when it lands. [`Host::wait_verified`] waits for it, where nobody else's call could
+    /// be waiting behind (the CLI commands).
     pub fn after_call(&mut self, req: &CallRequest, outcome: &CallOutcome) -> anyhow::Result<AfterCall> {
         let (Runtime::Germline(g), Some(ledger)) = (&mut self.rt, self.ledger.as_deref()) else {
             return Ok(AfterCall::default());
@@ -136,63 +174,61 @@ impl Host {
             return Ok(AfterCall::default());
         }
         let release = g.release;
-        let witnessed = witness::witness_call(g, req, outcome, &self.data_dir);
-        let mut after = AfterCall::default();
-        let mut event =
+        let event =
             if outcome.triggers.is_empty() { germline_ledger::Event::None } else { germline_ledger::Event::Unverified };
-        for w in &witnessed {
-            // Ledger entries are JSON and bounded (C2SP bundles use 16-bit lengths): the
-            // witness travels base64-encoded, or by hash and path when it is large (the
-            // file itself is kept beside the ledger).
-            use base64::Engine;
-            use sha2::Digest;
-            let sha = hex::encode(sha2::Sha256::digest(&w.bytes));
-            let body = if w.bytes.len() <= 45_000 {
-                serde_json::to_vec(&serde_json::json!({
-                    "format": "germline-witness v2",
-                    "witness_sha256": sha,
-                    "witness": base64::engine::general_purpose::STANDARD.encode(&w.bytes),
-                }))?
-            } else {
-                serde_json::to_vec(&serde_json::json!({
-                    "format": "germline-witness v2",
-                    "witness_sha256": sha,
-                    "path": w.path,
-                }))?
-            };
-            let receipt =
-                ledger.append(germline_ledger::Entry::new(germline_ledger::EntryKind::Witness, release, body))?;
-            after.witnesses.push(receipt.index);
-            if w.verdict.is_verified(w.declared) {
-                event = germline_ledger::Event::Verified;
-            }
-        }
         let before = ledger.dampening_state(&release)?;
         let state = ledger.record_call(&release, event)?;
-        if state.suppressed {
+        if state.suppressed && !before.suppressed {
             tracing::warn!(%release, penalty = state.penalty, "release suppressed by dampening");
         }
-        after.newly_suppressed = state.suppressed && !before.suppressed;
-        after.state = Some(state);
-        if !after.witnesses.is_empty() {
-            // Publish the witness now: peers see a log only up to its signed checkpoint.
-            if let Err(e) = ledger.checkpoint() {
-                tracing::error!("signing a checkpoint after a witness: {e}");
-            }
+        let verifying = self.verifier.as_ref().is_some_and(|v| v.submit(req, outcome));
+        if verify_in_lane() {
+            self.wait_verified(None);
         }
-        Ok(after)
+        Ok(AfterCall { newly_suppressed: state.suppressed && !before.suppressed, state: Some(state), verifying })
     }
 }
 
 /// What [`Host::after_call`] recorded.
 #[derive(Debug, Default)]
 pub struct AfterCall {
-    /// Ledger indexes of the witnesses appended.
-    pub witnesses: Vec<u64>,
+    /// Whether the call's triggers were queued for verification.
+    pub verifying: bool,
     /// Whether this call's event suppressed the release.
     pub newly_suppressed: bool,
     /// Dampening state after the call's event (none for refused or non-germline calls).
     pub state: Option<germline_ledger::DampeningState>,
+}
+
+/// Refuses a data directory (the ledger, witnesses and their openings) or a trigger log
+/// that a copy of the release could read: they hold items of every label, from every call.
+/// A broker running as root keeps them from the copies' ids by their modes too; one
+/// without root runs its copies as itself, so only their place keeps them out.
+///
+/// Debug builds only: `GERMLINE_TEST_PRIVATE_CHECK_OFF=1` skips it, so a test can show
+/// what a copy then reads.
+pub fn check_private(rt: &Runtime, data_dir: &Path) -> anyhow::Result<()> {
+    let Runtime::Germline(g) = rt else { return Ok(()) };
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_PRIVATE_CHECK_OFF").is_some_and(|v| v == "1") {
+        return Ok(());
+    }
+    g.check_private(data_dir, "the data directory")?;
+    if let Some(log) = &g.trigger_log {
+        g.check_private(log, "the trigger log")?;
+    }
+    Ok(())
+}
+
+/// Debug builds only: `GERMLINE_TEST_VERIFY_IN_LANE=1` makes [`Host::after_call`] wait for
+/// the call's verification, holding the release's lane as the service once did, so a test
+/// can show what the next caller of the release then reads.
+fn verify_in_lane() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_VERIFY_IN_LANE").is_some_and(|v| v == "1") {
+        return true;
+    }
+    false
 }
 
 /// Whether the host refused the call because the release is suppressed: the status the

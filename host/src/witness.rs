@@ -1,5 +1,5 @@
-//! Turning a call's triggers into signed witnesses: probe and control replay on the same
-//! runtime after the call's result is out (DESIGN §2), one witness per call.
+//! Turning a call's triggers into signed witnesses: probe and control replay after the
+//! call's result is out (DESIGN §2), one witness per call.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,21 +10,15 @@ use germline_executor::manifest::Manifest;
 use germline_model::ItemName;
 use germline_verifier::{verify_trigger, ReplayReport, Verdict, WitnessBody, WitnessKey};
 
-/// Off the call's critical path (its result is already out): verify each trigger and
-/// write signed witnesses. Failures are logged, never turned into a call failure.
-pub fn witness_call(
-    g: &mut GermlineRuntime,
-    req: &CallRequest,
-    outcome: &CallOutcome,
-    data_dir: &Path,
-) -> Vec<Witnessed> {
-    if outcome.evidence.is_empty() {
-        return Vec::new();
-    }
+/// The items a call's triggers are replayed with: the file items the host listed and
+/// those the call found itself (paths named by arguments, files the tool declares), read
+/// now, when the call has just run, and its arguments. The replay checks each against its
+/// recorded SHA-256, so a file changed since the call fails verification instead of lying.
+pub fn replay_items(req: &CallRequest, outcome: &CallOutcome) -> BTreeMap<ItemName, Vec<u8>> {
     let mut items = BTreeMap::new();
-    // File items: those the host listed and those the call found itself (paths named by
-    // arguments, files the tool declares); the replay checks each against its recorded
-    // SHA-256, so a file changed since the call fails verification instead of lying.
+    if outcome.evidence.is_empty() {
+        return items;
+    }
     let recorded = outcome.evidence.iter().flat_map(|e| &e.items).map(|r| PathBuf::from(r.name.as_str()));
     for p in req.items.iter().cloned().chain(recorded.filter(|p| p.is_absolute())) {
         if let (Ok(name), Ok(bytes)) = (ItemName::new(&p.to_string_lossy()), std::fs::read(&p)) {
@@ -36,13 +30,7 @@ pub fn witness_call(
             items.insert(name, bytes);
         }
     }
-    match witness_triggers(g, outcome, &items, data_dir) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!("could not verify triggers: {e:#}");
-            Vec::new()
-        }
-    }
+    items
 }
 
 /// Where the opening of the witness at `witness` is kept: beside it, `.opening` appended.
@@ -73,8 +61,8 @@ pub struct Witnessed {
     pub declared: bool,
 }
 
-/// After a call: verify its triggers by probe and control replay on the same runtime (the
-/// call's result has already been delivered) and write one signed witness for the call,
+/// After a call: verify its triggers by probe and control replay on `rt` (a germline of
+/// the release; the call's result has already been delivered) and write one signed witness for the call,
 /// with its opening beside it (mode 0600). One call publishes at most one witness: the
 /// heaviest verdict among its first [`MAX_VERIFIED_TRIGGERS`] triggers, so the number of
 /// triggers a release provokes is not published.

@@ -22,6 +22,12 @@ pub enum Event {
     /// A verified witness from a release that declared determinism, or a broken
     /// determinism declaration (weight 2000 by default: suppresses at once).
     Verified,
+    /// Not a call: the verified verdict on the trigger of an earlier call, which was
+    /// counted as [`Event::Unverified`] when it ran (verification runs off the release's
+    /// lane, so no call waits for it). Adds the verified weight without decay and without
+    /// counting a call, so a verified witness still suppresses at once whatever calls ran
+    /// in between.
+    Verdict,
 }
 
 impl Event {
@@ -41,6 +47,7 @@ impl Event {
             Event::None => "none",
             Event::Unverified => "unverified",
             Event::Verified => "verified",
+            Event::Verdict => "verdict",
         }
     }
 }
@@ -52,7 +59,8 @@ impl std::str::FromStr for Event {
             "none" => Ok(Event::None),
             "unverified" => Ok(Event::Unverified),
             "verified" => Ok(Event::Verified),
-            other => Err(format!("unknown event {other:?}: expected none, unverified or verified")),
+            "verdict" => Ok(Event::Verdict),
+            other => Err(format!("unknown event {other:?}: expected none, unverified, verified or verdict")),
         }
     }
 }
@@ -98,7 +106,7 @@ impl DampeningParams {
         match event {
             Event::None => 0.0,
             Event::Unverified => self.unverified_weight,
-            Event::Verified => self.verified_weight,
+            Event::Verified | Event::Verdict => self.verified_weight,
         }
     }
 
@@ -125,10 +133,15 @@ pub struct DampeningState {
 impl DampeningState {
     /// Applies one call attempt: decay, add the event's weight, then apply the
     /// hysteresis between `S` and `R`. Refused calls must be counted too, otherwise a
-    /// suppressed release could never recover.
+    /// suppressed release could never recover. [`Event::Verdict`] is not a call: it adds
+    /// its weight only.
     pub fn on_call(&mut self, params: &DampeningParams, event: Event) {
-        self.penalty = self.penalty * params.decay() + params.weight(event);
-        self.calls = self.calls.saturating_add(1);
+        if event == Event::Verdict {
+            self.penalty += params.weight(event);
+        } else {
+            self.penalty = self.penalty * params.decay() + params.weight(event);
+            self.calls = self.calls.saturating_add(1);
+        }
         if self.penalty >= params.suppress_at {
             self.suppressed = true;
         } else if self.penalty < params.reuse_below {
@@ -380,6 +393,21 @@ mod tests {
         let mut s = DampeningState { penalty: 100.0, ..Default::default() };
         s.on_call(&p, Event::Verified);
         assert!(s.suppressed);
+    }
+
+    #[test]
+    fn a_late_verdict_suppresses_without_counting_a_call() {
+        let p = DampeningParams::default();
+        let mut s = DampeningState::default();
+        // The triggering call counted as unverified, then calls ran before the verdict.
+        s.on_call(&p, Event::Unverified);
+        for _ in 0..5 {
+            s.on_call(&p, Event::None);
+        }
+        let calls = s.calls;
+        s.on_call(&p, Event::Verdict);
+        assert!(s.suppressed && s.penalty >= p.suppress_at, "{s:?}");
+        assert_eq!(s.calls, calls, "a verdict is not a call");
     }
 
     #[test]

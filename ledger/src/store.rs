@@ -842,6 +842,32 @@ impl Ledger {
             .collect())
     }
 
+    /// Appends a witness entry of `entry.release` and, when its verdict is a verified one,
+    /// the [`Event::Verdict`] it adds to that release's penalty, in one durable batch so
+    /// that neither is in the log without the other. Returns the witness's receipt and
+    /// the release's dampening state after it.
+    pub fn record_witness(
+        &self,
+        entry: Entry,
+        verified: bool,
+    ) -> Result<(AppendReceipt, Option<DampeningState>), LedgerError> {
+        let release = entry.release;
+        let mut ops = vec![Op::Append(entry)];
+        if verified {
+            ops.push(Op::Call(release, Event::Verdict));
+        }
+        let mut results = self.submit(ops)?.into_iter();
+        let receipt = match results.next() {
+            Some(OpResult::Appended(r)) => r,
+            _ => return Err(LedgerError::Write("no receipt for the witness".into())),
+        };
+        let state = match results.next() {
+            Some(OpResult::Called(s)) => Some(s),
+            _ => None,
+        };
+        Ok((receipt, state))
+    }
+
     /// Counts one call attempt to `release` (refused calls included): decays and adds
     /// the event's weight, logs a dampening-event entry (plus a suppression entry if
     /// the release flips) and stores the new state, all in one durable batch.

@@ -43,6 +43,8 @@ pub struct ReleaseSlot {
     lanes: Arc<Lanes<Host>>,
     /// Digest of the policy its germline was started (or refused) under.
     policy_digest: Mutex<Option<String>>,
+    /// Verifies the triggers of its calls off their lanes (shared by its lanes).
+    verifier: Mutex<Option<Arc<germline_host::Verifier>>>,
 }
 
 impl ReleaseSlot {
@@ -141,6 +143,7 @@ impl Releases {
             status: Mutex::new(GermlineStatus::NotStarted),
             lanes: Arc::default(),
             policy_digest: Mutex::new(None),
+            verifier: Mutex::new(None),
         });
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         // A re-admission of the same bytes keeps the running germline.
@@ -204,12 +207,38 @@ impl Releases {
                 rt.set_trigger_log(p.data_dir.join("triggers.jsonl"));
                 slot.set_status(GermlineStatus::Running);
                 tracing::info!(release = %slot.hash, name = %slot.name, "germline started");
-                // The others are made like this one (release id and trigger log set above).
-                let grow: Option<Grow<Host>> = rt.lane_maker().map(|make| {
+                let host = match Host::new(rt, Some(p.ledger.clone()), p.data_dir.clone()) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        let why = format!("release {} refused at germline start: {e:#}", slot.hash);
+                        tracing::warn!(release = %slot.hash, "{why}");
+                        slot.set_status(GermlineStatus::Refused(why.clone()));
+                        return Err(why);
+                    }
+                };
+                // Witnesses land off the lane, after the call is answered: counted then.
+                let verifier = host.verifier().cloned();
+                if let Some(v) = &verifier {
+                    let (m, labels) = (p.metrics.clone(), metrics::release(&slot.hash));
+                    v.on_verified(Arc::new(move |done: &germline_host::Verified| {
+                        m.witnesses.get_or_create(&labels).inc_by(done.witnesses.len() as u64);
+                        if done.newly_suppressed {
+                            m.suppressions.get_or_create(&labels).inc();
+                        }
+                    }));
+                }
+                *slot.verifier.lock().unwrap_or_else(|e| e.into_inner()) = verifier.clone();
+                // The others are made like this one (release id and trigger log set above)
+                // and share its verifier.
+                let grow: Option<Grow<Host>> = host.rt.lane_maker().map(|make| {
                     let (ledger, data_dir) = (p.ledger.clone(), p.data_dir.clone());
-                    Arc::new(move || Ok(Host::new(make()?, Some(ledger.clone()), data_dir.clone()))) as Grow<Host>
+                    Arc::new(move || {
+                        Ok(Host::new(make()?, Some(ledger.clone()), data_dir.clone())
+                            .map_err(|e| format!("{e:#}"))?
+                            .with_verifier(verifier.clone()))
+                    }) as Grow<Host>
                 });
-                Ok((Host::new(rt, Some(p.ledger.clone()), p.data_dir.clone()), loaded.policy.limits.lanes, grow))
+                Ok((host, loaded.policy.limits.lanes, grow))
             }
             Err(e) => {
                 let why = format!("release {} refused at germline start: {e}", slot.hash);
@@ -248,9 +277,18 @@ impl Releases {
         self.params.policies.read().unwrap_or_else(|e| e.into_inner()).view()
     }
 
-    /// Stops every germline (kills its processes) so nothing outlives the service.
-    pub fn stop_all(&self) {
+    /// Stops every germline (kills its processes) so nothing outlives the service, after
+    /// giving trigger verifications still running up to `grace` to record their witnesses
+    /// (a verification cut short leaves its trigger in the trigger log, unwitnessed).
+    pub fn stop_all(&self, grace: std::time::Duration) {
+        let until = std::time::Instant::now() + grace;
         for slot in self.all() {
+            let verifier = slot.verifier.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(v) = verifier {
+                if !v.wait_idle(Some(until.saturating_duration_since(std::time::Instant::now()))) {
+                    tracing::warn!(release = %slot.hash, "stopping with a trigger verification unfinished (its trigger stays in the trigger log)");
+                }
+            }
             // A call past the grace period keeps its germline; the process exit ends it.
             slot.lanes.clear();
         }

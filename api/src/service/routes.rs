@@ -782,8 +782,8 @@ pub(super) fn admit_blocking(
 }
 
 /// Runs `reqs` in order on the release's germline (on a blocking thread, holding the
-/// release's lock), with dampening before and witnesses after each call. A single call's
-/// outcome is answered before its triggers are verified; a session's after the last call.
+/// release's lane), with dampening before and after each call; triggers are verified off
+/// the lane. A single call's outcome is answered at once; a session's after the last call.
 async fn run_calls(
     st: AppState,
     slot: Arc<ReleaseSlot>,
@@ -850,12 +850,13 @@ async fn run_calls(
                 } else {
                     out.push(resp);
                 }
+                // Counts the call's event and queues its trigger verification, which runs
+                // off this lane: the next call never waits for a replay (its witnesses are
+                // counted in `/metrics` when they land, see `Releases::start`).
                 match host.after_call(req, &outcome) {
                     Ok(after) => {
-                        let labels = metrics::release(&slot.hash);
-                        st2.metrics.witnesses.get_or_create(&labels).inc_by(after.witnesses.len() as u64);
                         if after.newly_suppressed {
-                            st2.metrics.suppressions.get_or_create(&labels).inc();
+                            st2.metrics.suppressions.get_or_create(&metrics::release(&slot.hash)).inc();
                         }
                     }
                     Err(e) => tracing::error!("recording the call in the ledger: {e:#}"),

@@ -124,6 +124,46 @@ fn entries_are_indexed_by_release() {
 }
 
 #[test]
+fn a_verified_witness_and_its_verdict_land_together_and_replay_from_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = release(5);
+    let witness = |n: u8| Entry::new(EntryKind::Witness, r, format!("{{\"n\":{n}}}").into_bytes());
+    let after = {
+        let ledger = open(dir.path());
+        // The triggering call counted as unverified in the lane, two calls ran since.
+        ledger.record_call(&r, Event::Unverified).expect("call");
+        ledger.record_call(&r, Event::None).expect("call");
+        ledger.record_call(&r, Event::None).expect("call");
+        let (_, state) = ledger.record_witness(witness(1), false).expect("witness");
+        assert_eq!(state, None, "an unverified verdict adds nothing");
+        assert!(!ledger.dampening_state(&r).expect("state").suppressed);
+        let (receipt, state) = ledger.record_witness(witness(2), true).expect("witness");
+        let state = state.expect("a verified verdict records an event");
+        assert!(state.suppressed && state.calls == 3, "{state:?}");
+        let kinds: Vec<EntryKind> =
+            ledger.entries_for_release(&r).expect("index").into_iter().map(|(_, e)| e.kind).collect();
+        assert_eq!(
+            kinds[kinds.len() - 3..],
+            [EntryKind::Witness, EntryKind::DampeningEvent, EntryKind::Suppression],
+            "witness, verdict and suppression are contiguous"
+        );
+        assert_eq!(ledger.get(receipt.index).expect("entry").body, br#"{"n":2}"#);
+        assert!(ledger.verify().expect("verify").is_ok());
+        state
+    };
+    {
+        let mut opts = Options::default();
+        opts.create_if_missing(false);
+        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+        let db = Db::open_cf_descriptors(&opts, dir.path().join(DB_DIR), cfs).expect("raw open");
+        db.drop_cf(CF_DAMPENING).expect("drop cf");
+    }
+    let ledger = open(dir.path());
+    assert_eq!(ledger.dampening_state(&r).expect("state"), after, "rebuilt from the log");
+    assert!(ledger.verify().expect("verify").is_ok());
+}
+
+#[test]
 fn dampening_is_logged_persisted_and_rebuilt_identically() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = release(7);
