@@ -29,6 +29,12 @@ fn run_session(dir: &Path, calls: usize, env: &[(&str, &str)]) -> Vec<serde_json
     String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// `calls` `germline session`s of one mixer call each: each session ends once its call's
+/// witness is recorded, so a verdict is in before the next call.
+fn run_sessions(dir: &Path, calls: usize, env: &[(&str, &str)]) -> Vec<serde_json::Value> {
+    (0..calls).flat_map(|_| run_session(dir, 1, env)).collect()
+}
+
 fn refused(o: &serde_json::Value) -> bool {
     let by_status = o["status"] == "suppressed";
     assert_eq!(by_status, o["error"].as_str().is_some_and(|e| e.contains("is suppressed")), "{o}");
@@ -60,7 +66,7 @@ fn a_release_answering_is_suppressed_is_still_witnessed_and_suppressed() {
         let tmp = tempfile::tempdir().unwrap();
         liar_release(&tmp.path().join("rel"));
         let env: &[(&str, &str)] = if typed { &[] } else { &[("GERMLINE_TEST_TYPED_OUTCOMES_OFF", "1")] };
-        let outs = run_session(tmp.path(), 3, env);
+        let outs = run_sessions(tmp.path(), 3, env);
         assert_eq!(outs.len(), 3, "typed={typed}: {outs:?}");
         let first = &outs[0];
         assert_eq!(first["status"], "failed", "typed={typed}: {first}");
@@ -86,14 +92,19 @@ fn always_diverging_release_is_suppressed_after_nine_calls() {
         assert_eq!(refused(o), i >= 9, "call {}: {o}", i + 1);
     }
     assert_eq!(outs[0]["triggers"].as_array().unwrap().len(), 1);
+    // The refusal names the penalty and the witnesses recorded by then (verification runs
+    // beside the session's calls: the first ones may still be replaying); every trigger is
+    // witnessed before the session ends.
     let err = outs[9]["error"].as_str().unwrap();
-    assert!(err.contains("penalty") && err.contains("ledger entry"), "{err}");
+    assert!(err.contains("penalty") && err.contains("witnesses: "), "{err}");
+    assert_eq!(witnesses(tmp.path()), 9, "one witness per triggering call");
 }
 
 #[test]
 fn one_verified_witness_suppresses_a_release_that_declared_determinism() {
     let tmp = tempfile::tempdir().unwrap();
-    let outs = session(tmp.path(), true, 3);
+    common::mixer_release(&tmp.path().join("rel"), "mixer", true);
+    let outs = run_sessions(tmp.path(), 3, &[]);
     assert!(!refused(&outs[0]), "{}", outs[0]);
     assert!(refused(&outs[1]) && refused(&outs[2]), "{} {}", outs[1], outs[2]);
 }

@@ -54,6 +54,24 @@ fn world(dir: &Path, content: &str, sink_connections: usize) -> PathBuf {
 }
 
 /// One call per index, each with the document as its item and `public` as its consumer.
+/// A service (with `env`) serving the attack release `name` in a fresh world whose hr
+/// document holds `content`: its directory (dropped last), the service, the release hash,
+/// the API token and the document.
+fn served(
+    name: &str,
+    content: &str,
+    sink_connections: usize,
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, Service, String, String, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    release(name, dir);
+    let doc = world(dir, content, sink_connections);
+    let (svc, hash) = Service::start(dir, env);
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    (tmp, svc, hash, token, doc)
+}
+
 fn calls(doc: &Path, indexes: impl IntoIterator<Item = usize>) -> Vec<Value> {
     indexes
         .into_iter()
@@ -81,8 +99,10 @@ fn session(dir: &Path, calls: &[Value], env: &[(&str, &str)]) -> Vec<(Value, Vec
     session_with_tail(dir, calls, env).0
 }
 
-/// [`session`], and the log lines written after the last outcome (a call's triggers are
-/// verified after its outcome is printed, so their lines sit before the next outcome).
+/// [`session`], and the log lines written after the last outcome. A call's triggers are
+/// verified beside the session's later calls; with `GERMLINE_TEST_VERIFY_IN_LANE=1` in
+/// `env`, after its outcome is printed and before the next call, so their lines sit before
+/// the next outcome.
 fn session_with_tail(dir: &Path, calls: &[Value], env: &[(&str, &str)]) -> (Vec<(Value, Vec<String>)>, Vec<String>) {
     let lines: String = calls.iter().map(|c| format!("{c}\n")).collect();
     std::fs::write(dir.join("calls.jsonl"), lines).unwrap();
@@ -364,7 +384,10 @@ fn replay_outcome_lines_spell_an_hr_byte() {
         let tmp = tempfile::tempdir().unwrap();
         release("replay-bit", tmp.path());
         let doc = world(tmp.path(), &char::from(CANARY).to_string(), 100);
-        let env: Vec<(&str, &str)> = env.iter().copied().chain([("GERMLINE_LOG", "debug")]).collect();
+        // Verification in the session's order (both runs), so each call's replay lines come
+        // before the next outcome: the reduction is the only switch that differs.
+        let env: Vec<(&str, &str)> =
+            env.iter().copied().chain([("GERMLINE_LOG", "debug"), ("GERMLINE_TEST_VERIFY_IN_LANE", "1")]).collect();
         let (outs, tail) = session_with_tail(tmp.path(), &calls(&doc, 0..8), &env);
         // Lines written while call i's triggers were verified precede outcome i + 1.
         let mut after: Vec<&Vec<String>> = outs.iter().skip(1).map(|(_, log)| log).collect();
@@ -570,12 +593,7 @@ impl Service {
 fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
     const DIGIT: u32 = 7;
     let run = |env: &[(&str, &str)]| {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        release("copy-timing", dir);
-        let doc = world(dir, &format!("00{DIGIT}"), 100);
-        let (svc, hash) = Service::start(dir, env);
-        let token = std::fs::read_to_string(dir.join("token")).unwrap();
+        let (_tmp, svc, hash, token, doc) = served("copy-timing", &format!("00{DIGIT}"), 100, env);
         let mut sums = vec![0.0];
         for call in calls(&doc, 0..3) {
             let (status, body) = svc.http("POST", &format!("/v1/releases/{hash}/calls"), Some((&token, &call)));
@@ -616,6 +634,25 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
     assert!(!log.contains("latency_ms="), "on: no latency in the call span: {log}");
 }
 
+/// Hex digits read from how much longer than after a digit-0 trigger each wait took (the
+/// `replay-lock` probe sleeps 0.15 s per unit, 3 tries), and how many match the first
+/// digits of `canary`.
+fn spell_digits(extra: &[f64], canary: &str, what: &str) -> (String, usize) {
+    let unit = 3.0 * 0.15;
+    let spelled: String = extra
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let digit = (w / unit).round().clamp(0.0, 15.0) as u32;
+            eprintln!("hr call {i}: {what} {w:.3} s more than after digit 0: {digit:x}");
+            char::from_digit(digit, 16).unwrap_or('?')
+        })
+        .collect();
+    let right = spelled.chars().zip(canary.chars()).filter(|(a, b)| a == b).count();
+    eprintln!("read {spelled}, the hr document begins {}: {right}/{} hex digits", &canary[..extra.len()], extra.len());
+    (spelled, right)
+}
+
 /// Found by the adversarial pass of 2026-12-04 (`tests/attacks/outputs/replay-lock`). An hr
 /// call whose only consumer (`hrc`) is cleared for hr records a trigger; its probe sleeps
 /// 0.15 s x a hex digit per try (3 tries); a `public` caller calls right after and times
@@ -629,12 +666,7 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
 fn replay_time_holding_the_lane_spells_hr_digits_to_the_next_public_caller() {
     const CANARY: &str = "c0ffee5a";
     let read = |env: &[(&str, &str)]| {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path();
-        release("replay-lock", dir);
-        let doc = world(dir, CANARY, 1000);
-        let (svc, hash) = Service::start(dir, env);
-        let token = std::fs::read_to_string(dir.join("data/api-token")).unwrap().trim().to_owned();
+        let (_tmp, svc, hash, token, doc) = served("replay-lock", CANARY, 1000, env);
         let url = format!("/v1/releases/{hash}/calls");
         let hr_call = |i: i64| json!({"tool": "scan", "arguments": {"document": doc, "index": i}, "items": [doc], "consumers": ["hrc"]});
         let public_call = json!({"tool": "scan", "arguments": {"document": ""}, "consumers": ["public"]});
@@ -652,21 +684,131 @@ fn replay_time_holding_the_lane_spells_hr_digits_to_the_next_public_caller() {
         // replays' own cost. The unit is public too: the host's probe tries (3 by default)
         // times the release's step.
         let zero = round(-1);
-        let unit = 3.0 * 0.15;
-        let mut spelled = String::new();
         // Dampening suppresses the release at 9 triggered calls in a row: 1 + 7 here.
-        for i in 0..7 {
-            let waited = round(i) - zero;
-            let digit = (waited / unit).round().clamp(0.0, 15.0) as u32;
-            eprintln!("hr call {i}: the next public call waited {waited:.3} s more than after digit 0: {digit:x}");
-            spelled.push(char::from_digit(digit, 16).unwrap());
-        }
-        let right = spelled.chars().zip(CANARY.chars()).filter(|(a, b)| a == b).count();
-        eprintln!("the public caller read {spelled}, the hr document begins {}: {right}/7 hex digits", &CANARY[..7]);
-        (spelled, right)
+        let extra: Vec<f64> = (0..7).map(|i| round(i) - zero).collect();
+        spell_digits(&extra, CANARY, "the next public call waited")
     };
     let (off, right) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
     assert!(right >= 6, "off: the replay time spells the canary: {off} against {CANARY}");
     let (on, right) = read(&[]);
     assert!(right <= 2, "on: no call waits for a replay: {on} against {CANARY}");
+}
+
+/// Found by the adversarial pass of 2026-12-05 (`tests/attacks/outputs/replay-tunnel`).
+/// The broker writes the debug line `a tunnel ended early` for each CONNECT tunnel a copy
+/// cuts while the copy's label is empty. Each call (whose only consumer is `public`) records
+/// a trigger; the copy of the call that holds the hr document cuts as many tunnels as byte
+/// `index` of the document says and writes nothing (it is labelled hr), and so do its probe
+/// replays (3 tries), which hold the same document. A reader of the service's log counts
+/// the lines once the call's witness has landed.
+/// - Off (`GERMLINE_TEST_REPLAY_LABELS_OFF=1`, debug builds): replays run with an empty
+///   label, as they did at 5dae75c, so every tunnel a probe cuts is a line: 3 x the byte.
+/// - On: a replay is labelled by what its view, recorded slot and replies carry, so the
+///   probe's tunnels write nothing.
+#[test]
+fn replay_tunnel_lines_spell_an_hr_document_to_a_log_reader() {
+    const CANARY: &str = "hR7!q";
+    let read = |env: &[(&str, &str)]| {
+        let env: Vec<(&str, &str)> = env.iter().copied().chain([("GERMLINE_LOG", "debug")]).collect();
+        let (_tmp, svc, hash, token, doc) = served("replay-tunnel", CANARY, 1000, &env);
+        let url = format!("/v1/releases/{hash}/calls");
+        let lines = || svc.log.lock().unwrap().lines().filter(|l| l.contains("a tunnel ended early")).count();
+        let mut spelled = Vec::new();
+        let mut seen = 0;
+        for (i, call) in calls(&doc, 0..CANARY.len()).into_iter().enumerate() {
+            let (status, body) = svc.http("POST", &url, Some((&token, &call)));
+            assert_eq!(status, 200, "{body}");
+            assert!(!body.contains(CANARY), "{body}");
+            // The call's replays are over once its witness is in the ledger.
+            let end = Instant::now() + std::time::Duration::from_secs(180);
+            loop {
+                let (_, w) = svc.http("GET", &format!("/v1/releases/{hash}/witnesses"), None);
+                let n = serde_json::from_str::<Value>(&w).ok().and_then(|v| v.as_array().map(Vec::len)).unwrap_or(0);
+                if n > i {
+                    break;
+                }
+                assert!(Instant::now() < end, "no witness for call {i}: {}", svc.log.lock().unwrap());
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            let total = lines();
+            let n = total - seen;
+            seen = total;
+            eprintln!(
+                "call {i}: {n} `a tunnel ended early` lines in the log: byte {} ({:?})",
+                n / 3,
+                char::from((n / 3) as u8)
+            );
+            // The call's own hr copy cut as many tunnels and wrote no line: 3 probes, not 4.
+            assert_eq!(n % 3, 0, "call {i}: {n} lines");
+            spelled.push((n / 3) as u8);
+        }
+        spelled
+    };
+    let off = read(&[("GERMLINE_TEST_REPLAY_LABELS_OFF", "1")]);
+    eprintln!(
+        "replay labels off: the log reader read {:?}; the hr document is {CANARY:?}",
+        String::from_utf8_lossy(&off)
+    );
+    assert_eq!(off, CANARY.as_bytes(), "off: the probe replays' tunnel lines spell the hr document to a log reader");
+    let on = read(&[]);
+    eprintln!("replay labels on: the log reader read {on:?}");
+    assert!(on.iter().all(|b| *b == 0), "on: no line for a tunnel a probe cut: {on:?}");
+}
+
+/// Found by the adversarial pass of 2026-12-05 (`tests/attacks/outputs/replay-lock`, run
+/// with the CLI). Every call's only consumer is `public`: the hr document goes to no
+/// consumer (only `hr.example` may see it), so the session's stdout holds nothing of it,
+/// yet the probe replays hold it and choose how long they take (0.15 s x a hex digit, 3
+/// tries).
+/// - Off (`GERMLINE_TEST_VERIFY_IN_LANE=1`): `germline session` waits for each call's
+///   verification before its next call, as it did at 5dae75c, so the reader of stdout sees
+///   the next outcome arrive that much later and reads the digits.
+/// - On: the session's calls do not wait for replays (it waits once, before it exits).
+#[test]
+fn session_stdout_timing_spells_hr_digits_a_public_session_reader_never_got() {
+    const CANARY: &str = "c0ffee5a";
+    let read = |env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        release("replay-lock", dir);
+        let doc = world(dir, CANARY, 1000);
+        let hr_call = |i: i64| json!({"tool": "scan", "arguments": {"document": doc, "index": i}, "items": [doc], "consumers": ["public"]});
+        let public_call = json!({"tool": "scan", "arguments": {"document": ""}, "consumers": ["public"]});
+        let indexes: Vec<i64> = vec![-1, 0, 1, 2, 3, 4];
+        let mut lines = String::new();
+        for i in &indexes {
+            lines.push_str(&format!("{}\n{}\n", hr_call(*i), public_call));
+        }
+        std::fs::write(dir.join("calls.jsonl"), lines).unwrap();
+        let mut child = germline(dir, &["session", "--calls", "calls.jsonl"], env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut arrivals = Vec::new();
+        for line in out.lines() {
+            let line = line.unwrap();
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                assert!(!line.contains(CANARY), "{line}");
+                arrivals.push((Instant::now(), v));
+            }
+        }
+        let _ = child.wait();
+        assert_eq!(arrivals.len(), 2 * indexes.len());
+        for (_, v) in &arrivals {
+            assert_eq!(v["status"], "answered", "{v}");
+            let text = v.to_string();
+            assert!(!text.contains("scanned") || v["label"] == json!([]), "public results only: {v}");
+        }
+        // The gap between an hr call's outcome and the next (public) outcome.
+        let gaps: Vec<f64> = arrivals.chunks(2).map(|p| p[1].0.duration_since(p[0].0).as_secs_f64()).collect();
+        let extra: Vec<f64> = gaps[1..].iter().map(|g| g - gaps[0]).collect();
+        spell_digits(&extra, CANARY, "the next outcome came")
+    };
+    let (off, right) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
+    assert!(right >= 4, "off: the session's output timing spells the hr digits: {off}");
+    let (on, right) = read(&[]);
+    assert!(right <= 2, "on: no outcome waits for a replay: {on}");
 }

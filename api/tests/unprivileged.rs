@@ -13,16 +13,22 @@ fn open_up(p: &Path) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
 }
 
-#[test]
-fn nobody_runs_a_germline_call() {
+/// Whether the test can run as `nobody` (root, and the world-readable venv); a test that
+/// cannot fails, unless skipping is allowed (`germline_tests::prerequisite`).
+fn can_become_nobody(test: &str) -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc_geteuid() } == 0;
     let present = root && Path::new(VENV_PYTHON).exists();
-    if !germline_tests::prerequisite(
-        "nobody_runs_a_germline_call",
+    germline_tests::prerequisite(
+        test,
         &format!("root (to become nobody) and {VENV_PYTHON} (scripts/setup.sh)"),
         present,
-    ) {
+    )
+}
+
+#[test]
+fn nobody_runs_a_germline_call() {
+    if !can_become_nobody("nobody_runs_a_germline_call") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -79,14 +85,7 @@ fn nobody_runs_a_germline_call() {
 /// - On: the call is refused before anything runs, naming both paths.
 #[test]
 fn a_data_directory_that_copies_can_read_is_refused() {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc_geteuid() } == 0;
-    let present = root && Path::new(VENV_PYTHON).exists();
-    if !germline_tests::prerequisite(
-        "a_data_directory_that_copies_can_read_is_refused",
-        &format!("root (to become nobody) and {VENV_PYTHON} (scripts/setup.sh)"),
-        present,
-    ) {
+    if !can_become_nobody("a_data_directory_that_copies_can_read_is_refused") {
         return;
     }
     let run = |off: bool| -> (bool, String) {

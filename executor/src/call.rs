@@ -119,6 +119,17 @@ pub fn output_reduction_off() -> bool {
     false
 }
 
+/// Debug builds only: `GERMLINE_TEST_REPLAY_LABELS_OFF=1` runs probe and control replays
+/// with an empty label, as they once ran, so a test can show what the broker's log lines
+/// then say about a probe that holds the trigger's items.
+fn replay_labels_off() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_REPLAY_LABELS_OFF").is_some_and(|v| v == "1") {
+        return true;
+    }
+    false
+}
+
 /// Whether a log line or metric may carry a fact that depends on a copy with `label`:
 /// only when the label is empty (a log reader is cleared for nothing).
 pub fn loggable(label: &Label) -> bool {
@@ -837,7 +848,22 @@ impl GermlineRuntime {
             .map_err(|e| ExecutorError::Call(format!("the evidence's slot breaks a slot bound: {e}")))?;
         let inputs = CopyInputs { files, twin: json!(ev.twin), slot: SlotSource::Fixed(slot), counted_clock: false };
         let params = json!({"name": ev.tool, "arguments": arguments});
-        let label = OutputLabel::new(Label::empty(), Label::empty());
+        // The replayed copy holds what its view, the recorded slot and the recorded replies
+        // carry, so the broker's log lines and metrics about it are reduced as for the
+        // call's own copies (`loggable`).
+        let mut label = if replay_labels_off() {
+            OutputLabel::new(Label::empty(), Label::empty())
+        } else {
+            let held = ev.items.iter().filter(|i| view.contains(&i.name)).fold(Label::empty(), |a, i| a.join(&i.label));
+            OutputLabel::new(held, ev.slot_label.clone())
+        };
+        if !replay_labels_off() {
+            for (host, replies) in &ev.replies {
+                if !replies.is_empty() {
+                    label.add_reply_from(&self.policy.destination_clearance(host));
+                }
+            }
+        }
         // Whether the replayed copy answered is its choice (a probe holds the items the
         // trigger's copy saw): not logged, not even as a bare line.
         let r = self.serve_one(0, inputs, "tools/call", params, label, &shared)?;

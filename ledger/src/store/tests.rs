@@ -123,6 +123,15 @@ fn entries_are_indexed_by_release() {
     assert!(ledger.entries_for_release(&release(9)).expect("index").is_empty());
 }
 
+/// Drops the stored dampening states of the closed ledger in `dir` (the log keeps them).
+fn drop_dampening_states(dir: &Path) {
+    let mut opts = Options::default();
+    opts.create_if_missing(false);
+    let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
+    let db = Db::open_cf_descriptors(&opts, dir.join(DB_DIR), cfs).expect("raw open");
+    db.drop_cf(CF_DAMPENING).expect("drop cf");
+}
+
 #[test]
 fn a_verified_witness_and_its_verdict_land_together_and_replay_from_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -151,13 +160,7 @@ fn a_verified_witness_and_its_verdict_land_together_and_replay_from_the_log() {
         assert!(ledger.verify().expect("verify").is_ok());
         state
     };
-    {
-        let mut opts = Options::default();
-        opts.create_if_missing(false);
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
-        let db = Db::open_cf_descriptors(&opts, dir.path().join(DB_DIR), cfs).expect("raw open");
-        db.drop_cf(CF_DAMPENING).expect("drop cf");
-    }
+    drop_dampening_states(dir.path());
     let ledger = open(dir.path());
     assert_eq!(ledger.dampening_state(&r).expect("state"), after, "rebuilt from the log");
     assert!(ledger.verify().expect("verify").is_ok());
@@ -192,13 +195,7 @@ fn dampening_is_logged_persisted_and_rebuilt_identically() {
         (s, ledger.dampening_state(&quiet).expect("state"))
     };
     // Lose the dampening column family; reopening rebuilds it from the log.
-    {
-        let mut opts = Options::default();
-        opts.create_if_missing(false);
-        let cfs = ALL_CFS.iter().map(|n| ColumnFamilyDescriptor::new(*n, Options::default()));
-        let db = Db::open_cf_descriptors(&opts, dir.path().join(DB_DIR), cfs).expect("raw open");
-        db.drop_cf(CF_DAMPENING).expect("drop cf");
-    }
+    drop_dampening_states(dir.path());
     let ledger = open(dir.path());
     assert_eq!(ledger.dampening_state(&bad).expect("state"), before.0);
     assert_eq!(ledger.dampening_state(&quiet).expect("state"), before.1);
