@@ -190,12 +190,19 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
 }
 
 fn post(agent: &ureq::Agent, url: &str, token: &str, body: &Value) -> anyhow::Result<Value> {
-    let text = agent
+    let sent = agent
         .post(url)
         .set("authorization", &format!("Bearer {token}"))
         .set("content-type", "application/json")
-        .send_string(&body.to_string())?
-        .into_string()?;
+        .send_string(&body.to_string());
+    let text = match sent {
+        Ok(r) => r.into_string()?,
+        // The service's answer says why (its JSON error), not only the status.
+        Err(ureq::Error::Status(code, r)) => {
+            anyhow::bail!("HTTP {code}: {}", r.into_string().unwrap_or_default())
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(serde_json::from_str(&text)?)
 }
 
