@@ -851,19 +851,16 @@ impl GermlineRuntime {
         // The replayed copy holds what its view, the recorded slot and the recorded replies
         // carry, so the broker's log lines and metrics about it are reduced as for the
         // call's own copies (`loggable`).
-        let mut label = if replay_labels_off() {
+        let label = if replay_labels_off() {
             OutputLabel::new(Label::empty(), Label::empty())
         } else {
             let held = ev.items.iter().filter(|i| view.contains(&i.name)).fold(Label::empty(), |a, i| a.join(&i.label));
-            OutputLabel::new(held, ev.slot_label.clone())
-        };
-        if !replay_labels_off() {
-            for (host, replies) in &ev.replies {
-                if !replies.is_empty() {
-                    label.add_reply_from(&self.policy.destination_clearance(host));
-                }
+            let mut label = OutputLabel::new(held, ev.slot_label.clone());
+            for (host, _) in ev.replies.iter().filter(|(_, r)| !r.is_empty()) {
+                label.add_reply_from(&self.policy.destination_clearance(host));
             }
-        }
+            label
+        };
         // Whether the replayed copy answered is its choice (a probe holds the items the
         // trigger's copy saw): not logged, not even as a bare line.
         let r = self.serve_one(0, inputs, "tools/call", params, label, &shared)?;
@@ -1078,7 +1075,6 @@ impl GermlineRuntime {
     }
 }
 
-/// The pool of `size` copies of `germline` for a release under `policy`.
 /// `p` made absolute with its deepest existing ancestor resolved (symbolic links and `..`
 /// there), and the rest appended as written.
 fn resolved(p: &Path) -> PathBuf {
@@ -1104,6 +1100,7 @@ fn resolved(p: &Path) -> PathBuf {
     }
 }
 
+/// The pool of `size` copies of `germline` for a release under `policy`.
 fn copy_pool(germline: Germline, size: usize, policy: &Policy, manifest: &Manifest) -> CopyPool {
     CopyPool::new(Box::new(germline), size, policy.limits.max_message_bytes, manifest.warm_up_calls())
 }

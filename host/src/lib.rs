@@ -62,12 +62,13 @@ impl Host {
     /// germline runtimes only; baselines have no dampening), witness files under it too.
     /// The CLI commands open the ledger this way, once per command.
     pub fn open(rt: Runtime, data_dir: PathBuf) -> anyhow::Result<Host> {
+        // Checked before the ledger is made there.
         check_private(&rt, &data_dir)?;
         let ledger = match &rt {
             Runtime::Germline(_) => Some(open_ledger(&data_dir)?),
             _ => None,
         };
-        Host::new(rt, ledger, data_dir)
+        Ok(Host::checked(rt, ledger, data_dir))
     }
 
     /// A host around a started runtime; dampening and witnesses go to `ledger` (germline
@@ -78,6 +79,11 @@ impl Host {
     /// [`check_private`]).
     pub fn new(rt: Runtime, ledger: Option<Arc<Ledger>>, data_dir: PathBuf) -> anyhow::Result<Host> {
         check_private(&rt, &data_dir)?;
+        Ok(Host::checked(rt, ledger, data_dir))
+    }
+
+    /// [`Host::new`] once `data_dir` passed [`check_private`].
+    fn checked(rt: Runtime, ledger: Option<Arc<Ledger>>, data_dir: PathBuf) -> Host {
         let verifier = match (&rt, &ledger) {
             (Runtime::Germline(g), Some(l)) => {
                 let make: verification::MakeGermline = Arc::new(g.lane_maker());
@@ -85,7 +91,7 @@ impl Host {
             }
             _ => None,
         };
-        Ok(Host { rt, ledger, verifier })
+        Host { rt, ledger, verifier }
     }
 
     /// This host with `verifier` instead of its own: the lanes of one release share one.
@@ -181,19 +187,19 @@ impl Host {
         if state.suppressed && !before.suppressed {
             tracing::warn!(%release, penalty = state.penalty, "release suppressed by dampening");
         }
-        let verifying = self.verifier.as_ref().is_some_and(|v| v.submit(req, outcome));
+        if let Some(v) = &self.verifier {
+            v.submit(req, outcome);
+        }
         if verify_in_lane() {
             self.wait_verified(None);
         }
-        Ok(AfterCall { newly_suppressed: state.suppressed && !before.suppressed, state: Some(state), verifying })
+        Ok(AfterCall { newly_suppressed: state.suppressed && !before.suppressed, state: Some(state) })
     }
 }
 
 /// What [`Host::after_call`] recorded.
 #[derive(Debug, Default)]
 pub struct AfterCall {
-    /// Whether the call's triggers were queued for verification.
-    pub verifying: bool,
     /// Whether this call's event suppressed the release.
     pub newly_suppressed: bool,
     /// Dampening state after the call's event (none for refused or non-germline calls).

@@ -122,12 +122,6 @@ impl Verifier {
         true
     }
 
-    /// Whether verifications are queued or running.
-    pub fn busy(&self) -> bool {
-        let q = lock(&self.queue);
-        q.running || !q.jobs.is_empty()
-    }
-
     /// Waits until every queued verification has ended (`None`: however long that takes;
     /// the replays are bounded by the deadlines of their copies). `false` on timeout.
     pub fn wait_idle(&self, timeout: Option<Duration>) -> bool {
