@@ -351,29 +351,65 @@ def _warm_session(server):
 
     No handler of the release runs: only the SDK's own server classes are warmed (not a
     subclass), and not when their lifespan is not the SDK's default (release code that runs
-    with every session, and may open its data); servers the germline cannot reach in memory
-    (`main`, `cli`) are left alone too. Nothing is kept: the answers are
+    with every session, and may open its data); for those, and for servers the germline
+    cannot reach in memory (`main`, `cli`), a server of the shim's own making is warmed
+    instead (`_warm_own_server`). Nothing is kept: the answers are
     dropped, the event loop closes its descriptors, no thread is started (G1 and G2 check
     the germline after this as before). Any failure just leaves the copies to do it."""
-    if isinstance(server, (_Main, _Cli)):
-        return
-    lowlevel = getattr(server, "_mcp_server", None) if hasattr(server, "run_stdio_async") else server
+    lowlevel = None
+    if not isinstance(server, (_Main, _Cli)):
+        lowlevel = getattr(server, "_mcp_server", None) if hasattr(server, "run_stdio_async") else server
     try:
         sdk = sys.modules[type(lowlevel).__module__]
         package = type(lowlevel).__module__.rpartition(".server.lowlevel")[0]
         # The SDK's own classes, not a subclass whose methods are the release's.
         if not package or type(lowlevel) is not getattr(sdk, "Server", None):
-            return
+            raise LookupError
         if lowlevel is not server and not type(server).__module__.startswith(package + ".server."):
-            return
+            raise LookupError
         if lowlevel.lifespan is not getattr(sdk, "lifespan", None):
-            return
+            raise LookupError
+        lines = _WARM_LINES + (_WARM_SDK_HANDLED if lowlevel is not server else ())
+    except Exception:
+        # Not reachable in memory (`main`, `cli`) or not the SDK's own: a server of the
+        # shim's own making, from the SDK the release imported, is warmed instead.
+        _warm_own_server()
+        return
+    _run_warm_session(package, lowlevel, lines)
+
+
+def _warm_own_server():
+    """One data-free session, in the germline, with a server the shim makes from the SDK
+    the release imported (its low-level `Server`, one tool that answers a constant): the
+    SDK's request path — session, validation, dispatch, the answer's serialisation — is
+    specialized and its caches filled before the fork, for a server built only in each copy
+    (`main`, `cli`) or not warmed itself. No code of the release runs."""
+    package = "mcp"
+    try:
+        lowlevel_mod = importlib.import_module(package + ".server.lowlevel")
+        types = importlib.import_module(package + ".types")
+        own = lowlevel_mod.Server("germline warm-up")
+
+        @own.list_tools()
+        async def _tools():
+            return [types.Tool(name="germline warm-up", description="", inputSchema={"type": "object", "properties": {}})]
+
+        @own.call_tool()
+        async def _call(name, arguments):
+            return [types.TextContent(type="text", text="x")]
+
+    except Exception:
+        return
+    _run_warm_session(package, own, _WARM_LINES + _WARM_SDK_HANDLED)
+
+
+def _run_warm_session(package, lowlevel, lines):
+    try:
         types = importlib.import_module(package + ".types")
         message = importlib.import_module(package + ".shared.message")
         import anyio
     except Exception:
         return
-    lines = _WARM_LINES + (_WARM_SDK_HANDLED if lowlevel is not server else ())
 
     async def session():
         to_server, server_reads = anyio.create_memory_object_stream(len(lines))
@@ -552,6 +588,9 @@ def _run_copy(server, release_dir):
     (checked by the broker before anything but the preamble reaches it), so threads the
     import starts are the copy's and inherit those ids."""
     t0 = _real["perf_counter"]()
+    # A handler the release set in the germline runs no earlier than the call's twin
+    # inputs: SIGCONT (which lets a stopped pooled copy run) is held until they are taken.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
     _landlock_copy_layer()
     _wait_channel_ready()
     _take_copy_ids()
@@ -560,6 +599,7 @@ def _run_copy(server, release_dir):
     rfile = chan.makefile("rb")
     preamble = json.loads(_read_line(rfile))
     if preamble.get("pool"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCONT})
         _run_pooled(server, chan, rfile, release_dir)
         return
     if preamble.get("twin") is None:
@@ -572,6 +612,15 @@ def _run_copy(server, release_dir):
         # clock that advanced 1 us per read only, which hangs polling loops.
         _twin.counted_only = preamble.get("twin_clock") == "counted"
         _activate_twin(preamble["twin"])
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCONT})
+    if preamble.get("germline") == "start":
+        # A pooled copy readied short of starting its server (one that opens its data at
+        # start-up): the broker mounts the call's view once the twin inputs are taken, then
+        # lets the server start.
+        if preamble.get("reply"):
+            chan.sendall(_READY)
+        if json.loads(_read_line(rfile)).get("germline") != "data":
+            raise SystemExit("germline: expected the go-ahead after the start line")
     import germline_slot
 
     germline_slot._attach(lambda: _connect_channel(SLOT_PORT))

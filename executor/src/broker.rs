@@ -113,6 +113,17 @@ pub enum Channel {
         /// Slot and environment.
         data: Value,
     },
+    /// A pooled copy connected and checked with its server not started (a server that
+    /// opens its data at start-up): the broker sends its start line (twin inputs) and waits
+    /// for them to be taken, mounts its view, lets it start its server, then `initialize`.
+    Staged {
+        /// The copy's channel (no MCP session yet).
+        channel: Box<PooledChannel>,
+        /// Twin inputs (`null`: switched off), and the twin clock's mode if not the default.
+        start: Value,
+        /// The view to mount once the twin inputs are taken.
+        view: ViewMount,
+    },
 }
 
 /// A pooled copy's connected MCP session.
@@ -261,6 +272,9 @@ pub fn serve_copy(job: CopyJob<'_>, shared: &Arc<Mutex<CallShared>>) -> CopyResu
         Channel::Pooled { channel, twin, view, data } => {
             talk_pooled(*channel, twin, view, data, method, params, deadline, &mut timings)
         }
+        Channel::Staged { channel, start, view } => {
+            talk_staged(*channel, start, view, method, params, deadline, &mut timings)
+        }
     };
     let t_down = Instant::now();
     // The copy's answer is in (or the call failed): its threads are told to stop, and what
@@ -402,6 +416,43 @@ fn talk_pooled(
     }
     client.control(&data_line, false)?;
     timings.preamble = t1.elapsed() - timings.view;
+    ask(&mut client, method, params, timings)
+}
+
+/// [`talk`] for a pooled copy whose server has not started: its start line (twin inputs,
+/// taken before the view exists, as for [`talk_pooled`]), its view, the go-ahead that
+/// starts its server, then `initialize` and the request.
+fn talk_staged(
+    channel: PooledChannel,
+    start: Value,
+    view: ViewMount,
+    method: &str,
+    params: Value,
+    deadline: Instant,
+    timings: &mut CopyTimings,
+) -> Result<Value, ExecutorError> {
+    let t1 = Instant::now();
+    let PooledChannel { mut client, conn } = channel;
+    let remaining = deadline.saturating_duration_since(t1).max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    let ack = !view.files.is_empty();
+    let mut start_line = json!({"germline": "start", "reply": ack});
+    if let (Some(o), Value::Object(m)) = (start_line.as_object_mut(), start) {
+        o.extend(m);
+    }
+    client
+        .control(&start_line, ack)
+        .map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
+    let t_view = Instant::now();
+    view.mount()?;
+    timings.view = t_view.elapsed();
+    // Goes out with `initialize`, in the same write and before it.
+    client.control(&json!({"germline": "data"}), false)?;
+    timings.preamble = t1.elapsed() - timings.view;
+    let t2 = Instant::now();
+    client.initialize().map_err(phase("while the server initialized"))?;
+    timings.initialize = t2.elapsed();
     ask(&mut client, method, params, timings)
 }
 

@@ -22,7 +22,7 @@ use crate::germline::{Germline, GermlineSpec, PythonRuntime};
 use crate::manifest::Manifest;
 use crate::outside::{prepare_copy, CopyFile, FileMeta, ViewMount};
 use crate::policy::Policy;
-use crate::pool::{CopyPool, ReadyCopy, Taken};
+use crate::pool::{CopyPool, Readiness, ReadyCopy, Taken};
 use crate::seccomp::SeccompPolicy;
 use crate::slots::{SlotGiven, SlotSource, SlotTable};
 use crate::ExecutorError;
@@ -458,13 +458,10 @@ impl GermlineRuntime {
                 crate::policy::MAX_POOL
             )));
         }
-        let pool_size = match pooling_blocked(&manifest, &policy) {
-            Some(why) if policy.limits.pool > 0 => {
-                tracing::info!(release = %release, "copies are made per call, not pooled: {why}");
-                0
-            }
-            _ => policy.limits.pool,
-        };
+        let pool_size = policy.limits.pool;
+        if let Some(why) = startup_data(&manifest, &policy).filter(|_| pool_size > 0) {
+            tracing::info!(release = %release, "pooled copies start their server at the call, once its view is in: {why}");
+        }
         let germline = Germline::start(&spec)?;
         tracing::info!(
             release = %release,
@@ -908,9 +905,16 @@ impl GermlineRuntime {
     }
 
     /// Whether calls take pooled copies (false: fork per call, by setting or because the
-    /// release's server needs its data to start).
+    /// release's copies could not be readied).
     pub fn pooling(&mut self) -> bool {
         self.pool().map(CopyPool::pooling).unwrap_or(false)
+    }
+
+    /// How far pooled copies are readied before a call takes one: past `initialize`, or
+    /// short of starting their server (a server that opens its data at start-up, or whose
+    /// data-free copy did not get past `initialize` or kept a process of its own).
+    pub fn readiness(&mut self) -> Result<Readiness, ExecutorError> {
+        Ok(self.pool()?.readiness())
     }
 
     /// Runs one copy for group `gi`: takes it from the pool (or has one made), gives it
@@ -955,13 +959,20 @@ impl GermlineRuntime {
         let pooled = matches!(taken, Taken::Pooled(_));
         let (copy, job_parts) = match taken {
             Taken::Pooled(r) => {
-                let ReadyCopy { copy, proxy, slot: slot_listener, channel } = *r;
+                let ReadyCopy { copy, proxy, slot: slot_listener, channel, readiness } = *r;
                 let mut twin_part = json!({"twin": twin});
                 if counted_clock {
                     twin_part["twin_clock"] = json!("counted");
                 }
                 let view = ViewMount { pid: copy.pid, roots, files };
-                let channel = Channel::Pooled { channel: Box::new(channel), twin: twin_part, view, data: json!({}) };
+                let channel = Box::new(channel);
+                let channel = match readiness {
+                    Readiness::Initialized => Channel::Pooled { channel, twin: twin_part, view, data: json!({}) },
+                    Readiness::Connected => {
+                        twin_part["trace"] = json!(trace);
+                        Channel::Staged { channel, start: twin_part, view }
+                    }
+                };
                 let resumed = copy.resume();
                 (copy, resumed.map(|()| (proxy, slot_listener, channel)))
             }
@@ -1100,9 +1111,14 @@ fn resolved(p: &Path) -> PathBuf {
     }
 }
 
-/// The pool of `size` copies of `germline` for a release under `policy`.
+/// The pool of `size` copies of `germline` for a release under `policy`: past
+/// `initialize`, or short of starting their server when it opens data at start-up.
 fn copy_pool(germline: Germline, size: usize, policy: &Policy, manifest: &Manifest) -> CopyPool {
-    CopyPool::new(Box::new(germline), size, policy.limits.max_message_bytes, manifest.warm_up_calls())
+    let readiness = match startup_data(manifest, policy) {
+        Some(_) => Readiness::Connected,
+        None => Readiness::Initialized,
+    };
+    CopyPool::new(Box::new(germline), size, readiness, policy.limits.max_message_bytes, manifest.warm_up_calls())
 }
 
 /// What one copy is given besides its request.
@@ -1117,12 +1133,12 @@ struct CopyInputs {
     counted_clock: bool,
 }
 
-/// Why a release's copies cannot be pooled, if they cannot: a server that opens data at
-/// start-up — a path under a data root on its command line or among its `main` arguments,
-/// or fixed paths its tools declare they read — would start without it in a pooled copy
-/// (which holds nothing until a call takes it), so its copies are made per call and get
-/// their view before the server starts.
-fn pooling_blocked(manifest: &Manifest, policy: &Policy) -> Option<String> {
+/// Why a release's server opens data at start-up, if it does: a path under a data root on
+/// its command line or among its `main` arguments, or fixed paths its tools declare they
+/// read. Such a server would start without its data in a copy readied past `initialize`
+/// (which holds nothing until a call takes it), so its pooled copies are readied short of
+/// starting it ([`Readiness::Connected`]): the server starts once the call's view is in.
+fn startup_data(manifest: &Manifest, policy: &Policy) -> Option<String> {
     use crate::manifest::Entry;
     let roots = policy.data_roots();
     let under_root = |s: &str| {

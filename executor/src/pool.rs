@@ -1,6 +1,8 @@
 //! Pooled copies: made ahead of time, set up from outside, checked, connected and past MCP
 //! `initialize` — with no data — so that a call only sends its twin inputs, mounts its
-//! view, and asks (the copy asks for its slot when it needs it, [`crate::slots`]).
+//! view, and asks (the copy asks for its slot when it needs it, [`crate::slots`]). A server
+//! that opens its data at start-up is readied short of starting ([`Readiness::Connected`]):
+//! the call sends its twin inputs, mounts its view, and only then lets the server start.
 //!
 //! The pool does not know how a copy is made: a [`CopySource`] makes one data-free copy at
 //! a time (a fork from a Python germline today; a fresh sandboxed process per copy for a
@@ -102,7 +104,20 @@ impl CopySource for Germline {
     }
 }
 
-/// A copy ready for a call: connected, checked, past `initialize`, holding nothing, stopped.
+/// How far the pool readies a copy before a call takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Its server started and past `initialize` (and the warm-up requests).
+    Initialized,
+    /// Connected and checked, its server not started: for a server that opens its data at
+    /// start-up (a path under a data root among its arguments, say), which must start once
+    /// the call's view is in. The copy waits for the call's start line; no release code runs
+    /// in it before the call's twin inputs.
+    Connected,
+}
+
+/// A copy ready for a call: connected, checked, holding nothing, stopped; past `initialize`
+/// when its readiness is [`Readiness::Initialized`].
 pub struct ReadyCopy {
     /// The copy.
     pub copy: CopyProcess,
@@ -110,15 +125,17 @@ pub struct ReadyCopy {
     pub proxy: TcpListener,
     /// Its slot-write listener.
     pub slot: TcpListener,
-    /// Its MCP session.
+    /// Its MCP session (not yet initialized for [`Readiness::Connected`]).
     pub channel: PooledChannel,
+    /// How far it was readied.
+    pub readiness: Readiness,
 }
 
 /// A copy taken for one group of one call.
 pub enum Taken {
     /// From the pool: only the view, twin inputs and slot are left to give it.
     Pooled(Box<ReadyCopy>),
-    /// Just made, nothing set up (pooling off, or a release that needs its data to start).
+    /// Just made, nothing set up (pooling off, or no copy ready and none coming).
     Fresh(Box<CopyProcess>),
 }
 
@@ -152,6 +169,8 @@ struct State {
     readying_copies: Vec<Readying>,
     /// Ready copies wanted; 0 once pooling is off for this source.
     size: usize,
+    /// How far copies are readied from now on.
+    readiness: Readiness,
     /// A failure of the source itself (a germline check): every later take returns it.
     failed: Option<ExecutorError>,
     closed: bool,
@@ -190,11 +209,13 @@ pub struct CopyPool {
 }
 
 impl CopyPool {
-    /// A pool of `size` ready copies of `source` (0: every call makes its copies as it
-    /// needs them, and gives them their data before their server starts).
+    /// A pool of `size` copies of `source` readied to `readiness` (size 0: every call
+    /// makes its copies as it needs them, and gives them their data before their server
+    /// starts).
     pub fn new(
         source: Box<dyn CopySource>,
         size: usize,
+        readiness: Readiness,
         max_message: usize,
         warm_up: Vec<(String, serde_json::Value)>,
     ) -> CopyPool {
@@ -207,6 +228,7 @@ impl CopyPool {
                 readying: 0,
                 readying_copies: Vec::new(),
                 size,
+                readiness,
                 failed: None,
                 closed: false,
             }),
@@ -234,9 +256,14 @@ impl CopyPool {
     }
 
     /// Whether copies come from the pool (false: pooling is off, or was turned off for
-    /// this release because its server could not start without data).
+    /// this release because its copies could not be readied).
     pub fn pooling(&self) -> bool {
         self.shared.lock().size > 0
+    }
+
+    /// How far copies are readied now.
+    pub fn readiness(&self) -> Readiness {
+        self.shared.lock().readiness
     }
 
     /// Waits until `n` copies are ready (or the pool cannot get there), at most `timeout`.
@@ -372,7 +399,7 @@ impl Drop for CopyPool {
 
 fn refill_loop(shared: &Shared) {
     loop {
-        let copy = {
+        let (copy, readiness) = {
             let mut st = shared.lock();
             loop {
                 if st.closed {
@@ -396,7 +423,7 @@ fn refill_loop(shared: &Shared) {
                         }
                     }
                     st.readying += 1;
-                    c
+                    (c, st.readiness)
                 }
                 Err(e) => {
                     if matches!(e, ExecutorError::GermlineRefused { .. } | ExecutorError::GermlineGone(_)) {
@@ -411,7 +438,7 @@ fn refill_loop(shared: &Shared) {
             }
         };
         let pid = copy.pid;
-        let readied = ready_up(copy, shared.max_message, &shared.warm_up);
+        let readied = ready_up(copy, readiness, shared.max_message, &shared.warm_up);
         let mut st = shared.lock();
         st.readying -= 1;
         // Gone from the list when a call killed it.
@@ -427,10 +454,19 @@ fn refill_loop(shared: &Shared) {
             Err(_) if listed.is_none() => {}
             // Stopped by a call meanwhile (its readying may have run out of time).
             Err(e) if was_paused => tracing::debug!("a copy stopped while it was readied is dropped: {e}"),
+            // The copy held nothing: its error names no item. A server that needs its data
+            // to start is readied short of starting from now on; the server starts at the
+            // call, once the view is in.
+            Err(e) if readiness == Readiness::Initialized => {
+                if st.readiness == Readiness::Initialized {
+                    tracing::warn!(
+                        "pooled copies of this release start their server at the call: a data-free copy did not get past initialize ({e})"
+                    );
+                }
+                st.readiness = Readiness::Connected;
+            }
             Err(e) => {
-                // The copy held nothing: its error names no item. A server that needs its
-                // data to start cannot be pooled; calls make their copies as they go.
-                tracing::warn!("copy pool off for this release: a data-free copy did not get past initialize ({e})");
+                tracing::warn!("copy pool off for this release: a data-free copy could not be readied ({e})");
                 st.size = 0;
             }
         }
@@ -466,9 +502,11 @@ fn resume_loop(shared: &Shared) {
 }
 
 /// Sets a data-free copy up without a view, lets it connect, checks its ids (the gate
-/// with no view to mount), starts its server and gets it past `initialize`, then stops it.
+/// with no view to mount), and for [`Readiness::Initialized`] starts its server and gets
+/// it past `initialize`; the refill loop then stops it.
 fn ready_up(
     copy: CopyProcess,
+    readiness: Readiness,
     max_message: usize,
     warm_up: &[(String, serde_json::Value)],
 ) -> Result<ReadyCopy, ExecutorError> {
@@ -483,8 +521,14 @@ fn ready_up(
     conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
     let _ = conn.set_nodelay(true);
     let mut writer = conn.try_clone().map_err(ExecutorError::io("channel"))?;
-    writer.write_all(b"{\"pool\":true}\n").map_err(ExecutorError::io("starting a pooled copy"))?;
     let reader = BufReader::new(conn.try_clone().map_err(ExecutorError::io("channel"))?);
+    if readiness == Readiness::Connected {
+        // Waits for the call's start line, its server not started.
+        let client = McpClient::new(reader, writer, max_message);
+        let channel = PooledChannel { client, conn };
+        return Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel, readiness });
+    }
+    writer.write_all(b"{\"pool\":true}\n").map_err(ExecutorError::io("starting a pooled copy"))?;
     let mut client = McpClient::new(reader, writer, max_message);
     client.initialize()?;
     // Two data-free requests through the server's dispatch, so the pages a request touches
@@ -500,7 +544,8 @@ fn ready_up(
         let _ = client.request("tools/call", serde_json::json!({"name": tool, "arguments": arguments}))?;
     }
     // Stopped by the refill loop, under the pool's lock.
-    Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel: PooledChannel { client, conn } })
+    let channel = PooledChannel { client, conn };
+    Ok(ReadyCopy { copy, proxy: listeners.proxy, slot: listeners.slot, channel, readiness })
 }
 
 /// Accepts the copy's connection, or fails at once if the copy exits first.

@@ -98,6 +98,71 @@ fn a_pooled_copy_starts_with_nothing_and_gets_its_view_at_the_call() {
     }
 }
 
+const STARTUP_DATA: &str = r#"
+import signal
+WOKE = []
+# Set at import, in the germline: runs in a copy when the pool lets it run (SIGCONT).
+signal.signal(signal.SIGCONT, lambda *_: WOKE.append([os.getpid(), time.time()]))
+
+async def main(root):
+    at_start = sorted(os.listdir(root))
+    t_start = time.time()
+    m = FastMCP("startup-data")
+    @m.tool()
+    def look() -> str:
+        woke = [t for pid, t in WOKE if pid == os.getpid()]
+        return json.dumps({"at_start": at_start, "t_start": t_start, "t_call": time.time(), "woke": woke})
+    await m.run_stdio_async()
+"#;
+
+/// A server that opens its data at start-up (its data directory among its `main`
+/// arguments) is pooled short of starting: the pool fills before any call with copies
+/// made, checked and connected, and the server starts once the call's twin inputs are
+/// taken and its view is in. It sees its item at start-up; its start-up code reads the
+/// twin clock (the frozen wall clock equals the call's), as does a SIGCONT handler the
+/// release set in the germline, which runs when the pool lets the copy run. The copy was
+/// made off the call's path (no fork in the call's phases), where with the pool off it is
+/// forked in the call. Off (the twin switch), start-up reads the real clock.
+#[test]
+fn a_server_that_opens_its_data_at_start_up_is_pooled_short_of_starting() {
+    let w = World::new();
+    let secret = w.item("hr", "payslip.txt", "salary 9100");
+    let rel = w.release("startup-data", "", STARTUP_DATA);
+    let manifest = rel.join("germline.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let root = secret.parent().unwrap().display().to_string();
+    let text = text
+        .replace("factory = \"server:create_server\"", &format!("main = \"server:main\"\nmain_args = '[\"{root}\"]'"));
+    assert!(text.contains("main_args"), "manifest rewritten: {text}");
+    std::fs::write(&manifest, text).unwrap();
+    for (pool, twin) in [(0, true), (2, false), (2, true)] {
+        let mut rt = pooled(&w, &rel, pool, "");
+        germline(&mut rt).evidence_switches.twin_inputs = twin;
+        let o = rt.call(&request("look", json!({}), &[&secret]));
+        let seen: Value = serde_json::from_str(&result_text(&o)).unwrap_or(Value::Null);
+        let fork = o.timings.first().map(|t| t.fork).unwrap_or_default();
+        eprintln!("pool {pool}, twin {twin}: {seen}, fork {fork:?}");
+        assert_eq!(
+            seen["at_start"],
+            json!(["payslip.txt"]),
+            "pool {pool}: the server starts with its item ({:?})",
+            o.error
+        );
+        assert_eq!(fork.is_zero(), pool > 0, "pool {pool}: the copy was forked in the call: {fork:?}");
+        let (t_start, t_call) = (seen["t_start"].as_f64().unwrap(), seen["t_call"].as_f64().unwrap());
+        assert_eq!(
+            t_start == t_call,
+            twin,
+            "pool {pool}, twin {twin}: start-up read the twin clock ({t_start} {t_call})"
+        );
+        let woke = seen["woke"].as_array().unwrap();
+        if pool > 0 && twin {
+            assert!(!woke.is_empty(), "the copy was let run: {seen}");
+            assert!(woke.iter().all(|t| t.as_f64() == Some(t_call)), "the handler read the twin clock: {seen}");
+        }
+    }
+}
+
 const CLOCK: &str = r#"
 import datetime, random
 def create_server():

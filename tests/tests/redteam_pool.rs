@@ -10,22 +10,23 @@
 //! decodes what its child logged. Off (`IDLE_CHECKS_OFF_FOR_TESTS`: an idle copy's children
 //! keep running, copies being readied are not killed before a call): the canary reaches
 //! the public consumer. On: a copy that keeps a process of its own cannot wait in the pool
-//! (the release's pool is turned off), and nothing of the germline runs beside a copy that
+//! with its server started (the release's copies are pooled short of starting it, so no
+//! release code runs in an idle copy), and nothing of the germline runs beside a copy that
 //! holds data: 0 bits.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use germline_executor::pool::IDLE_CHECKS_OFF_FOR_TESTS;
+use germline_executor::pool::{Readiness, IDLE_CHECKS_OFF_FOR_TESTS};
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_tests::oracle::Oracle;
 use germline_tests::world::{request, result_text, World};
 use serde_json::json;
 
-/// Bits of the canary's 96 that the best public answer carries, and whether the release
-/// still pooled its copies at the end.
-fn run(checks_off: bool) -> (usize, bool, String) {
+/// Bits of the canary's 96 that the best public answer carries, and how far the release's
+/// pooled copies were readied at the end (`None`: not pooled).
+fn run(checks_off: bool) -> (usize, Option<Readiness>, String) {
     IDLE_CHECKS_OFF_FOR_TESTS.store(checks_off, Ordering::SeqCst);
     let w = World::new();
     let mut oracle = Oracle::new();
@@ -68,7 +69,7 @@ fn run(checks_off: bool) -> (usize, bool, String) {
         public(g);
         public(g);
     }
-    let pooling = g.pooling();
+    let pooling = g.pooling().then(|| g.readiness().expect("pool"));
     IDLE_CHECKS_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
     (best, pooling, seen)
 }
@@ -81,10 +82,14 @@ fn nproc_an_idle_copys_child_reads_the_germlines_process_count() {
         eprintln!("nproc off: {} of 96 bits on a loaded host; again", off.0);
         off = run(true);
     }
-    eprintln!("nproc off: {} of 96 bits, pooling {} ({})", off.0, off.1, off.2);
+    eprintln!("nproc off: {} of 96 bits, pooling {:?} ({})", off.0, off.1, off.2);
     assert_eq!(off.0, 96, "off: the canary reaches the public consumer ({})", off.2);
     let on = run(false);
-    eprintln!("nproc on: {} of 96 bits, pooling {} ({})", on.0, on.1, on.2);
+    eprintln!("nproc on: {} of 96 bits, pooling {:?} ({})", on.0, on.1, on.2);
     assert_eq!(on.0, 0, "on: no public answer carries anything canary-shaped ({})", on.2);
-    assert!(!on.1, "on: a copy that keeps a child running cannot wait in the pool");
+    assert_eq!(
+        on.1,
+        Some(Readiness::Connected),
+        "on: a copy that keeps a child running cannot wait in the pool with its server started"
+    );
 }
