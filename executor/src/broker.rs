@@ -387,35 +387,7 @@ fn talk_pooled(
     deadline: Instant,
     timings: &mut CopyTimings,
 ) -> Result<Value, ExecutorError> {
-    let t1 = Instant::now();
-    let PooledChannel { mut client, conn } = channel;
-    let remaining = deadline.saturating_duration_since(t1).max(Duration::from_millis(1));
-    conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
-    conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
-    // Twin inputs are taken before the view exists: nothing of the call's data is there
-    // for release code to read with the real clock. With no view to mount, the copy is not
-    // asked to acknowledge them: the rest of the call (the request's arguments, and the
-    // slot it asks for) reaches it only through this channel, after the twin line, which
-    // the copy handles before it passes any later line to its server.
-    let ack = !view.files.is_empty();
-    let mut twin_line = json!({"germline": "twin", "reply": ack});
-    if let Value::Object(m) = twin {
-        if let Some(o) = twin_line.as_object_mut() {
-            o.extend(m);
-        }
-    }
-    client.control(&twin_line, ack).map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
-    let t_view = Instant::now();
-    view.mount()?;
-    timings.view = t_view.elapsed();
-    let mut data_line = json!({"germline": "data"});
-    if let Value::Object(m) = data {
-        if let Some(o) = data_line.as_object_mut() {
-            o.extend(m);
-        }
-    }
-    client.control(&data_line, false)?;
-    timings.preamble = t1.elapsed() - timings.view;
+    let mut client = hand_over(channel, "twin", twin, view, data, deadline, timings)?;
     ask(&mut client, method, params, timings)
 }
 
@@ -431,29 +403,57 @@ fn talk_staged(
     deadline: Instant,
     timings: &mut CopyTimings,
 ) -> Result<Value, ExecutorError> {
+    let mut client = hand_over(channel, "start", start, view, json!({}), deadline, timings)?;
+    // The go-ahead goes out with `initialize`, in the same write and before it.
+    let t2 = Instant::now();
+    client.initialize().map_err(phase("while the server initialized"))?;
+    timings.initialize = t2.elapsed();
+    ask(&mut client, method, params, timings)
+}
+
+/// Gives a pooled copy its call: the `kind` control line with the twin inputs (`twin`),
+/// acknowledged when there is a view to mount; the view; then the `data` control line
+/// (slot and environment), which goes out with the next message. Returns the copy's MCP
+/// client, with its channel timed out at `deadline`.
+fn hand_over(
+    channel: PooledChannel,
+    kind: &str,
+    twin: Value,
+    view: ViewMount,
+    data: Value,
+    deadline: Instant,
+    timings: &mut CopyTimings,
+) -> Result<McpClient<BufReader<TcpStream>, TcpStream>, ExecutorError> {
     let t1 = Instant::now();
     let PooledChannel { mut client, conn } = channel;
     let remaining = deadline.saturating_duration_since(t1).max(Duration::from_millis(1));
     conn.set_read_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
     conn.set_write_timeout(Some(remaining)).map_err(ExecutorError::io("channel timeout"))?;
+    // Twin inputs are taken before the view exists: nothing of the call's data is there
+    // for release code to read with the real clock. With no view to mount, the copy is not
+    // asked to acknowledge them: the rest of the call (the request's arguments, and the
+    // slot it asks for) reaches it only through this channel, after the twin line, which
+    // the copy handles before it passes any later line to its server.
     let ack = !view.files.is_empty();
-    let mut start_line = json!({"germline": "start", "reply": ack});
-    if let (Some(o), Value::Object(m)) = (start_line.as_object_mut(), start) {
-        o.extend(m);
-    }
+    let line = |kind: &str, extra: Value, reply: Option<bool>| {
+        let mut line = json!({"germline": kind});
+        if let Some(r) = reply {
+            line["reply"] = json!(r);
+        }
+        if let (Some(o), Value::Object(m)) = (line.as_object_mut(), extra) {
+            o.extend(m);
+        }
+        line
+    };
     client
-        .control(&start_line, ack)
+        .control(&line(kind, twin, Some(ack)), ack)
         .map_err(|e| ExecutorError::Copy(format!("{e} (while it took its twin inputs)")))?;
     let t_view = Instant::now();
     view.mount()?;
     timings.view = t_view.elapsed();
-    // Goes out with `initialize`, in the same write and before it.
-    client.control(&json!({"germline": "data"}), false)?;
+    client.control(&line("data", data, None), false)?;
     timings.preamble = t1.elapsed() - timings.view;
-    let t2 = Instant::now();
-    client.initialize().map_err(phase("while the server initialized"))?;
-    timings.initialize = t2.elapsed();
-    ask(&mut client, method, params, timings)
+    Ok(client)
 }
 
 /// Names the phase a copy failed in (the error carries the copy's label like any other).

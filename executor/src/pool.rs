@@ -111,8 +111,8 @@ pub enum Readiness {
     Initialized,
     /// Connected and checked, its server not started: for a server that opens its data at
     /// start-up (a path under a data root among its arguments, say), which must start once
-    /// the call's view is in. The copy waits for the call's start line; no release code runs
-    /// in it before the call's twin inputs.
+    /// the call's view is in. The copy waits for the call's start line; the tool host runs
+    /// no release code in it before the call's twin inputs.
     Connected,
 }
 

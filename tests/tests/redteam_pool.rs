@@ -93,3 +93,54 @@ fn nproc_an_idle_copys_child_reads_the_germlines_process_count() {
         "on: a copy that keeps a child running cannot wait in the pool with its server started"
     );
 }
+
+/// The call-duration channel (SECURITY.md, "Call duration (open)") read by a later copy:
+/// a pooled copy forked before an hr call reads, at the next public call, how long it
+/// waited in the pool, and puts it in the public result (or could send it to a public
+/// host). Open, with the call-duration bound; found by the adversarial pass on the staged
+/// pool, where 24 of 24 bits (6 digits at 0.12 s per unit) reached the public result, as
+/// they did with copies pooled past `initialize`. Ignored: it asserts the channel works.
+#[test]
+#[ignore]
+fn pool_wait_spells_hr_digits_in_a_public_result() {
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let code = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/pool/pool-wait/server.py"))
+        .expect("attack source");
+    let rel = w.release("pool-wait", "[tools.send]\n[tools.read]\n", &code);
+    let manifest = rel.join("germline.toml");
+    let root = secret.parent().unwrap().display().to_string();
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("factory = \"server:create_server\"", &format!("main = \"server:main\"\nmain_args = '[\"{root}\"]'"));
+    std::fs::write(&manifest, text).unwrap();
+    let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[limits]\npool = 2\n");
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("germline starts");
+    let Runtime::Germline(g) = &mut rt else { unreachable!() };
+    assert_eq!(g.readiness().unwrap(), Readiness::Connected);
+    let want: String = hr.as_str().rsplit('-').next().unwrap_or_default().chars().take(6).collect();
+    let mut round = |k: i64| -> f64 {
+        g.wait_pool_ready(2, Duration::from_secs(60)).unwrap();
+        let sent = g.call(&request("send", json!({"k": k}), &[&secret]));
+        assert!(sent.error.is_none(), "send: {:?}", sent.error);
+        let mut req = request("read", json!({}), &[&secret]);
+        req.consumers = vec!["public".into()];
+        let text = result_text(&g.call(&req));
+        assert!(oracle.sightings(text.as_bytes()).is_empty(), "no literal canary: {text}");
+        serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["age"].as_f64()).unwrap_or(-1.0)
+    };
+    // Calibration: an hr call that waits for nothing.
+    let base = round(-1).min(round(-1));
+    let got: String = (0..want.len() as i64)
+        .map(|k| std::char::from_digit(((round(k) - base) / 0.12).round().clamp(0.0, 15.0) as u32, 16).unwrap())
+        .collect();
+    let bits: usize = want
+        .chars()
+        .zip(got.chars())
+        .map(|(a, b)| 4 - (a.to_digit(16).unwrap() ^ b.to_digit(16).unwrap()).count_ones() as usize)
+        .sum();
+    eprintln!("pool wait: canary digits {want}, read by the public consumer {got}: {bits} of {} bits", want.len() * 4);
+    assert!(bits >= want.len() * 4 - 2, "decoded {got} for {want}");
+}
