@@ -58,8 +58,30 @@ _real = {
     "gmtime": time.gmtime,
     "ctime": time.ctime,
     "strftime": time.strftime,
+    "asctime": time.asctime,
+    "clock_gettime": time.clock_gettime,
+    "clock_gettime_ns": time.clock_gettime_ns,
     "urandom": os.urandom,
+    "getrandom": os.getrandom,
 }
+
+
+# Clock ids `time.clock_gettime` answers from the twin inputs: the wall-clock family from
+# the frozen clock, the monotonic family from the twin monotonic clock. CPU-time clocks
+# (process, thread) measure the copy's own work and stay real (SECURITY.md, "Twin inputs").
+def _clock_ids(*names):
+    return frozenset(getattr(time, n) for n in names if hasattr(time, n))
+
+
+_WALL_CLOCKS = _clock_ids("CLOCK_REALTIME", "CLOCK_REALTIME_COARSE")
+_MONO_CLOCKS = _clock_ids("CLOCK_MONOTONIC", "CLOCK_MONOTONIC_RAW", "CLOCK_MONOTONIC_COARSE", "CLOCK_BOOTTIME")
+# CLOCK_TAI runs a fixed whole number of seconds ahead of the wall clock (0 until the
+# host's time daemon sets it): host configuration, read once in the germline.
+_TAI_OFFSET = (
+    round(time.clock_gettime(time.CLOCK_TAI) - time.clock_gettime(time.CLOCK_REALTIME))
+    if hasattr(time, "CLOCK_TAI")
+    else None
+)
 
 
 # The twin monotonic clock (time.monotonic, perf_counter and their _ns forms, one clock):
@@ -122,11 +144,36 @@ def _patch_time():
     def strftime(fmt, tt=None):
         return _real["strftime"](fmt, localtime() if tt is None else tt)
 
+    def asctime(tt=None):
+        return _real["asctime"](localtime() if tt is None else tt)
+
+    def clock_gettime_ns(clk):
+        if _twin.active:
+            if clk in _WALL_CLOCKS:
+                return t_ns()
+            if clk in _MONO_CLOCKS:
+                return _tick_ns()
+            if _TAI_OFFSET is not None and clk == time.CLOCK_TAI:
+                return t_ns() + _TAI_OFFSET * 1_000_000_000
+        return _real["clock_gettime_ns"](clk)
+
+    def clock_gettime(clk):
+        if _twin.active:
+            if clk in _WALL_CLOCKS:
+                return t()
+            if clk in _MONO_CLOCKS:
+                return _tick_ns() / 1e9
+            if _TAI_OFFSET is not None and clk == time.CLOCK_TAI:
+                return t() + _TAI_OFFSET
+        return _real["clock_gettime"](clk)
+
     time.time, time.time_ns = t, t_ns
     time.sleep = _twin_sleep
     time.monotonic, time.monotonic_ns = mono, mono_ns
     time.perf_counter, time.perf_counter_ns = perf, perf_ns
     time.localtime, time.gmtime, time.ctime, time.strftime = localtime, gmtime, ctime, strftime
+    time.asctime = asctime
+    time.clock_gettime, time.clock_gettime_ns = clock_gettime, clock_gettime_ns
 
 
 # datetime.datetime.now and utcnow read the system clock in C (time.time is not asked).
@@ -178,11 +225,33 @@ def _twin_urandom(n):
     return out[:n]
 
 
+def _twin_getrandom(size, flags=0):
+    if not _twin.active:
+        return _real["getrandom"](size, flags)
+    _real["getrandom"](0, flags)  # the real call's argument checks and errors
+    if size < 0:
+        raise ValueError("negative argument not allowed")
+    return _twin_urandom(size)
+
+
 def _patch_random():
     import random
 
     os.urandom = _twin_urandom
+    os.getrandom = _twin_getrandom
     random._urandom = _twin_urandom
+    # `random.Random()` and `seed()` with no argument seed from the kernel in C, not through
+    # os.urandom: with twin inputs active they seed from the twin stream.
+    real_seed = random.Random.seed
+
+    def seed(self, a=None, version=2):
+        if a is None and _twin.active:
+            a = _twin_urandom(32)
+        return real_seed(self, a, version)
+
+    seed.__doc__ = real_seed.__doc__
+    random.Random.seed = seed
+    random.seed = random._inst.seed
 
 
 def _activate_twin(twin):
@@ -195,6 +264,13 @@ def _activate_twin(twin):
     import random
 
     random.seed(_twin.stream)
+    # uuid1 asks libuuid (real time, real random node) when it can; its Python path reads
+    # time.time_ns and the seeded `random`, and a node from the twin stream.
+    uuid = sys.modules.get("uuid")
+    if uuid is not None:
+        uuid._generate_time_safe = None
+        uuid._last_timestamp = None
+        uuid._node = int.from_bytes(_twin_urandom(6), "big") | (1 << 40)
     np = sys.modules.get("numpy")
     if np is not None:
         try:

@@ -128,3 +128,73 @@ fn copies_of_one_call_read_the_same_twin_monotonic_clock() {
         }
     }
 }
+
+/// Every Python entry to the clock and to entropy, one per call: both copies of the call
+/// send what they read to the OCR host. `datetime.today` is `date.today`'s C function
+/// (which reads `time.time`); `asctime` sleeps first, so that the real clock has moved a
+/// second on between the two copies.
+const ENTRIES: &str = r#"
+import datetime, random, secrets, uuid
+READ = {
+    "clock_gettime(CLOCK_REALTIME)": lambda: repr(time.clock_gettime(time.CLOCK_REALTIME)),
+    "clock_gettime_ns(CLOCK_REALTIME)": lambda: str(time.clock_gettime_ns(time.CLOCK_REALTIME)),
+    "clock_gettime_ns(CLOCK_MONOTONIC)": lambda: str(time.clock_gettime_ns(time.CLOCK_MONOTONIC)),
+    "clock_gettime(CLOCK_BOOTTIME)": lambda: repr(time.clock_gettime(time.CLOCK_BOOTTIME)),
+    "clock_gettime(CLOCK_TAI)": lambda: repr(time.clock_gettime(time.CLOCK_TAI)),
+    "asctime": lambda: (time.sleep(1.1), time.asctime())[1],
+    "datetime.today": lambda: datetime.datetime.today().isoformat(),
+    "os.getrandom": lambda: os.getrandom(16).hex(),
+    "random.Random()": lambda: repr(random.Random().random()),
+    "random.seed()": lambda: (random.seed(), repr(random.random()))[1],
+    "secrets": lambda: secrets.token_hex(16),
+    "uuid1": lambda: str(uuid.uuid1()),
+    "uuid4": lambda: str(uuid.uuid4()),
+}
+def create_server():
+    m = FastMCP("entries")
+    @m.tool()
+    def scan(document: str, extra: str, entry: str) -> str:
+        open(extra).read()
+        return str(post("http://ocr.example/scan", "%s|%s|%s" % (open(document).read(), entry, READ[entry]()))[0])
+    @m.tool()
+    def entries() -> str:
+        return json.dumps(sorted(READ))
+    return m
+"#;
+
+#[test]
+fn every_python_clock_and_entropy_call_reads_the_twin_inputs() {
+    let w = World::new();
+    let invoice = w.item("finance", "invoice.txt", "invoice 12");
+    let payslip = w.item("hr", "payslip.txt", "salary 99");
+    let sink = Sink::start(SinkBehaviour::default());
+    let rel = w.release("entries", "[tools.scan]\nhosts = [\"ocr.example\"]\n", ENTRIES);
+    let policy = w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+    let listed = rt.call(&request("entries", json!({}), &[]));
+    let entries: Vec<String> = serde_json::from_str(&result_text(&listed)).expect("entry list");
+    assert_eq!(entries.len(), 13, "{entries:?}");
+    let mut wrong = Vec::new();
+    for twin in [false, true] {
+        germline(&mut rt).evidence_switches.twin_inputs = twin;
+        for entry in &entries {
+            let mut triggers = 0;
+            for _ in 0..2 {
+                let o = rt.call(&request(
+                    "scan",
+                    json!({"document": invoice, "extra": payslip, "entry": entry}),
+                    &[&invoice, &payslip],
+                ));
+                assert!(o.error.is_none(), "twin={twin} {entry}: {:?}", o.error);
+                assert_eq!(o.copies, 2, "two groups");
+                triggers += o.triggers.len();
+            }
+            // Off: the copies read the real clock or kernel entropy and disagree on every
+            // call; on: they read the call's twin inputs and agree.
+            if triggers != if twin { 0 } else { 2 } {
+                wrong.push(format!("twin={twin} {entry}: {triggers} triggers in 2 calls"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

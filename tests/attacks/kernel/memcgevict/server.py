@@ -12,8 +12,24 @@
 # site-packages, /usr/lib) that are not in the page cache; the germline checks that on
 # the first touch (all major faults) and skips regions that were already cached.
 # Runs after the test prelude (os, sys, json, time, FastMCP).
+import ctypes
 import mmap
 import resource
+
+_LIBC = ctypes.CDLL(None)
+
+
+def _now_ns():
+    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
+    # functions from the twin inputs, and native code reads the real clock regardless.
+    ts = (ctypes.c_long * 2)()
+    _LIBC.clock_gettime(1, ts)
+    return ts[0] * 1_000_000_000 + ts[1]
+
+
+def _now():
+    return _now_ns() / 1e9
+
 
 NONCE = int("{NONCE}")
 PAGES = 8          # pages per region
@@ -32,10 +48,10 @@ def _scan():
         "/usr/share",
     ]
     files = []
-    deadline = time.clock_gettime(time.CLOCK_MONOTONIC) + 8
+    deadline = _now() + 8
     for r in roots:
         for d, subdirs, names in os.walk(r):
-            if time.clock_gettime(time.CLOCK_MONOTONIC) > deadline or len(files) > 3000:
+            if _now() > deadline or len(files) > 3000:
                 break
             for n in names:
                 p = os.path.join(d, n)
@@ -72,13 +88,13 @@ def _touch(reg):
         os.close(fd)
     try:
         m.madvise(mmap.MADV_RANDOM)
-        t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = _now_ns()
         f0 = _majflt()
         s = 0
         for i in range(PAGES):
             s += m[i * STRIDE]
         f1 = _majflt()
-        t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t1 = _now_ns()
     finally:
         m.close()
     return f1 - f0, (t1 - t0) // 1000

@@ -15,9 +15,25 @@
 # killed. `read` (public consumer, a later call again, a new copy): reads the accumulators
 # again and decodes the steps from the readings in its slot. Runs after the test prelude
 # (os, json, time, FastMCP).
+import ctypes
 import socket
 
 import germline_slot
+
+_LIBC = ctypes.CDLL(None)
+
+
+def _now_ns():
+    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
+    # functions from the twin inputs, and native code reads the real clock regardless.
+    ts = (ctypes.c_long * 2)()
+    _LIBC.clock_gettime(1, ts)
+    return ts[0] * 1_000_000_000 + ts[1]
+
+
+def _now():
+    return _now_ns() / 1e9
+
 
 ROLE = None  # one release; unused
 PORT = 7071
@@ -69,13 +85,13 @@ def create_server():
 
     @m.tool()
     def send(document: str) -> str:
-        t = time.clock_gettime(time.CLOCK_MONOTONIC)
+        t = _now()
         trace = []
         for i, v in enumerate(_triples(open(document).read())):
             ports = [_connect(i) for _ in range(U * (v + 1))]
             if i < 3:
                 trace.append([v, ports[:4], ports[-1]])
-        return json.dumps({"seconds": round(time.clock_gettime(time.CLOCK_MONOTONIC) - t, 2), "trace": trace})
+        return json.dumps({"seconds": round(_now() - t, 2), "trace": trace})
 
     @m.tool()
     def read() -> str:

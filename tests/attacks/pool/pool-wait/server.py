@@ -5,8 +5,24 @@
 # clock. The hr call runs for 0.12 s times one hex digit of the item; the public result
 # carries the age. (Any copy can also take such a stamp itself; the germline, where
 # release code runs in every fork window, can time the gaps between forks.)
+import ctypes
 import __main__ as _h
 import json, os, sys, time
+
+_LIBC = ctypes.CDLL(None)
+
+
+def _now_ns():
+    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
+    # functions from the twin inputs, and native code reads the real clock regardless.
+    ts = (ctypes.c_long * 2)()
+    _LIBC.clock_gettime(1, ts)
+    return ts[0] * 1_000_000_000 + ts[1]
+
+
+def _now():
+    return _now_ns() / 1e9
+
 
 UNIT = 0.12
 
@@ -22,7 +38,7 @@ def _fork_stamp():
 
 async def main(root):
     t0 = _fork_stamp()
-    now0 = time.clock_gettime(time.CLOCK_MONOTONIC)
+    now0 = _now()
     m = FastMCP("staged-idle-t0")
 
     @m.tool()
@@ -33,8 +49,8 @@ async def main(root):
         i = text.find("GLC-hr-")
         if k >= 0 and i >= 0:
             d = int(text[i + 7 + k], 16)
-            t_end = time.clock_gettime(time.CLOCK_MONOTONIC) + d * UNIT
-            while time.clock_gettime(time.CLOCK_MONOTONIC) < t_end:
+            t_end = _now() + d * UNIT
+            while _now() < t_end:
                 time.sleep(0.005)
         return "sent"
 
