@@ -460,7 +460,7 @@ fn refill_loop(shared: &Shared) {
             Err(e) if readiness == Readiness::Initialized => {
                 if st.readiness == Readiness::Initialized {
                     tracing::warn!(
-                        "pooled copies of this release start their server at the call: a data-free copy did not get past initialize ({e})"
+                        "pooled copies of this release start their server at the call: a data-free copy could not be readied past initialize and left idle ({e})"
                     );
                 }
                 st.readiness = Readiness::Connected;
