@@ -40,6 +40,16 @@ def post(url, body, follow=True):
 
 def get(url, follow=True):
     return _open(urllib.request.Request(url), follow)
+
+import ctypes as _prelude_ctypes
+_prelude_libc = _prelude_ctypes.CDLL(None)
+
+def real_monotonic_ns():
+    # The host's CLOCK_MONOTONIC through libc: in a copy, the twin inputs answer Python's
+    # clock functions, never native code (the attack releases time their channels by it).
+    ts = (_prelude_ctypes.c_long * 2)()
+    _prelude_libc.clock_gettime(1, ts)
+    return ts[0] * 1_000_000_000 + ts[1]
 "#;
 
 /// A temporary world: `data/<label>/` directories, releases, policy.

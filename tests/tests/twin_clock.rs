@@ -102,28 +102,50 @@ def create_server():
     return m
 "#;
 
-#[test]
-fn copies_of_one_call_read_the_same_twin_monotonic_clock() {
-    for twin in [false, true] {
+/// A release whose `scan` reads a finance document and an hr extra and sends to
+/// ocr.example (cleared for finance only): every call runs two copies, and the tripwire
+/// compares what they send.
+struct TwoGroups {
+    _w: World,
+    invoice: std::path::PathBuf,
+    payslip: std::path::PathBuf,
+    sink: Sink,
+    rt: Runtime,
+}
+
+impl TwoGroups {
+    fn start(name: &str, code: &str) -> TwoGroups {
         let w = World::new();
         let invoice = w.item("finance", "invoice.txt", "invoice 12");
         let payslip = w.item("hr", "payslip.txt", "salary 99");
         let sink = Sink::start(SinkBehaviour::default());
-        let rel = w.release("elapsed", "[tools.scan]\nhosts = [\"ocr.example\"]\n", ELAPSED);
+        let rel = w.release(name, "[tools.scan]\nhosts = [\"ocr.example\"]\n", code);
         let policy =
             w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
-        let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
-        germline(&mut rt).evidence_switches.twin_inputs = twin;
-        let mut triggers = 0;
-        for _ in 0..5 {
-            let o = rt.call(&request("scan", json!({"document": invoice, "extra": payslip}), &[&invoice, &payslip]));
-            assert!(o.error.is_none(), "twin={twin}: {:?}", o.error);
-            assert_eq!(o.copies, 2, "two groups");
-            triggers += o.triggers.len();
-        }
-        assert_eq!(triggers, if twin { 0 } else { 5 }, "twin={twin}: {}", String::from_utf8_lossy(&sink.received()));
+        let rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+        TwoGroups { _w: w, invoice, payslip, sink, rt }
+    }
+
+    /// Calls `scan` with `args` besides the two files; returns its triggers.
+    fn scan(&mut self, mut args: serde_json::Value) -> usize {
+        args["document"] = json!(self.invoice);
+        args["extra"] = json!(self.payslip);
+        let o = self.rt.call(&request("scan", args.clone(), &[&self.invoice, &self.payslip]));
+        assert!(o.error.is_none(), "{args}: {:?}", o.error);
+        assert_eq!(o.copies, 2, "two groups");
+        o.triggers.len()
+    }
+}
+
+#[test]
+fn copies_of_one_call_read_the_same_twin_monotonic_clock() {
+    for twin in [false, true] {
+        let mut c = TwoGroups::start("elapsed", ELAPSED);
+        germline(&mut c.rt).evidence_switches.twin_inputs = twin;
+        let triggers: usize = (0..5).map(|_| c.scan(json!({}))).sum();
+        assert_eq!(triggers, if twin { 0 } else { 5 }, "twin={twin}: {}", String::from_utf8_lossy(&c.sink.received()));
         if twin {
-            let got = String::from_utf8_lossy(&sink.received()).into_owned();
+            let got = String::from_utf8_lossy(&c.sink.received()).into_owned();
             assert!(got.contains("|20002000|0.020002000"), "the modelled sleep, 1 µs per read: {got}");
         }
     }
@@ -164,31 +186,15 @@ def create_server():
 
 #[test]
 fn every_python_clock_and_entropy_call_reads_the_twin_inputs() {
-    let w = World::new();
-    let invoice = w.item("finance", "invoice.txt", "invoice 12");
-    let payslip = w.item("hr", "payslip.txt", "salary 99");
-    let sink = Sink::start(SinkBehaviour::default());
-    let rel = w.release("entries", "[tools.scan]\nhosts = [\"ocr.example\"]\n", ENTRIES);
-    let policy = w.policy(&[("ocr.example", &["finance"], Some(sink.addr()))], &[("agent", &["finance", "hr"])], "");
-    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
-    let listed = rt.call(&request("entries", json!({}), &[]));
+    let mut c = TwoGroups::start("entries", ENTRIES);
+    let listed = c.rt.call(&request("entries", json!({}), &[]));
     let entries: Vec<String> = serde_json::from_str(&result_text(&listed)).expect("entry list");
     assert_eq!(entries.len(), 13, "{entries:?}");
     let mut wrong = Vec::new();
     for twin in [false, true] {
-        germline(&mut rt).evidence_switches.twin_inputs = twin;
+        germline(&mut c.rt).evidence_switches.twin_inputs = twin;
         for entry in &entries {
-            let mut triggers = 0;
-            for _ in 0..2 {
-                let o = rt.call(&request(
-                    "scan",
-                    json!({"document": invoice, "extra": payslip, "entry": entry}),
-                    &[&invoice, &payslip],
-                ));
-                assert!(o.error.is_none(), "twin={twin} {entry}: {:?}", o.error);
-                assert_eq!(o.copies, 2, "two groups");
-                triggers += o.triggers.len();
-            }
+            let triggers = c.scan(json!({"entry": entry})) + c.scan(json!({"entry": entry}));
             // Off: the copies read the real clock or kernel entropy and disagree on every
             // call; on: they read the call's twin inputs and agree.
             if triggers != if twin { 0 } else { 2 } {

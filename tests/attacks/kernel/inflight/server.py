@@ -7,7 +7,6 @@
 # `send` (holds the item) sets K to a level per nibble of the item; `receive` (public
 # consumer, another germline) measures its remaining capacity C = 1025 - K over and over
 # and rebuilds the nibbles. Runs after the test prelude (os, json, time, FastMCP).
-import ctypes
 import errno
 import socket
 
@@ -39,15 +38,8 @@ def _decode(k):
 FRAME = 0.040
 
 
-_LIBC = ctypes.CDLL(None)
-
-
 def _now():
-    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
-    # functions from the twin inputs, and native code reads the real clock regardless.
-    ts = (ctypes.c_long * 2)()
-    _LIBC.clock_gettime(1, ts)
-    return ts[0] + ts[1] / 1e9
+    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 def _sleep_until(t):

@@ -9,7 +9,6 @@
 # `send` (holds the item) keeps BASE - level(nibble) pipes beyond what the receiver needs;
 # `receive` (public consumer, another germline) counts the full-size pipes it can still
 # make. Runs after the test prelude (os, json, time, FastMCP).
-import ctypes
 import errno
 import fcntl
 
@@ -44,15 +43,8 @@ def _decode(k):
 FRAME = 0.040
 
 
-_LIBC = ctypes.CDLL(None)
-
-
 def _now():
-    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
-    # functions from the twin inputs, and native code reads the real clock regardless.
-    ts = (ctypes.c_long * 2)()
-    _LIBC.clock_gettime(1, ts)
-    return ts[0] + ts[1] / 1e9
+    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 def _sleep_until(t):

@@ -13,7 +13,6 @@
 # its own namespace and reads its source port (getsockname); the step since the last frame
 # is about 9 per connect the sender made. Two bits and a phase bit per symbol. Runs after
 # the test prelude (os, json, time, FastMCP).
-import ctypes
 import errno
 import socket
 
@@ -46,15 +45,8 @@ def _decode(step):
     return None if x < 0 or x > 7 else (x >> 2, x & 3)
 
 
-_LIBC = ctypes.CDLL(None)
-
-
 def _now():
-    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
-    # functions from the twin inputs, and native code reads the real clock regardless.
-    ts = (ctypes.c_long * 2)()
-    _LIBC.clock_gettime(1, ts)
-    return ts[0] + ts[1] / 1e9
+    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 def _sleep_until(t):

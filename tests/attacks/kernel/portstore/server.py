@@ -15,24 +15,13 @@
 # killed. `read` (public consumer, a later call again, a new copy): reads the accumulators
 # again and decodes the steps from the readings in its slot. Runs after the test prelude
 # (os, json, time, FastMCP).
-import ctypes
 import socket
 
 import germline_slot
 
-_LIBC = ctypes.CDLL(None)
-
-
-def _now_ns():
-    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
-    # functions from the twin inputs, and native code reads the real clock regardless.
-    ts = (ctypes.c_long * 2)()
-    _LIBC.clock_gettime(1, ts)
-    return ts[0] * 1_000_000_000 + ts[1]
-
 
 def _now():
-    return _now_ns() / 1e9
+    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 ROLE = None  # one release; unused

@@ -10,7 +10,6 @@ idle threads less SPARE, then per 60-ms slot takes the SPARE slots too (bit 1) o
 go (bit 0). The child logs what it sees into its copy's scratch tmpfs; the public call that
 later takes that pooled copy decodes the log.
 """
-import ctypes
 import os
 import threading
 import time
@@ -26,15 +25,8 @@ PAD = 3 << 20
 LEAD_IN = 0.6
 
 
-_LIBC = ctypes.CDLL(None)
-
-
 def _now():
-    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
-    # functions from the twin inputs, and native code reads the real clock regardless.
-    ts = (ctypes.c_long * 2)()
-    _LIBC.clock_gettime(1, ts)
-    return ts[0] + ts[1] / 1e9
+    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 def _scratch():

@@ -5,23 +5,12 @@
 # clock. The hr call runs for 0.12 s times one hex digit of the item; the public result
 # carries the age. (Any copy can also take such a stamp itself; the germline, where
 # release code runs in every fork window, can time the gaps between forks.)
-import ctypes
 import __main__ as _h
 import json, os, sys, time
 
-_LIBC = ctypes.CDLL(None)
-
-
-def _now_ns():
-    # The host's CLOCK_MONOTONIC through libc: the tool host answers Python's clock
-    # functions from the twin inputs, and native code reads the real clock regardless.
-    ts = (ctypes.c_long * 2)()
-    _LIBC.clock_gettime(1, ts)
-    return ts[0] * 1_000_000_000 + ts[1]
-
 
 def _now():
-    return _now_ns() / 1e9
+    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 UNIT = 0.12
