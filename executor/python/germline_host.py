@@ -147,25 +147,19 @@ def _patch_time():
     def asctime(tt=None):
         return _real["asctime"](localtime() if tt is None else tt)
 
-    def clock_gettime_ns(clk):
-        if _twin.active:
-            if clk in _WALL_CLOCKS:
-                return t_ns()
-            if clk in _MONO_CLOCKS:
-                return _tick_ns()
-            if _TAI_OFFSET is not None and clk == time.CLOCK_TAI:
-                return t_ns() + _TAI_OFFSET * 1_000_000_000
-        return _real["clock_gettime_ns"](clk)
+    # Clock id -> (seconds, nanoseconds) while twin inputs are active.
+    twin_clocks = {c: (t, t_ns) for c in _WALL_CLOCKS}
+    twin_clocks.update({c: (mono, mono_ns) for c in _MONO_CLOCKS})
+    if _TAI_OFFSET is not None:
+        twin_clocks[time.CLOCK_TAI] = (lambda: t() + _TAI_OFFSET, lambda: t_ns() + _TAI_OFFSET * 1_000_000_000)
 
     def clock_gettime(clk):
-        if _twin.active:
-            if clk in _WALL_CLOCKS:
-                return t()
-            if clk in _MONO_CLOCKS:
-                return _tick_ns() / 1e9
-            if _TAI_OFFSET is not None and clk == time.CLOCK_TAI:
-                return t() + _TAI_OFFSET
-        return _real["clock_gettime"](clk)
+        twin = _twin.active and twin_clocks.get(clk)
+        return twin[0]() if twin else _real["clock_gettime"](clk)
+
+    def clock_gettime_ns(clk):
+        twin = _twin.active and twin_clocks.get(clk)
+        return twin[1]() if twin else _real["clock_gettime_ns"](clk)
 
     time.time, time.time_ns = t, t_ns
     time.sleep = _twin_sleep

@@ -14,29 +14,51 @@
 //! release code runs in an idle copy), and nothing of the germline runs beside a copy that
 //! holds data: 0 bits.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use germline_executor::pool::{Readiness, IDLE_CHECKS_OFF_FOR_TESTS};
 use germline_executor::runtime::{Runtime, RuntimeKind};
-use germline_tests::oracle::Oracle;
+use germline_tests::oracle::{Canary, Oracle};
 use germline_tests::world::{request, result_text, World};
 use serde_json::json;
+
+/// The hr canary in an item, and the pool attack release `name` (tools `send` and `read`)
+/// under a policy with a pool of 2 for an hr consumer and a public one.
+struct Attack {
+    w: World,
+    oracle: Oracle,
+    hr: Canary,
+    secret: PathBuf,
+    rel: PathBuf,
+}
+
+impl Attack {
+    fn new(name: &str) -> Attack {
+        let w = World::new();
+        let mut oracle = Oracle::new();
+        let hr = oracle.plant(&["hr"]);
+        let secret = w.item("hr", "secret.txt", hr.as_str());
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/pool").join(name).join("server.py");
+        let code = std::fs::read_to_string(path).expect("attack source");
+        let rel = w.release(name, "[tools.send]\n[tools.read]\n", &code);
+        Attack { w, oracle, hr, secret, rel }
+    }
+
+    fn start(&self) -> Runtime {
+        let policy = self.w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[limits]\npool = 2\n");
+        self.w.start(RuntimeKind::Germline, &self.rel, policy).expect("germline starts")
+    }
+}
 
 /// Bits of the canary's 96 that the best public answer carries, and how far the release's
 /// pooled copies were readied at the end (`None`: not pooled).
 fn run(checks_off: bool) -> (usize, Option<Readiness>, String) {
     IDLE_CHECKS_OFF_FOR_TESTS.store(checks_off, Ordering::SeqCst);
-    let w = World::new();
-    let mut oracle = Oracle::new();
-    let hr = oracle.plant(&["hr"]);
-    let secret = w.item("hr", "secret.txt", hr.as_str());
-    let code = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/pool/nproc/server.py"))
-        .expect("attack source");
-    let rel = w.release("nproc", "[tools.send]\n[tools.read]\n", &code);
-    let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[limits]\npool = 2\n");
-    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("germline starts");
+    let a = Attack::new("nproc");
+    let (oracle, hr, secret) = (&a.oracle, &a.hr, &a.secret);
+    let mut rt = a.start();
     let g = match &mut rt {
         Runtime::Germline(g) => g,
         _ => unreachable!(),
@@ -103,21 +125,15 @@ fn nproc_an_idle_copys_child_reads_the_germlines_process_count() {
 #[test]
 #[ignore]
 fn pool_wait_spells_hr_digits_in_a_public_result() {
-    let w = World::new();
-    let mut oracle = Oracle::new();
-    let hr = oracle.plant(&["hr"]);
-    let secret = w.item("hr", "secret.txt", hr.as_str());
-    let code = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/pool/pool-wait/server.py"))
-        .expect("attack source");
-    let rel = w.release("pool-wait", "[tools.send]\n[tools.read]\n", &code);
-    let manifest = rel.join("germline.toml");
+    let a = Attack::new("pool-wait");
+    let (oracle, hr, secret) = (&a.oracle, &a.hr, &a.secret);
+    let manifest = a.rel.join("germline.toml");
     let root = secret.parent().unwrap().display().to_string();
     let text = std::fs::read_to_string(&manifest)
         .unwrap()
         .replace("factory = \"server:create_server\"", &format!("main = \"server:main\"\nmain_args = '[\"{root}\"]'"));
     std::fs::write(&manifest, text).unwrap();
-    let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[limits]\npool = 2\n");
-    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("germline starts");
+    let mut rt = a.start();
     let Runtime::Germline(g) = &mut rt else { unreachable!() };
     assert_eq!(g.readiness().unwrap(), Readiness::Connected);
     let want: String = hr.as_str().rsplit('-').next().unwrap_or_default().chars().take(6).collect();
