@@ -86,7 +86,7 @@ fn run(checks_off: bool) -> (usize, Option<Readiness>, String) {
     for _ in 0..2 {
         // The agent's think time: the pool is full when the item arrives.
         g.wait_pool_ready(2, Duration::from_secs(60)).unwrap();
-        let sent = g.call(&request("send", json!({"document": secret}), &[&secret]));
+        let sent = g.call(&request("send", json!({"document": secret}), &[secret]));
         assert!(sent.error.is_none(), "send: {:?}", sent.error);
         public(g);
         public(g);
@@ -139,9 +139,9 @@ fn pool_wait_spells_hr_digits_in_a_public_result() {
     let want: String = hr.as_str().rsplit('-').next().unwrap_or_default().chars().take(6).collect();
     let mut round = |k: i64| -> f64 {
         g.wait_pool_ready(2, Duration::from_secs(60)).unwrap();
-        let sent = g.call(&request("send", json!({"k": k}), &[&secret]));
+        let sent = g.call(&request("send", json!({"k": k}), &[secret]));
         assert!(sent.error.is_none(), "send: {:?}", sent.error);
-        let mut req = request("read", json!({}), &[&secret]);
+        let mut req = request("read", json!({}), &[secret]);
         req.consumers = vec!["public".into()];
         let text = result_text(&g.call(&req));
         assert!(oracle.sightings(text.as_bytes()).is_empty(), "no literal canary: {text}");
