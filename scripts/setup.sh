@@ -34,6 +34,27 @@ if [ "$(id -u)" = 0 ] && [ -x /usr/bin/python3 ]; then
   chmod -R a+rX "$uvenv"
 fi
 
+# A venv on CPython 3.12 or 3.13 where the machine has one (pyenv's, or a system one):
+# germlines on those make their heap immortal before forking (PEP 683), and
+# `tests/immortal_heap.rs` and a pass of the security tests run on it. Optional: without
+# such an interpreter those tests say so, and the suite runs on the default venv.
+imm_venv=/var/cache/germline/venv-immortal
+if [ ! -x "$imm_venv/bin/python" ]; then
+  for py in /root/.pyenv/versions/3.12*/bin/python3 /root/.pyenv/versions/3.13*/bin/python3 \
+            /usr/bin/python3.12 /usr/bin/python3.13 /usr/local/bin/python3.12 /usr/local/bin/python3.13; do
+    if [ -x "$py" ] && "$py" -c 'import sys, sysconfig; sys.exit(not (sys.version_info[:2] in ((3, 12), (3, 13)) and not sysconfig.get_config_var("Py_GIL_DISABLED")))' 2>/dev/null \
+       && "$py" -m venv "$imm_venv.tmp" 2>/dev/null; then
+      mv "$imm_venv.tmp" "$imm_venv"
+      break
+    fi
+    rm -rf "$imm_venv.tmp"
+  done
+fi
+if [ -x "$imm_venv/bin/python" ]; then
+  "$imm_venv/bin/python" -m pip install -q --disable-pip-version-check --cache-dir /var/cache/germline/pip-cache \
+    -r "$here/scripts/requirements.txt"
+fi
+
 # schemathesis in its own venv (its pins must not move the tool host's): the service test
 # fuzzes `germline serve` from its OpenAPI document.
 st_venv=/var/cache/germline/venv-schemathesis

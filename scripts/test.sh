@@ -5,6 +5,11 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 bash scripts/setup.sh
 export GERMLINE_PYTHON="${GERMLINE_PYTHON:-$here/.venv/bin/python}"
+# CPython 3.12/3.13, where setup made a venv of it (see setup.sh): immortal-heap germlines.
+imm_python=/var/cache/germline/venv-immortal/bin/python
+if [ -z "${GERMLINE_PYTHON_IMMORTAL:-}" ] && [ -x "$imm_python" ]; then
+  export GERMLINE_PYTHON_IMMORTAL="$imm_python"
+fi
 # Reuse a build cache outside the clone when there is one (CI on a warm machine).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/germline/target}"
 mkdir -p "$CARGO_TARGET_DIR"
@@ -16,3 +21,11 @@ GERMLINE_POOL=0 cargo test --workspace --locked \
   --test executor_hostile --test executor_flows --test kernel_channels_fds --test kernel_channels_proc \
   --test kernel_channels_filter --test kernel_channels_root --test redteam_kernel --test redteam_kernel2 \
   --test copy_ids --test twin_clock --test eval_matrix -- --test-threads=2
+# And on the interpreter with immortal objects, where there is one: the germline's heap is
+# then immortal before every fork, and the same guarantees hold for its copies.
+if [ -n "${GERMLINE_PYTHON_IMMORTAL:-}" ]; then
+  GERMLINE_PYTHON="$GERMLINE_PYTHON_IMMORTAL" cargo test --workspace --locked \
+    --test executor_hostile --test executor_flows --test kernel_channels_fds --test kernel_channels_proc \
+    --test kernel_channels_filter --test kernel_channels_root --test copy_ids --test twin_clock --test pool \
+    -- --test-threads=2
+fi

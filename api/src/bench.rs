@@ -140,6 +140,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     );
     let policy = Policy::parse(&policy_text)?;
     let python = PythonRuntime::discover(&germline_host::home())?;
+    println!("tool host: {}", python.describe());
     let mut rows = Vec::new();
 
     let cases: [(&str, &str, Vec<&Path>, usize); 3] =
@@ -336,6 +337,7 @@ fn run_server(server: &str, args: &BenchArgs) -> anyhow::Result<()> {
         sh(std::process::Command::new("cp").arg("-r").arg(&vendor).arg(&rel))?;
     }
     let python = PythonRuntime::discover(&germline_host::home())?;
+    println!("tool host: {}", python.describe());
     let db = data.join("bench.db");
     let repo = data.join("repo");
     let (tool, arguments, extra_policy) = match server {

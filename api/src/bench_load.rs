@@ -74,6 +74,9 @@ pub fn run(clients: usize, releases: usize, seconds: u64, pool: usize, lanes: us
             policy.display()
         ),
     )?;
+    if let Ok(python) = germline_executor::germline::PythonRuntime::discover(&germline_host::home()) {
+        println!("tool host: {}", python.describe());
+    }
     let (served, port) = serve(&exe, dir, &config)?;
     // Before any germline starts: they and their copies inherit the accounting group.
     let account = CpuAccount::new(served.0.id());

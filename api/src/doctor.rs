@@ -222,11 +222,7 @@ fn interpreter() -> Check {
         Ok(Ok(version)) => Check {
             name: "interpreter",
             status: if Path::new(&shim).is_file() { Status::Ok } else { Status::Missing },
-            detail: format!(
-                "{} with the MCP SDK {version}; tool host in {}",
-                rt.python.display(),
-                rt.shim_dir.display()
-            ),
+            detail: format!("{}; MCP SDK {version}; tool host in {}", rt.describe(), rt.shim_dir.display()),
             fix: String::new(),
         },
         Ok(Err(why)) => Check {

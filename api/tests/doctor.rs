@@ -45,7 +45,10 @@ fn doctor_finds_the_venvs_sdk_through_its_symlinked_python() {
     let interp = row("interpreter");
     assert_eq!(interp["status"], "ok", "{interp}");
     let detail = interp["detail"].as_str().unwrap_or_default();
-    assert!(detail.contains(".venv/bin/python with the MCP SDK"), "the venv's own path is run: {detail}");
+    assert!(
+        detail.contains(".venv/bin/python)") && detail.contains("; MCP SDK "),
+        "the venv's own path is run: {detail}"
+    );
     if !base_has_sdk {
         // The case a resolved symlink broke: the base interpreter has no SDK.
         assert!(!detail.contains(&base.to_string_lossy().into_owned()), "{detail}");

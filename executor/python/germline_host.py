@@ -1072,6 +1072,62 @@ def _broker_pidfd(keeper, germline):
     return fd
 
 
+def _immortal_refcount():
+    """The reference count that makes an object immortal in this interpreter, or None
+    where there is none this shim knows how to set: CPython 3.12 and 3.13 (PEP 683) with
+    the GIL, in a release build on a 64-bit little-endian machine, where an object's
+    count is its first word and `_Py_IMMORTAL_REFCNT` is 2**32 - 1."""
+    import sysconfig
+
+    if sys.implementation.name != "cpython" or sys.version_info[:2] not in ((3, 12), (3, 13)):
+        return None
+    if sysconfig.get_config_var("Py_GIL_DISABLED") or hasattr(sys, "gettotalrefcount"):
+        return None  # free-threaded or debug builds lay the object header out otherwise
+    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None
+    return 0xFFFFFFFF
+
+
+def _immortalize_heap():
+    """Makes every object the germline holds immortal, so that a copy which uses one never
+    writes its reference count.
+
+    CPython writes an object's reference count each time a reference to it is taken or
+    dropped, so a forked copy that merely runs the SDK's request path writes into the
+    pages of every object it touches, and the kernel copies each page on that first
+    write: on the noop release about 1,600 copy-on-write faults per copy before its first
+    answer. An immortal object's count is never written (PEP 683), so those pages stay
+    shared with the germline. Objects are reached from everything the collector tracks,
+    then from each one's referents (strings, numbers, code, untracked tuples). They are
+    never freed: that is what the germline does with them anyway (they are frozen next
+    and live as long as it does), and a copy only keeps an object it drops for the rest
+    of its one call. Where the interpreter has no immortal count (before 3.12) this does
+    nothing. It changes no page any copy shares writably: each copy still gets its own
+    copy of any page it writes."""
+    value = _immortal_refcount()
+    if value is None:
+        return 0
+    import gc
+
+    objs = gc.get_objects()
+    todo = list(objs)
+    seen = {id(objs), id(todo)}
+    seen.add(id(seen))
+    count = ctypes.c_ssize_t
+    get_referents = gc.get_referents
+    n = 0
+    while todo:
+        o = todo.pop()
+        i = id(o)
+        if i in seen:
+            continue
+        seen.add(i)
+        count.from_address(i).value = value
+        n += 1
+        todo.extend(get_referents(o))
+    return n
+
+
 def germline_main(release_dir):
     if os.environ.get("GERMLINE_PID_NAMESPACE") == "1":
         _enter_pid_namespace()
@@ -1090,6 +1146,8 @@ def germline_main(release_dir):
     import gc
 
     gc.collect()
+    if os.environ.get("GERMLINE_IMMORTAL_HEAP") != "0":
+        _immortalize_heap()
     gc.freeze()
     # The control channel is signals: SIGUSR1 (blocked, waited for) asks for one fork;
     # the germline stops itself when ready and after each fork, and the broker reads the

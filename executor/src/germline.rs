@@ -61,6 +61,12 @@ impl PythonRuntime {
             None => PathBuf::from("python3"),
         };
         let python = if python.is_absolute() { python } else { which(&python)? };
+        Self::at(python, shim_root)
+    }
+
+    /// The runtime of the interpreter `python` (an absolute path), with the shim written
+    /// into `shim_root`.
+    pub fn at(python: PathBuf, shim_root: &Path) -> Result<PythonRuntime, ExecutorError> {
         let out = Command::new(&python)
             .args(["-I", "-c", "import sys,json;print(json.dumps([sys.executable,sys.prefix,sys.base_prefix,sys.exec_prefix,sys.base_exec_prefix]+sys.path))"])
             .stdin(Stdio::null())
@@ -99,6 +105,29 @@ impl PythonRuntime {
         read.insert(shim_dir.clone());
         let read_paths = fold_nested(read);
         Ok(PythonRuntime { python, shim_dir, read_paths })
+    }
+}
+
+impl PythonRuntime {
+    /// One line on the interpreter, for figures and diagnostics: its version and path, and
+    /// whether its germlines make their heap immortal before forking (CPython 3.12 and
+    /// 3.13, unless switched off; see [`IMMORTAL_HEAP_OFF`]).
+    pub fn describe(&self) -> String {
+        let probe = "import sys; sys.path.insert(0, sys.argv[1]); import germline_host as g; \
+                     print(sys.version.split()[0], g._immortal_refcount() is not None)";
+        let out =
+            Command::new(&self.python).args(["-I", "-c", probe]).arg(&self.shim_dir).stdin(Stdio::null()).output();
+        let text = match &out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+            _ => return format!("{} (did not answer)", self.python.display()),
+        };
+        let (version, capable) = text.split_once(' ').unwrap_or((text.as_str(), "False"));
+        let heap = match (capable == "True", immortal_heap_off()) {
+            (true, false) => "immortal heap: on",
+            (true, true) => "immortal heap: off (switched off)",
+            (false, _) => "immortal heap: not available (CPython 3.12 or 3.13 only)",
+        };
+        format!("Python {version} ({}), {heap}", self.python.display())
     }
 }
 
@@ -224,6 +253,17 @@ pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false)
 /// broker killed without dropping its germlines leaves them (and the keeper) running, as
 /// before. Never set outside tests.
 pub static BROKER_WATCH_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+/// Switch for comparisons (`germline bench`, tests): the germline leaves its objects'
+/// reference counts as they are instead of making them immortal before its first fork
+/// (`_immortalize_heap` in the tool host, CPython 3.12 and 3.13), so every copy writes
+/// them again, a copy-on-write fault for each page. Performance only: no guarantee rests
+/// on it. `GERMLINE_IMMORTAL_HEAP=0` in the broker's environment sets it too.
+pub static IMMORTAL_HEAP_OFF: AtomicBool = AtomicBool::new(false);
+
+fn immortal_heap_off() -> bool {
+    IMMORTAL_HEAP_OFF.load(Ordering::SeqCst) || std::env::var_os("GERMLINE_IMMORTAL_HEAP").is_some_and(|v| v == "0")
+}
 
 /// Test-only switch ("mechanism off"): the germline's PID namespace keeps its pid counter
 /// between forks, so the pids a copy burned show in the next fork window. Never set
@@ -750,6 +790,9 @@ impl Germline {
         }
         if theirs.is_some() {
             cmd.env("GERMLINE_SHARED_CONTROL", "1");
+        }
+        if immortal_heap_off() {
+            cmd.env("GERMLINE_IMMORTAL_HEAP", "0");
         }
         if spec.switches.pid_namespace {
             cmd.env("GERMLINE_PID_NAMESPACE", "1");
