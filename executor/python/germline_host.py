@@ -951,6 +951,8 @@ def _enter_pid_namespace():
     signal), and the first process polls a pidfd of the broker and kills the keeper (and
     with it the whole namespace) when the broker is gone, even by SIGKILL.
     """
+    # Read here and kept from the keeper, the germline and its copies.
+    broker = os.environ.pop("GERMLINE_BROKER_PID", None)
     alive_r, alive_w = os.pipe()
     keeper = os.fork()
     if keeper == 0:
@@ -979,7 +981,7 @@ def _enter_pid_namespace():
         os.dup2(null, 1)
         os.close(null)
         return
-    broker = _broker_pidfd(keeper, germline) if os.environ.get("GERMLINE_BROKER_WATCH") != "0" else None
+    broker = _broker_pidfd(keeper, germline, broker) if os.environ.get("GERMLINE_BROKER_WATCH") != "0" else None
     code = 1
     try:
         # Keeps stdout: each stop of the germline is reported there as one byte, so the
@@ -1055,12 +1057,15 @@ def _die_with_parent(alive):
     os.close(alive)
 
 
-def _broker_pidfd(keeper, germline):
+def _broker_pidfd(keeper, germline, broker=None):
     """A pidfd of the broker (this process's parent), which the first process polls: once
     it is readable the broker is gone, even by SIGKILL, and the first process kills the
     keeper (the namespace's init: everything in the germline's PID namespace dies with it)
-    and the germline. If the broker is already gone, that happens now."""
-    broker = os.getppid()
+    and the germline. If the broker is already gone, that happens now: the broker names
+    itself (`GERMLINE_BROKER_PID`), because once it is gone this process's parent is
+    whoever adopted it (init, or a subreaper), and a pidfd of that one would never say
+    the broker ended."""
+    broker = int(broker or os.getppid())
     try:
         fd = os.pidfd_open(broker)
     except OSError:

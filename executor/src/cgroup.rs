@@ -157,6 +157,12 @@ impl CgroupSet {
     /// Creates `germline/<name>` under the hierarchy [`host_support`] finds, or `None`
     /// where there is none.
     pub fn create(name: &str, limits: Option<CgroupLimits>) -> Option<CgroupSet> {
+        static REAPED: std::sync::Once = std::sync::Once::new();
+        REAPED.call_once(|| {
+            for parent in germline_parents() {
+                reap_abandoned(&parent);
+            }
+        });
         let backend = match host_support() {
             HostSupport::V1 => {
                 let memory = Path::new(V1_ROOT).join("memory").join("germline").join(name);
@@ -304,6 +310,65 @@ impl CgroupSet {
             next
         }));
     }
+}
+
+/// The `germline` directories every broker's sets live under, in the hierarchy
+/// [`host_support`] finds.
+fn germline_parents() -> Vec<PathBuf> {
+    match host_support() {
+        HostSupport::V1 => ["memory", "pids"].iter().map(|c| Path::new(V1_ROOT).join(c).join("germline")).collect(),
+        HostSupport::V2 { .. } => v2_base().map(|b| vec![b.join("germline")]).unwrap_or_default(),
+        HostSupport::None => Vec::new(),
+    }
+}
+
+/// Removes what brokers that are gone left under `parent`. A broker killed outright
+/// (SIGKILL, the OOM killer, a crash) never drops its sets, and their directories would
+/// stay for good: a memory and a pids cgroup per germline and per copy it had staged, each
+/// kernel state that slows every later cgroup operation. A set's name starts with the pid
+/// of the broker that made it (`<pid>-<n>`); a set is abandoned when no process has that
+/// pid and no process is left anywhere in its subtree. Anything holding a process, or
+/// named otherwise, is left alone. Returns how many sets were removed.
+///
+/// Brokers that share one cgroup hierarchy must share a PID namespace: a broker in another
+/// one looks gone from here, and the empty cgroups it staged for its next copies would be
+/// removed (its next fork then fails, as for any cgroup it cannot enter).
+fn reap_abandoned(parent: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(parent) else { return 0 };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.split_once('-')).and_then(|(p, _)| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = e.path();
+        let mut procs = Vec::new();
+        collect_procs(&dir, 0, &mut procs);
+        if procs.is_empty() && remove_empty_tree(&dir, 0) {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(removed, parent = %parent.display(), "removed the cgroups of brokers that are gone");
+    }
+    removed
+}
+
+/// Removes an empty cgroup subtree, deepest first, in one attempt each; whether `dir` is gone.
+fn remove_empty_tree(dir: &Path, depth: usize) -> bool {
+    if depth < 8 {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_empty_tree(&e.path(), depth + 1);
+                }
+            }
+        }
+    }
+    fs::remove_dir(dir).is_ok()
 }
 
 fn collect_procs(dir: &Path, depth: usize, out: &mut Vec<i32>) {
@@ -525,6 +590,41 @@ fn make_copy_dirs(backend: &Backend, limits: Option<CgroupLimits>, n: u64) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cgroups_of_a_broker_that_is_gone_are_removed_and_live_ones_kept() {
+        if germline_parents().is_empty() || !matches!(host_support(), HostSupport::V1 | HostSupport::V2 { .. }) {
+            eprintln!("no cgroup hierarchy germline can write here: nothing to show");
+            return;
+        }
+        // A pid no process has: a child that ran and was reaped.
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let gone = child.id();
+        child.wait().expect("wait");
+        // What a broker killed outright leaves: its sets, never dropped (as `Drop` never
+        // runs), each with a copy's cgroup staged inside.
+        let abandoned = CgroupSet::create(&format!("{gone}-990001"), None).expect("set");
+        let live = CgroupSet::create(&format!("{}-990002", std::process::id()), None).expect("set");
+        let dirs = |set: &CgroupSet| -> Vec<PathBuf> {
+            set.own_dirs().iter().map(|d| d.join("copy-1")).chain(set.own_dirs()).collect()
+        };
+        for d in dirs(&abandoned).iter().chain(&dirs(&live)) {
+            fs::create_dir_all(d).expect("copy cgroup");
+        }
+        let left = dirs(&abandoned);
+        std::mem::forget(abandoned);
+        // Without the reaper (no broker started since): they stay.
+        assert!(left.iter().all(|d| d.exists()), "{left:?}");
+        let removed: usize = germline_parents().iter().map(|p| reap_abandoned(p)).sum();
+        assert!(removed >= 1, "nothing removed");
+        assert!(
+            left.iter().all(|d| !d.exists()),
+            "still there: {:?}",
+            left.iter().filter(|d| d.exists()).collect::<Vec<_>>()
+        );
+        assert!(dirs(&live).iter().all(|d| d.exists()), "a live broker's set was removed");
+        drop(live);
+    }
 
     #[test]
     fn a_departure_is_waited_for_and_a_failed_one_refuses_the_data() {

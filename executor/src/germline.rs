@@ -796,6 +796,9 @@ impl Germline {
         }
         if spec.switches.pid_namespace {
             cmd.env("GERMLINE_PID_NAMESPACE", "1");
+            // The first process watches this process (its parent) by pid: named here, as its
+            // parent may already be someone else by the time it looks.
+            cmd.env("GERMLINE_BROKER_PID", std::process::id().to_string());
             if BROKER_WATCH_OFF_FOR_TESTS.load(Ordering::SeqCst) {
                 cmd.env("GERMLINE_BROKER_WATCH", "0");
             }

@@ -111,3 +111,87 @@ fn broker_for_the_kill_test() {
     println!("READY {}", rel.display());
     std::thread::sleep(Duration::from_secs(60));
 }
+
+/// What a first process does when its broker died before it looked (the broker killed while
+/// the germline starts): `named` passes the broker's pid as the broker does
+/// (`GERMLINE_BROKER_PID`); unnamed, the first process takes its parent at the time, as it
+/// did before. Returns the script's output and whether its two stand-in children (keeper
+/// and germline) are still running.
+fn first_process_after_its_broker_died(named: bool) -> (String, bool) {
+    let w = World::new();
+    let python = w.python();
+    let out = w.dir.path().join("out.txt");
+    let script = r#"
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import germline_host
+time.sleep(0.3)  # the broker (the shell) has exited by now
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    kids.append(pid)
+print("KIDS", *kids, flush=True)
+fd = germline_host._broker_pidfd(*kids, os.environ.get("GERMLINE_BROKER_PID"))
+watched = [l.split()[1] for l in open("/proc/self/fdinfo/%d" % fd) if l.startswith("Pid:")][0]
+print("WATCHING", watched, flush=True)
+for k in kids:
+    os.kill(k, 9)
+"#;
+    let named_env = if named { "GERMLINE_BROKER_PID=$$ " } else { "" };
+    // The shell is the broker: it starts the first process in the background and exits.
+    let sh = format!("{named_env}\"$0\" -I -c \"$1\" \"$2\" > \"$3\" 2>&1 &");
+    let status = Command::new("sh")
+        .args(["-c", &sh])
+        .arg(&python.python)
+        .arg(script)
+        .arg(&python.shim_dir)
+        .arg(&out)
+        .status()
+        .expect("sh");
+    assert!(status.success());
+    let until = Instant::now() + Duration::from_secs(10);
+    let (mut text, mut kids) = (String::new(), Vec::new());
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+        text = std::fs::read_to_string(&out).unwrap_or_default();
+        kids = text
+            .lines()
+            .find_map(|l| l.strip_prefix("KIDS "))
+            .map(|l| l.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect())
+            .unwrap_or_default();
+        if text.contains("WATCHING") || text.contains("Error") {
+            break;
+        }
+        let alive = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z"));
+        if kids.len() == 2 && !kids.iter().any(alive) {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let alive =
+        kids.iter().any(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z")));
+    for p in &kids {
+        // SAFETY: the script's own children, killed in case they are left.
+        unsafe { libc::kill(*p, libc::SIGKILL) };
+    }
+    (text, alive)
+}
+
+#[test]
+fn a_broker_gone_before_the_first_process_looks_leaves_nothing_behind() {
+    // Off (the parent at the time): the first process watches whoever adopted it, so its
+    // germline would outlive the broker for good.
+    let (text, _) = first_process_after_its_broker_died(false);
+    eprintln!("unnamed: {text}");
+    let watched = text.lines().find_map(|l| l.strip_prefix("WATCHING ")).expect("the watch started");
+    assert_ne!(watched.trim(), "", "{text}");
+    // On: the broker's pid is gone, so the first process kills both children and leaves.
+    let (text, alive) = first_process_after_its_broker_died(true);
+    eprintln!("named: {text}");
+    assert!(text.contains("KIDS"), "{text}");
+    assert!(!text.contains("WATCHING"), "the first process watched someone else: {text}");
+    assert!(!alive, "its children outlived the broker: {text}");
+}
