@@ -29,3 +29,9 @@ if [ -n "${GERMLINE_PYTHON_IMMORTAL:-}" ]; then
     --test kernel_channels_filter --test kernel_channels_root --test copy_ids --test twin_clock --test pool \
     -- --test-threads=2
 fi
+# The security tests and the real-server corpus again with a resident root (SECURITY.md,
+# "Resident root"): only what the release reads is bound, every page of it locked in memory.
+GERMLINE_RESIDENT_ROOT=1 cargo test --workspace --locked \
+  --test executor_hostile --test executor_flows --test kernel_channels_fds --test kernel_channels_proc \
+  --test kernel_channels_filter --test kernel_channels_root --test copy_ids --test twin_clock --test pool \
+  --test real_servers --test pypi_compat -- --test-threads=2

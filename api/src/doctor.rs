@@ -49,7 +49,7 @@ struct Check {
 
 /// Runs every check; prints them; fails if one is missing.
 pub fn run(args: &DoctorArgs) -> anyhow::Result<()> {
-    let checks = vec![user_namespaces(), landlock(), seccomp(), cgroups(), host_root(), interpreter()];
+    let checks = vec![user_namespaces(), landlock(), seccomp(), cgroups(), host_root(), resident_root(), interpreter()];
     if args.json {
         let rows: Vec<_> = checks
             .iter()
@@ -180,6 +180,28 @@ fn host_root() -> Check {
                 .into(),
             fix: "run as root, or switch the pipe quota off (sysctl -w fs.pipe-user-pages-soft=0)".into(),
         }
+    }
+}
+
+/// Whether a resident root can be locked here (SECURITY.md, "Resident root").
+fn resident_root() -> Check {
+    let on = germline_executor::policy::default_resident_root();
+    let default = if on {
+        "on by default here (GERMLINE_RESIDENT_ROOT=1)"
+    } else {
+        "off unless a policy sets [sandbox] resident_root = true"
+    };
+    match germline_executor::resident::lock_capacity(512 << 20) {
+        Ok(how) => {
+            Check { name: "resident root", status: Status::Ok, detail: format!("{how}; {default}"), fix: String::new() }
+        }
+        Err(why) => Check {
+            name: "resident root",
+            status: Status::Weaker,
+            detail: format!("{why}; page-cache residency stays an open channel (SECURITY.md)"),
+            fix: "run germline as root, or raise the hard memlock limit (ulimit -l, LimitMEMLOCK=) above 512 MiB"
+                .into(),
+        },
     }
 }
 

@@ -440,6 +440,7 @@ impl GermlineRuntime {
             },
             start_timeout: Duration::from_secs(60),
             extra_read: vec![tls.ca_cert_path().to_path_buf()],
+            system_paths: manifest.system_paths_on_host(),
             cgroup_limits: Some(CgroupLimits {
                 memory_bytes: policy.limits.memory_bytes,
                 processes: policy.limits.processes,
@@ -450,6 +451,7 @@ impl GermlineRuntime {
             env: crate::germline::startup_environment(&manifest, &policy)?,
             copy_source: manifest.copy_source.either(policy.limits.copy_source),
             scratch_paths: manifest.scratch.clone(),
+            resident_root: policy.sandbox.resident_root,
         };
         if policy.limits.pool > crate::policy::MAX_POOL {
             return Err(ExecutorError::Policy(format!(

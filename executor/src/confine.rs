@@ -64,6 +64,9 @@ pub struct Confinement {
     /// to a directory of the scratch ([`scratch_target`]), private to the germline while it
     /// imports and to each copy after.
     pub scratch_paths: Vec<PathBuf>,
+    /// Directories beneath a read-only path that get an empty, read-only tmpfs over them
+    /// (a resident root's, [`crate::resident::ResidentPaths::masks`]).
+    pub masks: Vec<PathBuf>,
 }
 
 /// Where a declared scratch path leads: beneath [`SCRATCH_DIR`], in `.germline/`.
@@ -295,7 +298,7 @@ const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/rand
 /// the dynamic linker's cache, the timezone, public CA certificates and OpenSSL's
 /// defaults, the IANA service and protocol tables, and the `alternatives` symlink farm
 /// that `/usr/bin` entries point through. Missing entries are skipped.
-const HOST_ETC: [&str; 8] = [
+pub const HOST_ETC: [&str; 8] = [
     "/etc/ld.so.cache",
     "/etc/localtime",
     "/etc/timezone",
@@ -502,6 +505,23 @@ impl<'a> RootPlan<'a> {
         Ok(())
     }
 
+    /// An empty tmpfs over directory `p`, which must lie beneath a directory bound from the
+    /// host: what the host holds there is not in the root.
+    fn mask(&mut self, p: &Path) -> Result<(), ExecutorError> {
+        let plain = p.is_absolute() && p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        let meta =
+            std::fs::symlink_metadata(p).map_err(|e| sandbox_err(format!("hidden directory {}: {e}", p.display())))?;
+        if !plain || !meta.is_dir() || p.parent().and_then(|d| self.host_mount_above(d)).is_none() {
+            return Err(sandbox_err(format!(
+                "hidden directory {}: it must be a plain path of a directory beneath one bound from the host",
+                p.display()
+            )));
+        }
+        let op = RootOp::Empty(self.staged(p)?);
+        self.push(op, format!("hiding {} under an empty tmpfs", p.display()));
+        Ok(())
+    }
+
     /// The minimal `/etc`: [`SYNTHETIC_ETC`] and the [`HOST_ETC`] entries present.
     fn minimal_etc(&mut self) -> Result<(), ExecutorError> {
         if self.nodes.get(Path::new("/etc")) == Some(&Node::HostDir) {
@@ -591,6 +611,9 @@ impl Confinement {
         paths.dedup();
         for p in &paths {
             plan.bind(p, "read-only path")?;
+        }
+        for m in &self.masks {
+            plan.mask(m)?;
         }
         plan.ensure_dir(Path::new("/dev"), "device", Path::new("/dev"))?;
         for d in DEVICES {

@@ -754,7 +754,12 @@ mod tests {
     #[test]
     fn a_formation_dispatched_before_a_crash_is_refused_after_the_restart() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let python = PythonRuntime { python: "/nonexistent".into(), shim_dir: dir.path().into(), read_paths: vec![] };
+        let python = PythonRuntime {
+            python: "/nonexistent".into(),
+            shim_dir: dir.path().into(),
+            read_paths: vec![],
+            layout: Default::default(),
+        };
         let log = Arc::new(MemoryFormationLog::default());
         let rel = release(dir.path(), "1");
         let req = CallRequest { tool: "t".into(), ..Default::default() };
@@ -797,7 +802,12 @@ mod tests {
             hold: Duration::from_millis(300),
             finished: Mutex::new(None),
         });
-        let python = PythonRuntime { python: "/nonexistent".into(), shim_dir: dir.path().into(), read_paths: vec![] };
+        let python = PythonRuntime {
+            python: "/nonexistent".into(),
+            shim_dir: dir.path().into(),
+            read_paths: vec![],
+            layout: Default::default(),
+        };
         let host = Arc::new(
             FormationHost::open_with(Arc::new(MemoryFormationLog::default()), runner.clone(), python)
                 .unwrap_or_else(|e| panic!("{e}")),

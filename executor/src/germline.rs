@@ -42,6 +42,19 @@ pub struct PythonRuntime {
     pub shim_dir: PathBuf,
     /// Paths the interpreter needs to read (prefixes, stdlib, site-packages).
     pub read_paths: Vec<PathBuf>,
+    /// Where the interpreter says it reads from (for a resident root, [`crate::resident`]).
+    pub layout: InterpreterLayout,
+}
+
+/// The interpreter's own account of its paths (`sys.prefix`, `sys.base_prefix`, `sys.path`).
+#[derive(Clone, Debug, Default)]
+pub struct InterpreterLayout {
+    /// `sys.prefix` (a venv's directory under a venv).
+    pub prefix: PathBuf,
+    /// `sys.base_prefix`.
+    pub base_prefix: PathBuf,
+    /// `sys.path`, empty entries left out.
+    pub sys_path: Vec<PathBuf>,
 }
 
 impl PythonRuntime {
@@ -104,7 +117,13 @@ impl PythonRuntime {
         let shim_dir = write_shim(shim_root)?;
         read.insert(shim_dir.clone());
         let read_paths = fold_nested(read);
-        Ok(PythonRuntime { python, shim_dir, read_paths })
+        let at = |i: usize| paths.get(i).map(PathBuf::from).unwrap_or_default();
+        let layout = InterpreterLayout {
+            prefix: at(1),
+            base_prefix: at(2),
+            sys_path: paths.iter().skip(5).filter(|p| !p.is_empty()).map(PathBuf::from).collect(),
+        };
+        Ok(PythonRuntime { python, shim_dir, read_paths, layout })
     }
 }
 
@@ -194,6 +213,13 @@ pub struct GermlineSpec {
     pub copy_source: crate::manifest::CopySourceKind,
     /// The manifest's scratch paths ([`crate::confine::Confinement::scratch_paths`]).
     pub scratch_paths: Vec<PathBuf>,
+    /// Host programs and files the release runs or reads beyond its interpreter's
+    /// ([`crate::manifest::Manifest::system_paths_on_host`]): bound read-only if they lie
+    /// where the default root already reaches ([`PythonRuntime::read_paths`]), else refused.
+    pub system_paths: Vec<PathBuf>,
+    /// A root of only what the germline reads, all of it locked in memory
+    /// ([`crate::resident`], `[sandbox] resident_root`).
+    pub resident_root: bool,
 }
 
 /// Variables a manifest or policy may not set: the interpreter's and the loader's, and
@@ -611,6 +637,8 @@ pub struct Germline {
     host_ids: (u32, u32),
     /// Copies this germline forked that may still be alive (its only allowed children).
     copy_pids: Vec<i32>,
+    /// With a resident root, its files' locks, held while the germline lives.
+    _resident: Option<crate::resident::ResidentLock>,
 }
 
 /// Warns (once per broker) that copies share the germline's host ids.
@@ -732,11 +760,49 @@ impl Germline {
         } else {
             (None, None, None)
         };
-        let mut read_only = spec.runtime.read_paths.clone();
-        read_only.push(release_dir.clone());
-        read_only.extend(spec.extra_read.iter().cloned());
+        // A manifest names system paths, so each must lie where the default root already
+        // reaches: a release cannot have a host file bound that its germline could not read.
+        let mut system = Vec::new();
+        for p in &spec.system_paths {
+            let links = crate::resident::chain(p)
+                .map_err(|e| ExecutorError::refused("start", format!("the germline's root: {e}")))?;
+            if let Some(outside) = links.iter().find(|l| !spec.runtime.read_paths.iter().any(|r| l.starts_with(r))) {
+                return Err(ExecutorError::refused(
+                    "start",
+                    format!(
+                        "system path {} leads to {}, outside the interpreter's paths and the system directories a \
+                         germline's root may bind",
+                        p.display(),
+                        outside.display()
+                    ),
+                ));
+            }
+            system.extend(links);
+        }
+        let (read_only, masks, resident) = if spec.resident_root {
+            let extra: Vec<PathBuf> = spec.extra_read.iter().cloned().chain(system).collect();
+            let paths = crate::resident::resident_paths(&spec.runtime, &release_dir, &extra)
+                .map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
+            let lock = crate::resident::lock(&paths, &crate::confine::HOST_ETC)
+                .map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
+            tracing::debug!(
+                paths = paths.read_only.len(),
+                hidden = paths.masks.len(),
+                mib = lock.bytes >> 20,
+                "resident root locked"
+            );
+            (paths.read_only, paths.masks, Some(lock))
+        } else {
+            let mut read_only = spec.runtime.read_paths.clone();
+            read_only.push(release_dir.clone());
+            read_only.extend(spec.extra_read.iter().cloned());
+            // Each link on the way as a link, so that `/bin/sh` is bound where `/bin` leads.
+            read_only.extend(system);
+            (read_only, Vec::new(), None)
+        };
         let scratch = crate::confine::scratch_dir(&read_only, &spec.data_roots);
         let confinement = Confinement {
+            masks,
             read_only,
             data_roots: spec.data_roots.clone(),
             limits: spec.limits.clone(),
@@ -892,6 +958,7 @@ impl Germline {
             copy_ids,
             host_ids,
             copy_pids: Vec::new(),
+            _resident: resident,
         };
         if spec.switches.pid_namespace {
             let first = g.child.as_mut().ok_or_else(|| ExecutorError::internal("germline child"))?;
@@ -1543,6 +1610,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         limits: ResourceLimits::default(),
         start_timeout: Duration::from_secs(60),
         extra_read: Vec::new(),
+        system_paths: manifest.system_paths_on_host(),
         cgroup_limits: None,
         switches: SandboxSwitches::default(),
         require_limits: false,
@@ -1550,6 +1618,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         env: germline_environment(&manifest.env, &Default::default())?,
         copy_source: manifest.copy_source,
         scratch_paths: manifest.scratch.clone(),
+        resident_root: crate::policy::default_resident_root(),
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

@@ -29,6 +29,7 @@ pub mod outside;
 pub mod policy;
 pub mod pool;
 pub mod profile;
+pub mod resident;
 pub mod runtime;
 pub mod seccomp;
 pub mod sigpin;

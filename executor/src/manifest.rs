@@ -40,6 +40,12 @@ pub struct Manifest {
     /// log directory): each is private scratch to the germline while it imports and to each
     /// copy after ([`crate::confine::Confinement::scratch_paths`]).
     pub scratch: Vec<PathBuf>,
+    /// Host programs, files and directories the server runs or reads at call time beyond
+    /// its interpreter's own (`[release] system_paths`): a program by name (`git`, found on
+    /// the germline's `PATH`) or an absolute path (a data directory). Bound read-only into the
+    /// germline's root, and in a resident root locked in memory with the libraries they load
+    /// ([`crate::resident`]); see [`Manifest::system_paths_on_host`].
+    pub system_paths: Vec<String>,
 }
 
 /// How the copies of a release are made.
@@ -159,6 +165,8 @@ struct RawRelease {
     copy_source: CopySourceKind,
     #[serde(default)]
     scratch: Vec<String>,
+    #[serde(default)]
+    system_paths: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -255,6 +263,24 @@ impl Manifest {
                 },
             );
         }
+        for p in &r.system_paths {
+            let pb = Path::new(p);
+            let program = !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+            let plain = pb.is_absolute()
+                && pb.components().nth(1).is_some()
+                && pb
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+            let host_only = ["/etc", "/proc", "/sys", "/dev"].iter().any(|d| pb.starts_with(d));
+            let allowed = (program && !p.starts_with('.')) || (plain && !host_only);
+            if !allowed {
+                return Err(ExecutorError::Manifest(format!(
+                    "system path {p:?} must be a program name or an absolute path without `.` or `..`, outside /etc, \
+                     /proc, /sys and /dev"
+                )));
+            }
+        }
+        let system_paths = r.system_paths;
         Ok(Manifest {
             name: r.name,
             version: r.version,
@@ -265,7 +291,29 @@ impl Manifest {
             env: r.env,
             copy_source: r.copy_source,
             scratch,
+            system_paths,
         })
+    }
+
+    /// Where this host has the manifest's system paths: a program name is looked up on the
+    /// germline's `PATH` (`/usr/local/bin`, `/usr/bin`, `/bin`). One this host lacks is left
+    /// out, with a warning: the server then fails where it runs it, as it would unprotected.
+    pub fn system_paths_on_host(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for p in &self.system_paths {
+            let found = if p.starts_with('/') {
+                Some(PathBuf::from(p)).filter(|p| p.exists())
+            } else {
+                ["/usr/local/bin", "/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(p)).find(|c| c.is_file())
+            };
+            match found {
+                Some(f) => out.push(f),
+                None => {
+                    tracing::warn!("{} {}: system path {p:?} is not on this host; not bound", self.name, self.version)
+                }
+            }
+        }
+        out
     }
 
     /// Reads `DIR/germline.toml` and fills its item placeholders from the deployer's
@@ -408,5 +456,34 @@ mod tests {
         assert_eq!(m.env["DB"], "/srv/shop.db");
         let err = Manifest::parse(text).unwrap().fill_items(&BTreeMap::new()).unwrap_err().to_string();
         assert!(err.contains("{item:db}"), "{err}");
+    }
+
+    #[test]
+    fn system_paths_are_program_names_or_plain_absolute_paths_outside_etc() {
+        let with = |paths: &str| {
+            Manifest::parse(&format!(
+                "[release]\nname='x'\nversion='1'\nruntime='python'\nfactory='s:f'\nsystem_paths={paths}\n"
+            ))
+        };
+        let m = with(r#"["sh", "/usr/share/pandoc", "no-such-program-here"]"#).unwrap();
+        assert_eq!(
+            m.system_paths_on_host(),
+            vec![PathBuf::from("/usr/bin/sh"), PathBuf::from("/usr/share/pandoc")]
+                .into_iter()
+                .filter(|p| p.exists())
+                .collect::<Vec<_>>()
+        );
+        for bad in [
+            r#"["../x"]"#,
+            r#"["/usr/../etc"]"#,
+            r#"["/etc/shadow"]"#,
+            r#"["/proc/1"]"#,
+            r#"["bin/sh"]"#,
+            r#"[".."]"#,
+            r#"[""]"#,
+        ] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(e.contains("must be a program name or an absolute path"), "{bad}: {e}");
+        }
     }
 }

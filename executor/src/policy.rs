@@ -26,6 +26,8 @@ pub struct Policy {
     host_map: BTreeMap<HostName, SocketAddr>,
     /// Per-copy budgets.
     pub limits: Limits,
+    /// How the germline's root is built (`[sandbox]`).
+    pub sandbox: Sandbox,
     tls_extra_roots: Vec<PathBuf>,
     tls: Option<Arc<DeploymentTls>>,
     /// Test-only: label item paths as the strings they were given (no resolution), the
@@ -83,6 +85,33 @@ pub struct Limits {
     pub copy_source: crate::manifest::CopySourceKind,
 }
 
+/// How the germline's root is built (`[sandbox]`).
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    /// Bind only what the interpreter and the release read, every page of it locked in
+    /// memory by the broker before the germline starts ([`crate::resident`]), so no copy can
+    /// change what another sees of the page cache. Default: `GERMLINE_RESIDENT_ROOT=1` if
+    /// set, else off (the whole of `/usr` bound; SECURITY.md, "Page-cache residency").
+    pub resident_root: bool,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox { resident_root: default_resident_root() }
+    }
+}
+
+/// Whether germlines get a resident root unless the policy says: `GERMLINE_RESIDENT_ROOT=1`.
+pub fn default_resident_root() -> bool {
+    std::env::var("GERMLINE_RESIDENT_ROOT").is_ok_and(|v| v == "1")
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSandbox {
+    resident_root: Option<bool>,
+}
+
 /// Most ready copies a germline may keep: each is a live process tree holding a lease of
 /// the broker's 1024 copy ids and counting against the germline's process limit.
 pub const MAX_POOL: usize = 32;
@@ -131,6 +160,8 @@ struct RawPolicy {
     limits: RawLimits,
     #[serde(default)]
     tls: RawTls,
+    #[serde(default)]
+    sandbox: RawSandbox,
     #[serde(default)]
     environment: BTreeMap<String, String>,
     #[serde(default)]
@@ -300,6 +331,7 @@ impl Policy {
             consumers,
             host_map,
             limits,
+            sandbox: Sandbox { resident_root: raw.sandbox.resident_root.unwrap_or_else(default_resident_root) },
             tls_extra_roots: raw.tls.extra_roots,
             tls: None,
             raw_path_labels: false,

@@ -28,6 +28,7 @@ fn release(tmp: &Path, code: &str, data: &Path) -> GermlineSpec {
         limits: ResourceLimits::default(),
         start_timeout: Duration::from_secs(30),
         extra_read: vec![],
+        system_paths: vec![],
         cgroup_limits: None,
         switches: Default::default(),
         require_limits: false,
@@ -35,6 +36,7 @@ fn release(tmp: &Path, code: &str, data: &Path) -> GermlineSpec {
         env: Vec::new(),
         copy_source: Default::default(),
         scratch_paths: Vec::new(),
+        resident_root: false,
     }
 }
 

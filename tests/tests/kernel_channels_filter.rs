@@ -137,7 +137,10 @@ fn live_pair(
     rounds: u32,
     secret: &Path,
 ) -> (Value, String) {
-    let policy_for = || w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "");
+    // The default root, whatever `GERMLINE_RESIDENT_ROOT` says: in a resident root the
+    // broker's locked mapping keeps every file of the root open, so the kernel refuses a
+    // write lease (EAGAIN) before the filter is reached, and the off run would show nothing.
+    let policy_for = || w.policy(&[], &[("agent", &["hr"]), ("public", &[])], "[sandbox]\nresident_root = false\n");
     // Only the filter differs between the two runs: copies run as the broker's uid in both
     // (a lease needs the file's owner; with the unprivileged sandbox ids the kernel's
     // ownership check would refuse it before the filter is reached).

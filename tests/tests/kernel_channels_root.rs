@@ -121,6 +121,13 @@ fn release(w: &World, name: &str, body: &str, paths: &[&Path]) -> PathBuf {
     w.release(name, "[tools.ship]\nhosts = [\"blog.example\"]\n", &format!("PATHS = [{list}]\n{body}"))
 }
 
+/// These tests are about the default root, which binds the whole of `/usr` (host files
+/// placed under `/usr/local` are in it): they pin it even where `GERMLINE_RESIDENT_ROOT=1`
+/// makes resident roots the default (a resident root binds no such file at all).
+fn default_root(extra: &str) -> String {
+    format!("{extra}[sandbox]\nresident_root = false\n")
+}
+
 /// A data root under `/etc` (minimal root replaces host `/etc`) and one under
 /// `/usr/local` (a host mount: an empty tmpfs goes over it), each holding a finance
 /// item, are read by release code at import and posted to a public host.
@@ -141,7 +148,8 @@ fn a_data_root_under_etc_or_usr_is_empty_inside_the_germline() {
             let shadow = Path::new("/etc/shadow");
             let rel = release(&w, "etcroot", READ_AT_IMPORT, &[&item, shadow]);
             let extra = format!("[[items]]\npath = \"{}/**\"\nlabel = [\"finance\"]\n", root.display());
-            let policy = w.policy(&[("blog.example", &[], Some(sink.addr()))], &[("agent", &[])], &extra);
+            let policy =
+                w.policy(&[("blog.example", &[], Some(sink.addr()))], &[("agent", &[])], &default_root(&extra));
             let mut rt = started(w.start_with(RuntimeKind::Germline, &rel, policy, switches));
             let o = rt.call(&request("ship", json!({}), &[]));
             let text = result_text(&o);
@@ -175,7 +183,7 @@ fn a_host_root_only_file_is_unreadable_by_copies() {
         let w = World::new();
         let sink = Sink::start(SinkBehaviour::default());
         let rel = release(&w, "rootonly", READ_IN_COPY, &[&secret]);
-        let policy = w.policy(&[("blog.example", &[], Some(sink.addr()))], &[("agent", &[])], "");
+        let policy = w.policy(&[("blog.example", &[], Some(sink.addr()))], &[("agent", &[])], &default_root(""));
         let mut rt = started(w.start_with(RuntimeKind::Germline, &rel, policy, switches));
         let o = rt.call(&request("ship", json!({}), &[]));
         let text = result_text(&o);
@@ -213,7 +221,7 @@ def create_server():
         let w = World::new();
         let rel = w.release("missing", "", &format!("ROOT = {:?}\n{probe}", root.display().to_string()));
         let extra = format!("[[items]]\npath = \"{}/**\"\nlabel = [\"finance\"]\n", root.display());
-        let policy = w.policy(&[], &[("agent", &[])], &extra);
+        let policy = w.policy(&[], &[("agent", &[])], &default_root(&extra));
         let mut rt = started(w.start_with(RuntimeKind::Germline, &rel, policy, switches));
         let o = rt.call(&request("seen", json!({}), &[]));
         assert_eq!(result_text(&o), "[]", "{switches:?}: {:?}", o.error);
@@ -233,7 +241,7 @@ def create_server():
             let w = World::new();
             let rel = w.release("missing", "", &format!("ROOT = {:?}\n{probe}", root.display().to_string()));
             let extra = format!("[[items]]\npath = \"{}/**\"\nlabel = [\"finance\"]\n", root.display());
-            let policy = w.policy(&[], &[("agent", &[])], &extra);
+            let policy = w.policy(&[], &[("agent", &[])], &default_root(&extra));
             let r = w.start_with(RuntimeKind::Germline, &rel, policy, switches);
             match (&r, created) {
                 (Ok(_), true) => {}

@@ -41,11 +41,31 @@ def create_server():
 #[test]
 fn a_failing_subprocess_reports_its_exit_status_as_unprotected() {
     let w = World::new();
-    let rel = w.release("shell", "[tools.statuses]\n", SHELL_OUT);
+    // The programs it runs, declared: a resident root binds nothing else.
+    let rel = w.release("shell", "system_paths = [\"/bin/false\", \"/bin/sh\"]\n[tools.statuses]\n", SHELL_OUT);
     let (pin, gl) = both(&w, &rel, "statuses", json!({}));
     eprintln!("unprotected: {pin:?}; germline: {gl:?}");
     assert_eq!(pin, "1 3 CalledProcessError 7", "the unprotected server");
     assert_eq!(gl, pin, "germline differs from the unprotected server");
+}
+
+/// A manifest's system paths may only name what the default root already reaches (the
+/// system directories, the interpreter's paths): a host path elsewhere, here the deployment's
+/// own data directory, is refused at start and named, with the resident root off and on.
+#[test]
+fn a_system_path_outside_the_system_directories_is_refused() {
+    let w = World::new();
+    let secret = w.item("hr", "secret.txt", "GLC-hr-000000000000000000000000");
+    for resident in [false, true] {
+        let rel = w.release(
+            &format!("reach-{resident}"),
+            &format!("system_paths = [{:?}]\n[tools.statuses]\n", secret.display().to_string()),
+            SHELL_OUT,
+        );
+        let policy = w.policy(&[], &[("agent", &["hr"])], &format!("[sandbox]\nresident_root = {resident}\n"));
+        let e = w.start(RuntimeKind::Germline, &rel, policy).err().expect("refused").to_string();
+        assert!(e.contains("outside the interpreter's paths") && e.contains("secret.txt"), "resident={resident}: {e}");
+    }
 }
 
 /// Where `scripts/setup.sh` vendors PyPI packages.

@@ -6,9 +6,16 @@
 //! the next fork window and every later copy inherits the count
 //! (`tests/attacks/kernel/memcgevict`).
 //!
-//! The tests measure the channel; nothing closes it yet, so they are ignored in the suite:
-//! `cargo test --workspace --locked --test redteam_residency -- --ignored --nocapture`
-//! (`MEMCG_BITS=96` carries the whole canary; default 16 bits).
+//! A second release loads pages instead (`tests/attacks/kernel/pageload`): the copy holding
+//! the item reads a cold region iff a bit is 1, the germline counts its major faults on it
+//! in the next fork window. It needs no cgroup.
+//!
+//! A resident root (`[sandbox] resident_root`, [`germline_executor::resident`]) closes both:
+//! every page a copy can read is in memory and locked before the germline starts, so there
+//! is no cold page to load and no evictable one. Each attack runs with it off (the canary's
+//! bits come back) and on (no region to use). `MEMCG_BITS=96` carries the whole canary
+//! (default 16 bits); the measurements with the departure off, pooled and without cgroups
+//! stay ignored: `cargo test --workspace --locked --test redteam_residency -- --ignored`.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -34,15 +41,16 @@ fn window(text: &str) -> i64 {
     serde_json::from_str::<Value>(text).ok().and_then(|v| v["w"].as_i64()).unwrap_or(-1)
 }
 
-/// Runs the whole exchange; returns (read output, leaked?).
-fn run(pool: usize, bits: usize) -> (Value, bool) {
+/// Runs the whole exchange with `name` on a germline whose root is resident or not;
+/// returns (read output, leaked?).
+fn run_attack(name: &str, pool: usize, bits: usize, resident: bool) -> (Value, bool) {
     let w = World::new();
     let mut oracle = Oracle::new();
     let hr = oracle.plant(&["hr"]);
     let secret = w.item("hr", "secret.txt", hr.as_str());
-    let code = attack("memcgevict").replace("{NONCE}", &nonce().to_string());
-    let release = w.release("memcgevict", "", &code);
-    let limits = format!("[limits]\npool = {pool}\n");
+    let code = attack(name).replace("{NONCE}", &nonce().to_string());
+    let release = w.release(name, "", &code);
+    let limits = format!("[limits]\npool = {pool}\n[sandbox]\nresident_root = {resident}\n");
     let policy = w.policy(&[], &[("agent", &["hr"]), ("public", &[])], &limits);
     let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
     let public = |rt: &mut Runtime, tool: &str, args: Value| {
@@ -76,7 +84,7 @@ fn run(pool: usize, bits: usize) -> (Value, bool) {
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| json!({"raw": text}));
     let leaked = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
     eprintln!(
-        "pool={pool} bits={bits} calibration {:?} sends {:?} ({:?}/call)\nticks {ticks:?} flushes {flushes:?} sends {sends:?}\nread: {}",
+        "{name} resident={resident} pool={pool} bits={bits} calibration {:?} sends {:?} ({:?}/call)\nticks {ticks:?} flushes {flushes:?} sends {sends:?}\nread: {}",
         t_cal,
         t_send,
         t_send / bits.max(1) as u32,
@@ -93,14 +101,23 @@ fn run(pool: usize, bits: usize) -> (Value, bool) {
     (json!({"read": v, "right": right, "bits": bits}), leaked)
 }
 
+fn run(pool: usize, bits: usize) -> (Value, bool) {
+    run_attack("memcgevict", pool, bits, false)
+}
+
+/// Regions the germline used: those it found cold (`memcgevict`) or picked (`pageload`).
+fn regions(v: &Value) -> usize {
+    v["read"]["wins"].as_array().map_or(0, |w| w.iter().filter(|w| w[0].as_i64().unwrap_or(-1) >= 0).count())
+}
+
 fn bits() -> usize {
     std::env::var("MEMCG_BITS").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
 }
 
-/// The full germline, fork per call: the germline's fork-window page cache, charged to the
-/// copy's memory cgroup, is evicted by the copy holding the item; the germline counts.
+/// Off (the whole of `/usr` bound, as by default), fork per call: the germline's
+/// fork-window page cache, charged to the copy's memory cgroup, is evicted by the copy
+/// holding the item; the germline counts.
 #[test]
-#[ignore = "open channel: measures it (SECURITY.md, page-cache residency)"]
 fn memcgevict_the_copy_evicts_what_the_germline_faulted_in_its_cgroup() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let (v, leaked) = run(0, bits());
@@ -142,4 +159,112 @@ fn memcgevict_without_cgroups_nothing_is_evicted() {
     eprintln!("leaked to public (full canary): {leaked}");
     assert!(!leaked);
     assert!(!v["read"]["bits"].as_str().unwrap_or("").contains('1'), "no cgroup: nothing evicted");
+}
+
+/// On: in a resident root the germline finds no cold region to fault (every page it can
+/// read is locked in memory), so no send carries a bit and nothing reaches the public
+/// consumer.
+#[test]
+fn memcgevict_finds_no_cold_page_in_a_resident_root() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let (v, leaked) = run_attack("memcgevict", 0, bits(), true);
+    assert!(!leaked, "on: nothing reaches the public consumer");
+    assert!(v["read"]["files"].as_i64().unwrap_or(0) > 0, "on: the release still finds large files: {v}");
+    assert_eq!(regions(&v), 0, "on: no region was cold: {v}");
+    assert!(!v["read"]["bits"].as_str().unwrap_or("").contains(['0', '1']), "on: no bit read: {v}");
+}
+
+/// Off: the copy holding the item loads a region iff its bit is 1; the germline reads the
+/// canary's bits back from its own major faults, no cgroup needed.
+#[test]
+fn pageload_a_copy_loads_pages_that_the_germline_counts() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let (v, leaked) = run_attack("pageload", 0, bits(), false);
+    assert_eq!(v["right"], v["bits"], "off: every bit read back: {v}");
+    assert!(bits() < 96 || leaked, "off: the whole canary reaches the public consumer");
+}
+
+/// On: every region the germline picks is already resident, loaded or not by the copy, so
+/// every window reads "loaded": the bits say nothing about the item.
+#[test]
+fn pageload_finds_every_page_loaded_in_a_resident_root() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let (v, leaked) = run_attack("pageload", 0, bits(), true);
+    assert!(!leaked, "on: nothing reaches the public consumer");
+    assert!(regions(&v) > 0, "on: the release still finds regions to use: {v}");
+    let wins = v["read"]["read"].clone();
+    let faults: Vec<i64> = v["read"]["wins"]
+        .as_array()
+        .map(|w| w.iter().filter_map(|w| w[1].as_i64()).filter(|a| *a >= 0).collect())
+        .unwrap_or_default();
+    assert!(
+        !faults.is_empty() && faults.iter().all(|a| *a == 0),
+        "on: no major fault in any window: {faults:?} {wins}"
+    );
+    assert_ne!(v["right"], v["bits"], "on: the bits are not the canary's: {v}");
+}
+
+/// What a copy sees of the host with a resident root off and on; on, every page of every
+/// file the root binds is in memory while the germline runs.
+#[test]
+fn a_resident_root_binds_only_what_the_release_reads_all_of_it_in_memory() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let code = r#"
+def create_server():
+    m = FastMCP("look")
+
+    @m.tool()
+    def look() -> str:
+        def n(p):
+            try:
+                return len(os.listdir(p))
+            except OSError:
+                return -1
+        stdlib = os.path.dirname(os.__file__)
+        base_site = os.path.join(sys.base_prefix, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+        return json.dumps({"share": n("/usr/share"), "bin": n("/usr/bin"),
+                           "libs": n("/usr/lib/" + sys.implementation._multiarch),
+                           "test": n(os.path.join(stdlib, "test")), "base_site": n(base_site),
+                           "same": sys.prefix == sys.base_prefix})
+    return m
+"#;
+    let look = |resident: bool| {
+        let w = World::new();
+        let release = w.release("look", "", code);
+        let policy = w.policy(&[], &[("public", &[])], &format!("[sandbox]\nresident_root = {resident}\n"));
+        let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
+        let mut req = request("look", json!({}), &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "{:?}", o.error);
+        let v: Value = serde_json::from_str(&result_text(&o)).unwrap();
+        eprintln!("resident={resident}: {v}");
+        let mut pages = (0, 0);
+        if resident {
+            let paths = germline_executor::resident::resident_paths(&w.python(), &release.canonicalize().unwrap(), &[])
+                .unwrap();
+            for (f, _) in germline_executor::resident::files(&paths, &[]).unwrap() {
+                let (resident, all) = germline_executor::resident::resident_pages(&f).unwrap();
+                assert_eq!(resident, all, "on: {} is wholly in memory", f.display());
+                pages = (pages.0 + resident, pages.1 + all);
+            }
+            eprintln!("resident pages {} of {}", pages.0, pages.1);
+        }
+        (v, pages)
+    };
+    let (off, _) = look(false);
+    assert!(off["share"].as_i64().unwrap() > 0 && off["bin"].as_i64().unwrap() > 100, "off: /usr is bound: {off}");
+    assert!(off["libs"].as_i64().unwrap() > 100, "off: every system library is there: {off}");
+    assert!(off["test"].as_i64().unwrap() > 0, "off: the standard library's tests are there: {off}");
+    let (on, pages) = look(true);
+    assert_eq!(on["bin"].as_i64(), Some(-1), "on: no /usr/bin: {on}");
+    // At most `zoneinfo`, where `/etc/localtime` leads.
+    assert!(on["share"].as_i64().unwrap() <= 1, "on: nothing else of /usr/share: {on}");
+    let libs = on["libs"].as_i64().unwrap();
+    assert!((1..300).contains(&libs), "on: only the libraries the interpreter loads: {on}");
+    assert_eq!(on["test"].as_i64(), Some(0), "on: the standard library's tests are hidden: {on}");
+    if on["same"] == json!(false) {
+        assert_eq!(on["base_site"].as_i64(), Some(0), "on: a venv's base site-packages is hidden: {on}");
+    }
+    assert!(pages.1 > 1000, "on: the root holds the interpreter's files: {pages:?}");
 }

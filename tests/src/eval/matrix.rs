@@ -521,6 +521,7 @@ mod tests {
             python: "/nonexistent/python".into(),
             shim_dir: world.dir.path().join("shim"),
             read_paths: Vec::new(),
+            layout: Default::default(),
         };
         let var = VARIANTS.iter().find(|v| v.name == "smuggle").unwrap();
         let mut cells = Vec::new();

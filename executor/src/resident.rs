@@ -1,0 +1,556 @@
+//! The resident root (`[sandbox] resident_root`): a germline root in which every page a
+//! copy can read is in memory, and locked there by the broker, before the germline starts.
+//!
+//! Why. A page of a file in the root is either in the page cache or not, and that state is
+//! shared by every process on the host. A copy that holds an item can change it (read a cold
+//! page; evict a page charged to its own memory cgroup by filling that cgroup) and any later
+//! copy can read it (its own major-fault count, or timing): SECURITY.md, "Page-cache
+//! residency". With the whole of `/usr` bound (5.5 GB, almost all of it cold) that carries
+//! thousands of bits per call.
+//!
+//! What. The root binds only what the interpreter and the release need
+//! ([`resident_paths`]): the interpreter's link chain, its `sys.path` directories (less the
+//! standard library's tests and any `site-packages` not on the path), the shim, the release,
+//! and the shared libraries all of their ELF files load (DT_NEEDED, RUNPATH and PT_INTERP,
+//! followed to the end). Before the germline starts, the broker maps every regular file in
+//! that root and locks it with `mlock` ([`lock`]): each page is read in, charged to the
+//! broker, and kept off every LRU list, so no copy can load a page (none is cold) or evict
+//! one (none is evictable, whoever it is charged to). Locks are shared by all germlines of
+//! the broker that bind the same file and dropped with the last of them.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::germline::PythonRuntime;
+use crate::ExecutorError;
+
+/// Most bytes one germline's resident root may lock: beyond it the germline is refused.
+pub const MAX_RESIDENT_BYTES: u64 = 4 << 30;
+
+/// Largest ELF file whose dependencies are read (a larger one is still bound and locked).
+const MAX_ELF_BYTES: u64 = 512 << 20;
+
+/// Most files walked for ELF objects and locks, per germline.
+const MAX_FILES: usize = 200_000;
+
+/// Libraries the C library opens by name at run time rather than through DT_NEEDED: the
+/// unwinder (thread exit and cancellation).
+const LOADED_BY_NAME: &[&str] = &["libgcc_s.so.1"];
+
+/// The resident root's read-only paths and the directories hidden beneath them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResidentPaths {
+    /// Bound read-only, as on the host (links as links).
+    pub read_only: Vec<PathBuf>,
+    /// Directories under a bound one that get an empty tmpfs over them.
+    pub masks: Vec<PathBuf>,
+}
+
+/// The paths a resident root binds for `runtime` running `release_dir`, with `extra`
+/// (files or directories the germline needs besides: the CA certificate, the manifest's
+/// system paths, already checked to lie where the default root reaches).
+pub fn resident_paths(
+    runtime: &PythonRuntime,
+    release_dir: &Path,
+    extra: &[PathBuf],
+) -> Result<ResidentPaths, ExecutorError> {
+    let layout = &runtime.layout;
+    let mut binds: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let add = |p: &Path, binds: &mut BTreeSet<PathBuf>| -> Result<Option<PathBuf>, ExecutorError> {
+        let links = chain(p)?;
+        let end = links.last().cloned();
+        binds.extend(links.into_iter().filter(|l| !l.starts_with("/etc")));
+        Ok(end)
+    };
+    let interpreter = add(&runtime.python, &mut binds)?
+        .ok_or_else(|| ExecutorError::Sandbox(format!("interpreter {}: no path", runtime.python.display())))?;
+    if layout.prefix != layout.base_prefix {
+        let cfg = layout.prefix.join("pyvenv.cfg");
+        if cfg.exists() {
+            add(&cfg, &mut binds)?;
+        }
+    }
+    // A merged-/usr host's top-level links (`/bin` -> `usr/bin`), links only: `/bin/sh`
+    // then resolves to whatever of `/usr/bin` is bound, as programs spell it.
+    for d in ["/bin", "/sbin", "/lib", "/lib64"].map(Path::new) {
+        if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
+            binds.insert(d.to_path_buf());
+        }
+    }
+    // Where the host `/etc` entries the root binds lead (`/etc/localtime` into the zone
+    // files), so they resolve in the root as on the host.
+    for e in crate::confine::HOST_ETC.iter().map(Path::new) {
+        if std::fs::symlink_metadata(e).is_ok_and(|m| m.file_type().is_symlink()) {
+            let Ok(links) = chain(e) else { continue };
+            if links.iter().all(|l| l.starts_with("/etc") || runtime.read_paths.iter().any(|r| l.starts_with(r))) {
+                add(e, &mut binds)?;
+            }
+        }
+    }
+    let on_path: BTreeSet<PathBuf> = layout.sys_path.iter().filter_map(|p| p.canonicalize().ok()).collect();
+    for p in layout.sys_path.iter().filter(|p| p.is_dir()) {
+        if let Some(end) = add(p, &mut binds)? {
+            dirs.push(end);
+        }
+    }
+    let mut programs = Vec::new();
+    for p in [&runtime.shim_dir, &release_dir.to_path_buf()].into_iter().chain(extra) {
+        if let Some(end) = add(p, &mut binds)? {
+            if end.is_dir() {
+                dirs.push(end);
+            } else if is_elf(&end) {
+                programs.push(end);
+            }
+        }
+    }
+    // What a bound directory holds but nothing on the path reads: the standard library's
+    // own tests, and package directories that are not on `sys.path` (the base interpreter's
+    // `site-packages` under a venv's standard library).
+    let mut masks = BTreeSet::new();
+    for d in &dirs {
+        let stdlib = d.join("os.py").is_file();
+        for entry in std::fs::read_dir(d).map_err(ExecutorError::io(format!("reading {}", d.display())))? {
+            let entry = entry.map_err(ExecutorError::io(format!("reading {}", d.display())))?;
+            let Ok(kind) = entry.file_type() else { continue };
+            if !kind.is_dir() {
+                continue;
+            }
+            let name = entry.file_name();
+            let packages = name == "site-packages" || name == "dist-packages";
+            let real = entry.path().canonicalize().unwrap_or(entry.path());
+            if (packages && !on_path.contains(&real)) || (stdlib && name == "test") {
+                masks.insert(entry.path());
+            }
+        }
+    }
+    let masks: Vec<PathBuf> = masks.into_iter().collect();
+    // Every ELF object bound, and everything each loads.
+    let mut queue: VecDeque<PathBuf> = VecDeque::from([interpreter]);
+    queue.extend(programs);
+    let mut seen = 0usize;
+    for d in &dirs {
+        walk(d, &masks, &mut seen, &mut |p, meta| {
+            let named_like_one = p.file_name().is_some_and(|n| n.as_bytes().windows(3).any(|w| w == b".so"));
+            if (named_like_one || meta.mode() & 0o111 != 0) && is_elf(p) {
+                queue.push_back(p.to_path_buf());
+            }
+        })?;
+    }
+    let mut done: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut first = true;
+    while let Some(object) = queue.pop_front() {
+        if !done.insert(object.clone()) {
+            continue;
+        }
+        let Some(deps) = elf_dependencies(&object) else { continue };
+        let origin = object.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let mut wanted: Vec<PathBuf> = deps.interpreter.into_iter().collect();
+        let by_name = if first { LOADED_BY_NAME } else { &[] };
+        first = false;
+        for name in deps.needed.iter().map(String::as_str).chain(by_name.iter().copied()) {
+            match resolve(name, &origin, &deps.runpath) {
+                Some(p) => wanted.push(p),
+                None => tracing::debug!("resident root: {} needs {name}, found nowhere", object.display()),
+            }
+        }
+        for w in wanted {
+            // A dependency is bound only where the default root already reaches (the system
+            // directories and the interpreter's paths) or inside the release: a release's
+            // ELF file cannot name a host file into the root.
+            let Ok(links) = chain(&w) else { continue };
+            let inside =
+                |l: &PathBuf| l.starts_with(release_dir) || runtime.read_paths.iter().any(|r| l.starts_with(r));
+            if !links.iter().all(inside) {
+                tracing::warn!(
+                    "resident root: {} asks for {}, outside what a root may bind; not bound",
+                    object.display(),
+                    w.display()
+                );
+                continue;
+            }
+            if let Some(end) = add(&w, &mut binds)? {
+                queue.push_back(end);
+            }
+        }
+    }
+    Ok(ResidentPaths { read_only: binds.into_iter().collect(), masks })
+}
+
+/// Each symbolic link the resolution of `p` meets (in any component), then the path it
+/// ends at; bound as they are, the links resolve in the root as they do on the host.
+pub fn chain(p: &Path) -> Result<Vec<PathBuf>, ExecutorError> {
+    let err = |what: String| ExecutorError::Sandbox(format!("resident root: {}: {what}", p.display()));
+    let mut out = Vec::new();
+    let mut todo = normal(p).ok_or_else(|| err("not an absolute path".into()))?;
+    for _ in 0..40 {
+        let parts: Vec<PathBuf> = todo.components().skip(1).map(|c| PathBuf::from(c.as_os_str())).collect();
+        let mut at = PathBuf::from("/");
+        let mut link = None;
+        for (i, c) in parts.iter().enumerate() {
+            at.push(c);
+            let meta = std::fs::symlink_metadata(&at).map_err(|e| err(format!("{}: {e}", at.display())))?;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&at).map_err(|e| err(format!("{}: {e}", at.display())))?;
+                let mut next = at.parent().unwrap_or(Path::new("/")).join(target);
+                next.extend(&parts[i + 1..]);
+                link = Some((at.clone(), normal(&next).ok_or_else(|| err("a link leads nowhere".into()))?));
+                break;
+            }
+        }
+        match link {
+            None => {
+                out.push(todo);
+                return Ok(out);
+            }
+            Some((at, next)) => {
+                out.push(at);
+                todo = next;
+            }
+        }
+    }
+    Err(err("too many symbolic links".into()))
+}
+
+/// `p` with `.` and `..` taken out lexically; `None` for a relative path.
+fn normal(p: &Path) -> Option<PathBuf> {
+    if !p.is_absolute() {
+        return None;
+    }
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Some(out)
+}
+
+/// Calls `each` for every regular file under `dir` (links not followed, `masks` skipped).
+fn walk(
+    dir: &Path,
+    masks: &[PathBuf],
+    seen: &mut usize,
+    each: &mut dyn FnMut(&Path, &std::fs::Metadata),
+) -> Result<(), ExecutorError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if masks.iter().any(|m| m == &d) {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            *seen += 1;
+            if *seen > MAX_FILES {
+                return Err(ExecutorError::Sandbox(format!(
+                    "resident root: more than {MAX_FILES} files under {}",
+                    dir.display()
+                )));
+            }
+            let p = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() {
+                each(&p, &meta);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_elf(p: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(p).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
+}
+
+/// What an ELF object asks the loader for.
+#[derive(Debug, Default)]
+struct ElfDependencies {
+    interpreter: Option<PathBuf>,
+    needed: Vec<String>,
+    runpath: Vec<String>,
+}
+
+/// The PT_INTERP, DT_NEEDED and DT_RUNPATH/DT_RPATH of a 64-bit ELF object; `None` for
+/// anything else (or a file larger than [`MAX_ELF_BYTES`]).
+fn elf_dependencies(path: &Path) -> Option<ElfDependencies> {
+    use object::read::elf::{Dyn as _, FileHeader as _, ProgramHeader as _};
+    if std::fs::metadata(path).ok()?.len() > MAX_ELF_BYTES {
+        return None;
+    }
+    let data = std::fs::read(path).ok()?;
+    let data = &*data;
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let mut out = ElfDependencies::default();
+    for ph in header.program_headers(endian, data).ok()? {
+        if let Ok(Some(i)) = ph.interpreter(endian, data) {
+            out.interpreter = Some(PathBuf::from(OsStr::from_bytes(i)));
+        }
+    }
+    let sections = header.sections(endian, data).ok()?;
+    if let Ok(Some((dyns, link))) = sections.dynamic(endian, data) {
+        let strings = sections.strings(endian, data, link).ok()?;
+        for d in dyns {
+            let text = || d.string(endian, strings).ok().map(|s| String::from_utf8_lossy(s).into_owned());
+            match d.tag32(endian) {
+                Some(object::elf::DT_NEEDED) => out.needed.extend(text()),
+                Some(object::elf::DT_RUNPATH | object::elf::DT_RPATH) => out.runpath.extend(text()),
+                _ => {}
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Where the loader finds `name` for an object in `origin`: its RUNPATH, then the system's
+/// library directories (as `ld.so.cache` lists them on Debian-like hosts).
+fn resolve(name: &str, origin: &Path, runpath: &[String]) -> Option<PathBuf> {
+    if name.contains('/') {
+        let p = origin.join(name);
+        return p.exists().then_some(p);
+    }
+    let origin = origin.to_string_lossy();
+    let arch = format!("{}-linux-gnu", std::env::consts::ARCH);
+    let system = [
+        format!("/lib/{arch}"),
+        format!("/usr/lib/{arch}"),
+        "/lib64".into(),
+        "/usr/lib64".into(),
+        "/lib".into(),
+        "/usr/lib".into(),
+        "/usr/local/lib".into(),
+    ];
+    runpath
+        .iter()
+        .flat_map(|r| r.split(':'))
+        .map(|d| d.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin))
+        .chain(system)
+        .map(|d| Path::new(&d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// One file mapped and locked by the broker.
+struct Locked {
+    addr: usize,
+    len: usize,
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping this value made and owns.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Files locked by this broker, by device and inode; each held by the germlines that bind it.
+type Registry = HashMap<(u64, u64), Weak<Locked>>;
+static LOCKED: Mutex<Option<Registry>> = Mutex::new(None);
+
+/// The locks one germline holds; dropping the last holder of a file unlocks it.
+pub struct ResidentLock {
+    files: Vec<Arc<Locked>>,
+    /// Bytes of the files this germline's root holds, locked.
+    pub bytes: u64,
+}
+
+impl std::fmt::Debug for ResidentLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ResidentLock({} files, {} bytes)", self.files.len(), self.bytes)
+    }
+}
+
+/// Every regular file under `paths` (links not followed, `masks` skipped) and `etc`.
+pub fn files(paths: &ResidentPaths, etc: &[&str]) -> Result<Vec<(PathBuf, std::fs::Metadata)>, ExecutorError> {
+    let mut files: Vec<(PathBuf, std::fs::Metadata)> = Vec::new();
+    let mut seen = 0usize;
+    let roots = paths.read_only.iter().cloned().chain(etc.iter().map(PathBuf::from));
+    for p in roots {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else { continue };
+        if meta.is_file() {
+            files.push((p, meta));
+        } else if meta.is_dir() {
+            walk(&p, &paths.masks, &mut seen, &mut |f, m| files.push((f.to_path_buf(), m.clone())))?;
+        }
+    }
+    Ok(files)
+}
+
+/// Maps and locks every regular file under `paths` (links not followed, `masks` skipped)
+/// and the host `/etc` entries the root binds. Fails, naming the cause, if one cannot be
+/// locked or the whole exceeds [`MAX_RESIDENT_BYTES`]: a germline never starts with a root
+/// that is only partly resident.
+pub fn lock(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, ExecutorError> {
+    raise_memlock_limit();
+    let files = files(paths, etc)?;
+    let bytes: u64 = files.iter().map(|(_, m)| m.len()).sum();
+    if bytes > MAX_RESIDENT_BYTES {
+        return Err(ExecutorError::Sandbox(format!(
+            "resident root: its {} files hold {} MiB, more than the {} MiB a germline's root may lock",
+            files.len(),
+            bytes >> 20,
+            MAX_RESIDENT_BYTES >> 20
+        )));
+    }
+    let mut registry = LOCKED.lock().unwrap_or_else(|p| p.into_inner());
+    let registry = registry.get_or_insert_with(HashMap::new);
+    registry.retain(|_, w| w.strong_count() > 0);
+    let mut held = Vec::with_capacity(files.len());
+    for (p, meta) in files {
+        if meta.len() == 0 {
+            continue;
+        }
+        let key = (meta.dev(), meta.ino());
+        if let Some(l) = registry.get(&key).and_then(Weak::upgrade) {
+            held.push(l);
+            continue;
+        }
+        let l = Arc::new(lock_file(&p)?);
+        registry.insert(key, Arc::downgrade(&l));
+        held.push(l);
+    }
+    Ok(ResidentLock { files: held, bytes })
+}
+
+/// Maps `p` whole and locks it in memory.
+fn lock_file(p: &Path) -> Result<Locked, ExecutorError> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(p)
+        .map_err(ExecutorError::io(format!("resident root: opening {}", p.display())))?;
+    let len = f.metadata().map_err(ExecutorError::io(format!("resident root: {}", p.display())))?.len() as usize;
+    // SAFETY: a fresh read-only shared mapping of a file we opened; only ever unmapped by
+    // `Locked::drop`.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    if addr == libc::MAP_FAILED {
+        return Err(ExecutorError::io(format!("resident root: mapping {}", p.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let locked = Locked { addr: addr as usize, len };
+    // SAFETY: locks the mapping just made.
+    if unsafe { libc::mlock(addr, len) } != 0 {
+        let e = std::io::Error::last_os_error();
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit fills the struct.
+        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+        return Err(ExecutorError::Sandbox(format!(
+            "resident root: locking {} ({} KiB) in memory failed: {e} (RLIMIT_MEMLOCK is {}; the broker needs \
+             CAP_IPC_LOCK or a limit above the root's size)",
+            p.display(),
+            len >> 10,
+            if limit.rlim_cur == libc::RLIM_INFINITY {
+                "unlimited".to_owned()
+            } else {
+                format!("{} KiB", limit.rlim_cur >> 10)
+            }
+        )));
+    }
+    Ok(locked)
+}
+
+/// Whether this process can lock a resident root of `bytes` (`Ok`) or why not (`Err`):
+/// CAP_IPC_LOCK lifts every limit, else the hard RLIMIT_MEMLOCK bounds what it can lock.
+pub fn lock_capacity(bytes: u64) -> Result<String, String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_IPC_LOCK: u32 = 14;
+    if cap_eff & (1 << CAP_IPC_LOCK) != 0 {
+        return Ok("CAP_IPC_LOCK: the broker can lock a resident root".into());
+    }
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit fills the struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+    if limit.rlim_max == libc::RLIM_INFINITY || limit.rlim_max >= bytes {
+        Ok(format!("RLIMIT_MEMLOCK allows {} MiB: the broker can lock a resident root", limit.rlim_max >> 20))
+    } else {
+        Err(format!(
+            "RLIMIT_MEMLOCK is {} KiB and there is no CAP_IPC_LOCK: a resident root (about {} MiB) cannot be locked, so \
+             a policy with [sandbox] resident_root = true is refused",
+            limit.rlim_max >> 10,
+            bytes >> 20
+        ))
+    }
+}
+
+/// Raises the soft RLIMIT_MEMLOCK to the hard one (which only CAP_IPC_LOCK lifts further).
+fn raise_memlock_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit);
+        }
+    }
+}
+
+/// How many of the pages of file `p` are in memory, of how many (`mincore`, broker side).
+pub fn resident_pages(p: &Path) -> Result<(usize, usize), ExecutorError> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(p).map_err(ExecutorError::io(format!("opening {}", p.display())))?;
+    let len = f.metadata().map_err(ExecutorError::io("metadata"))?.len() as usize;
+    if len == 0 {
+        return Ok((0, 0));
+    }
+    // SAFETY: a fresh read-only mapping, unmapped below.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    if addr == libc::MAP_FAILED {
+        return Err(ExecutorError::io("mmap")(std::io::Error::last_os_error()));
+    }
+    let page = 4096usize;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `vec` holds one byte per page of the mapping.
+    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    if rc != 0 {
+        return Err(ExecutorError::io("mincore")(std::io::Error::last_os_error()));
+    }
+    Ok((vec.iter().filter(|b| **b & 1 == 1).count(), pages))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_chain_names_every_link_then_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(d.join("real")).unwrap();
+        std::fs::write(d.join("real/lib.so.1.2"), b"x").unwrap();
+        std::os::unix::fs::symlink("real", d.join("dirlink")).unwrap();
+        std::os::unix::fs::symlink("lib.so.1.2", d.join("real/lib.so.1")).unwrap();
+        let got = chain(&d.join("dirlink/lib.so.1")).unwrap();
+        assert_eq!(got, vec![d.join("dirlink"), d.join("real/lib.so.1"), d.join("real/lib.so.1.2")]);
+        assert_eq!(chain(&d.join("real/../real/lib.so.1.2")).unwrap(), vec![d.join("real/lib.so.1.2")]);
+    }
+
+    #[test]
+    fn the_interpreter_of_this_process_needs_the_c_library() {
+        let me = std::fs::canonicalize("/proc/self/exe").unwrap();
+        let deps = elf_dependencies(&me).expect("an ELF object");
+        assert!(deps.interpreter.is_some_and(|i| i.to_string_lossy().contains("ld-linux")), "PT_INTERP");
+        assert!(deps.needed.iter().any(|n| n.starts_with("libc.so")), "{:?}", deps.needed);
+        let libc = resolve("libc.so.6", Path::new("/"), &[]).expect("libc.so.6 is found");
+        assert!(elf_dependencies(&libc).is_some());
+    }
+}
