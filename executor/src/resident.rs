@@ -234,7 +234,8 @@ fn normal(p: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-/// Calls `each` for every regular file under `dir` (links not followed, `masks` skipped).
+/// Calls `each` for every regular file under `dir` (links read, not followed; `masks`
+/// skipped).
 fn walk(
     dir: &Path,
     masks: &[PathBuf],
@@ -261,6 +262,12 @@ fn walk(
                 stack.push(p);
             } else if meta.is_file() {
                 each(&p, &meta);
+            } else if meta.file_type().is_symlink() {
+                // A slow link (target of 60 bytes or more) keeps its target in a data block,
+                // which `mlock` cannot hold: read here, it is in memory, charged to the
+                // broker, before any copy could be the first to resolve it (SECURITY.md,
+                // "Resident root"). Its directory's blocks were read by `read_dir` above.
+                let _ = std::fs::read_link(&p);
             }
         }
     }
