@@ -199,7 +199,8 @@ fn resident_root() -> Check {
             name: "resident root",
             status: Status::Weaker,
             detail: format!("{why}; page-cache residency stays an open channel (SECURITY.md)"),
-            fix: "run germline as root, or raise the hard memlock limit (ulimit -l, LimitMEMLOCK=) above 512 MiB"
+            fix: "run germline as root (the tree needs CAP_SYS_ADMIN; the lock CAP_IPC_LOCK or a hard memlock \
+                  limit, ulimit -l / LimitMEMLOCK=, above 512 MiB)"
                 .into(),
         },
     }

@@ -67,6 +67,9 @@ pub struct Confinement {
     /// Directories beneath a read-only path that get an empty, read-only tmpfs over them
     /// (a resident root's, [`crate::resident::ResidentPaths::masks`]).
     pub masks: Vec<PathBuf>,
+    /// A resident root's in-memory tree: the read-only paths and the host `/etc` entries
+    /// are bound from it rather than from the host ([`crate::resident::Tree`]).
+    pub tree: Option<crate::resident::TreeSource>,
 }
 
 /// Where a declared scratch path leads: beneath [`SCRATCH_DIR`], in `.germline/`.
@@ -244,6 +247,8 @@ pub struct PreparedSandbox {
     import_scratch: bool,
     /// Directories made in it: the targets of declared scratch paths, parents first.
     import_dirs: Vec<CString>,
+    /// The resident tree's mount namespace, entered before the germline's own is made.
+    tree_namespace: Option<RawFd>,
 }
 
 /// Mount options of the germline's import scratch: 16 MiB, 1024 files and directories,
@@ -284,6 +289,8 @@ struct RootPlan<'a> {
     what: Vec<String>,
     nodes: BTreeMap<PathBuf, Node>,
     binds: Vec<PathBuf>,
+    /// Where read-only paths and host `/etc` entries are bound from, if not the host.
+    tree: Option<crate::resident::TreeSource>,
 }
 
 /// The Landlock ABI germline needs: V6 brings signal and abstract-socket scoping, without
@@ -331,7 +338,7 @@ impl<'a> RootPlan<'a> {
     fn new(stage: &'a Path) -> RootPlan<'a> {
         let mut nodes = BTreeMap::new();
         nodes.insert(PathBuf::from("/"), Node::Dir);
-        RootPlan { stage, ops: Vec::new(), what: Vec::new(), nodes, binds: Vec::new() }
+        RootPlan { stage, ops: Vec::new(), what: Vec::new(), nodes, binds: Vec::new(), tree: None }
     }
 
     fn staged(&self, p: &Path) -> Result<CString, ExecutorError> {
@@ -456,9 +463,15 @@ impl<'a> RootPlan<'a> {
         Ok(Some(dir))
     }
 
-    /// Binds host path `p` (read-only later) at the same place in the root; a symbolic
-    /// link is recreated as a link (it resolves inside the root).
+    /// Binds host path `p` (read-only later) at the same place in the root, from the
+    /// resident tree if the root has one; a symbolic link is recreated as a link (it
+    /// resolves inside the root).
     fn bind(&mut self, p: &Path, what: &str) -> Result<(), ExecutorError> {
+        self.bind_from(p, what, true)
+    }
+
+    /// [`RootPlan::bind`], from the host itself unless `from_tree` (devices).
+    fn bind_from(&mut self, p: &Path, what: &str, from_tree: bool) -> Result<(), ExecutorError> {
         if !p.is_absolute() || p.components().any(|c| !matches!(c, Component::RootDir | Component::Normal(_))) {
             return Err(sandbox_err(format!("{what} {} is not a plain absolute path", p.display())));
         }
@@ -474,18 +487,22 @@ impl<'a> RootPlan<'a> {
             return Ok(());
         }
         let at = self.staged(p)?;
+        let source = match &self.tree {
+            Some(t) if from_tree => t.source_of(p),
+            _ => p.to_path_buf(),
+        };
         if meta.file_type().is_symlink() {
             let target = std::fs::read_link(p).map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
             self.push(RootOp::Symlink(cstring(&target)?, at), format!("linking {} in the root", p.display()));
             self.nodes.insert(p.to_path_buf(), Node::Symlink);
         } else if meta.is_dir() {
             self.push(RootOp::Mkdir(at.clone()), format!("creating directory {} in the root", p.display()));
-            self.push(RootOp::Bind(cstring(p)?, at), format!("binding {} into the root", p.display()));
+            self.push(RootOp::Bind(cstring(&source)?, at), format!("binding {} into the root", p.display()));
             self.nodes.insert(p.to_path_buf(), Node::HostDir);
             self.binds.push(p.to_path_buf());
         } else {
             self.push(RootOp::Touch(at.clone()), format!("creating file {} in the root", p.display()));
-            self.push(RootOp::Bind(cstring(p)?, at), format!("binding {} into the root", p.display()));
+            self.push(RootOp::Bind(cstring(&source)?, at), format!("binding {} into the root", p.display()));
             self.nodes.insert(p.to_path_buf(), Node::HostFile);
             self.binds.push(p.to_path_buf());
         }
@@ -603,6 +620,10 @@ impl Confinement {
         let seccomp = self.seccomp.compile()?;
         let tree = stage.join("root");
         let mut plan = RootPlan::new(&tree);
+        if self.tree.is_some() && !self.switches.minimal_root {
+            return Err(sandbox_err("a resident root's tree needs the minimal root (its own /etc)".into()));
+        }
+        plan.tree = self.tree.clone();
         let mut paths: Vec<PathBuf> = self.read_only.clone();
         if !self.switches.minimal_root {
             paths.push(PathBuf::from("/etc"));
@@ -617,7 +638,7 @@ impl Confinement {
         }
         plan.ensure_dir(Path::new("/dev"), "device", Path::new("/dev"))?;
         for d in DEVICES {
-            plan.bind(Path::new(d), "device")?;
+            plan.bind_from(Path::new(d), "device", false)?;
         }
         if self.switches.minimal_root {
             plan.minimal_etc()?;
@@ -695,6 +716,7 @@ impl Confinement {
             scratch: scratch.is_some().then(|| cstring(Path::new(SCRATCH_PARENT))).transpose()?,
             import_scratch: scratch.is_some() && self.switches.import_scratch,
             import_dirs,
+            tree_namespace: self.tree.as_ref().map(|t| t.namespace),
         })
     }
 }
@@ -730,9 +752,10 @@ enum Step {
     Seccomp,
     ControlFd,
     ImportScratch,
+    ResidentTree,
 }
 
-const STEPS: [&str; 16] = [
+const STEPS: [&str; 17] = [
     "creating the private mount namespace",
     "mounting the root's tmpfs",
     "entering the stage directory",
@@ -749,9 +772,10 @@ const STEPS: [&str; 16] = [
     "applying seccomp",
     "passing the control socket",
     "mounting the germline's import scratch",
+    "entering the resident tree's mount namespace",
 ];
 
-const _: () = assert!(STEPS.len() == (Step::ImportScratch as u32 - Step::MountNamespace as u32 + 1) as usize);
+const _: () = assert!(STEPS.len() == (Step::ResidentTree as u32 - Step::MountNamespace as u32 + 1) as usize);
 
 /// Explains a failed germline start by the step the child reported.
 pub struct BuildReport {
@@ -961,6 +985,13 @@ impl PreparedSandbox {
             | CLONE_NEWUTS
             | CLONE_NEWCGROUP
             | if self.pid_namespace { CLONE_NEWPID } else { 0 };
+        if let Some(ns) = self.tree_namespace {
+            // Still host root: the namespace the resident tree is mounted in becomes the one
+            // the germline's is copied from, so the root can bind from the tree (and the
+            // tree is gone again once the old root is detached).
+            // SAFETY: setns on a descriptor the broker holds open across this fork.
+            self.step(Step::ResidentTree as u32, check(unsafe { setns(ns, CLONE_NEWNS) }))?;
+        }
         match self.drop_to {
             Some(ids) => {
                 // As host root: build the root in a private mount namespace while root may

@@ -783,7 +783,7 @@ impl Germline {
             let extra: Vec<PathBuf> = spec.extra_read.iter().cloned().chain(system).collect();
             let paths = crate::resident::resident_paths(&spec.runtime, &release_dir, &extra)
                 .map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
-            let lock = crate::resident::lock(&paths, &crate::confine::HOST_ETC)
+            let lock = crate::resident::make(&paths, &crate::confine::HOST_ETC)
                 .map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
             tracing::debug!(
                 paths = paths.read_only.len(),
@@ -802,6 +802,7 @@ impl Germline {
         };
         let scratch = crate::confine::scratch_dir(&read_only, &spec.data_roots);
         let confinement = Confinement {
+            tree: resident.as_ref().and_then(|l| l.source()),
             masks,
             read_only,
             data_roots: spec.data_roots.clone(),

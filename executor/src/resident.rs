@@ -17,6 +17,12 @@
 //! broker, and kept off every LRU list, so no copy can load a page (none is cold) or evict
 //! one (none is evictable, whoever it is charged to). Locks are shared by all germlines of
 //! the broker that bind the same file and dropped with the last of them.
+//!
+//! Where from. The root binds none of it from the host: the broker first copies it into its
+//! in-memory tree ([`Tree`], a tmpfs in a mount namespace of its own) and the root binds the
+//! tree's copies, which are what it locks. A lookup on a host file system leaves state a
+//! later copy can time (a negative dentry for a missing name, a cached directory block or
+//! link); on the tree it leaves none (SECURITY.md, "Resident root").
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::OsStr;
@@ -367,6 +373,8 @@ static LOCKED: Mutex<Option<Registry>> = Mutex::new(None);
 /// The locks one germline holds; dropping the last holder of a file unlocks it.
 pub struct ResidentLock {
     files: Vec<Arc<Locked>>,
+    /// The in-memory tree the files are in ([`make`]), held while the germline lives.
+    tree: Option<Arc<Tree>>,
     /// Bytes of the files this germline's root holds, locked.
     pub bytes: u64,
 }
@@ -391,6 +399,31 @@ pub fn files(paths: &ResidentPaths, etc: &[&str]) -> Result<Vec<(PathBuf, std::f
         }
     }
     Ok(files)
+}
+
+/// A germline's resident root: `paths` and the host `etc` entries copied into the broker's
+/// in-memory tree ([`Tree::fill`]) and every file of theirs there locked ([`lock`]). The
+/// root binds them from the tree ([`ResidentLock::source`]).
+pub fn make(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, ExecutorError> {
+    let t0 = std::time::Instant::now();
+    let tree = Tree::get()?;
+    tree.fill(paths, etc)?;
+    let filled = t0.elapsed();
+    let mut lock = lock(&tree.broker_view(paths, etc), &[])?;
+    tracing::debug!(
+        fill_ms = filled.as_millis() as u64,
+        lock_ms = (t0.elapsed() - filled).as_millis() as u64,
+        "resident tree"
+    );
+    lock.tree = Some(tree);
+    Ok(lock)
+}
+
+impl ResidentLock {
+    /// Where the germline's root binds its paths from.
+    pub fn source(&self) -> Option<TreeSource> {
+        self.tree.as_ref().map(|t| t.source())
+    }
 }
 
 /// Maps and locks every regular file under `paths` (links not followed, `masks` skipped)
@@ -426,7 +459,7 @@ pub fn lock(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, Executo
         registry.insert(key, Arc::downgrade(&l));
         held.push(l);
     }
-    Ok(ResidentLock { files: held, bytes })
+    Ok(ResidentLock { files: held, bytes, tree: None })
 }
 
 /// Maps `p` whole and locks it in memory.
@@ -468,8 +501,9 @@ fn lock_file(p: &Path) -> Result<Locked, ExecutorError> {
     Ok(locked)
 }
 
-/// Whether this process can lock a resident root of `bytes` (`Ok`) or why not (`Err`):
-/// CAP_IPC_LOCK lifts every limit, else the hard RLIMIT_MEMLOCK bounds what it can lock.
+/// Whether this process can make a resident root of `bytes` (`Ok`) or why not (`Err`): it
+/// needs CAP_SYS_ADMIN to mount the in-memory tree ([`Tree`]) and, to lock it, CAP_IPC_LOCK
+/// (which lifts every limit) or a hard RLIMIT_MEMLOCK of at least `bytes`.
 pub fn lock_capacity(bytes: u64) -> Result<String, String> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let cap_eff = status
@@ -478,14 +512,23 @@ pub fn lock_capacity(bytes: u64) -> Result<String, String> {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
     const CAP_IPC_LOCK: u32 = 14;
+    const CAP_SYS_ADMIN: u32 = 21;
+    if cap_eff & (1 << CAP_SYS_ADMIN) == 0 {
+        return Err("no CAP_SYS_ADMIN: the resident root's in-memory tree cannot be mounted, so a policy with \
+                    [sandbox] resident_root = true is refused"
+            .into());
+    }
     if cap_eff & (1 << CAP_IPC_LOCK) != 0 {
-        return Ok("CAP_IPC_LOCK: the broker can lock a resident root".into());
+        return Ok("CAP_SYS_ADMIN and CAP_IPC_LOCK: the broker can mount and lock a resident root".into());
     }
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct.
     unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
     if limit.rlim_max == libc::RLIM_INFINITY || limit.rlim_max >= bytes {
-        Ok(format!("RLIMIT_MEMLOCK allows {} MiB: the broker can lock a resident root", limit.rlim_max >> 20))
+        Ok(format!(
+            "CAP_SYS_ADMIN, and RLIMIT_MEMLOCK allows {} MiB: the broker can mount and lock a resident root",
+            limit.rlim_max >> 20
+        ))
     } else {
         Err(format!(
             "RLIMIT_MEMLOCK is {} KiB and there is no CAP_IPC_LOCK: a resident root (about {} MiB) cannot be locked, so \
@@ -534,6 +577,297 @@ pub fn resident_pages(p: &Path) -> Result<(usize, usize), ExecutorError> {
     Ok((vec.iter().filter(|b| **b & 1 == 1).count(), pages))
 }
 
+/// Where a germline's root binds its resident paths from: the broker's in-memory tree
+/// ([`Tree`]), as the germline's set-up sees it.
+#[derive(Clone, Debug)]
+pub struct TreeSource {
+    /// The mount namespace the tree is mounted in; the germline's set-up enters it before
+    /// it makes its own, so its root can bind from the tree.
+    pub namespace: std::os::fd::RawFd,
+    /// Where the tree is mounted in that namespace; host path `/p` is at `<mountpoint>/p`.
+    pub mountpoint: PathBuf,
+}
+
+impl TreeSource {
+    /// Where host path `p` is in the tree, in the tree's namespace.
+    pub fn source_of(&self, p: &Path) -> PathBuf {
+        self.mountpoint.join(p.strip_prefix("/").unwrap_or(p))
+    }
+}
+
+/// What a file of the tree was copied from, to notice a host file that changed since.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// The broker's in-memory copy of the resident roots' files: a tmpfs, mounted in a private
+/// mount namespace of its own (never in the host's), holding each bound host path at the
+/// same path beneath it, with the host's modes, owners and times.
+///
+/// Why. A resident root's files are locked in memory, but a directory bound from the host
+/// is still the host file system's: a copy that looks up a name it lacks leaves a negative
+/// dentry there, which outlasts the copy, and any later copy can time the same lookup
+/// (SECURITY.md, "Resident root"). Symbolic links and directory blocks are cached the same
+/// way. A tmpfs keeps nothing of a failed lookup (its dentries are deleted with their last
+/// reference), and every directory, link and inode it holds lives in memory for as long as
+/// the tmpfs does, so a lookup, found or not, leaves the tree as it was. The root then binds
+/// its read-only paths from the tree, and nothing a copy can look a name up in is on a host
+/// file system: the root's own directories are its tmpfs, views and scratch are per copy.
+///
+/// One tree per broker, shared by every germline with a resident root (each file copied
+/// once), dropped with the last of them. A host file that changed since it was copied is
+/// copied again, into a new inode, when the next germline starts (running germlines keep
+/// the one they mapped).
+pub struct Tree {
+    namespace: std::os::fd::OwnedFd,
+    dir: std::os::fd::OwnedFd,
+    mountpoint: PathBuf,
+    copied: Mutex<HashMap<PathBuf, Stamp>>,
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tree({})", self.mountpoint.display())
+    }
+}
+
+static TREE: Mutex<Weak<Tree>> = Mutex::new(Weak::new());
+
+impl Tree {
+    /// The broker's tree, made on first use (it needs CAP_SYS_ADMIN: mount namespaces of
+    /// the host's user namespace).
+    pub fn get() -> Result<Arc<Tree>, ExecutorError> {
+        let mut slot = TREE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = slot.upgrade() {
+            return Ok(t);
+        }
+        let t = Arc::new(Tree::make()?);
+        *slot = Arc::downgrade(&t);
+        Ok(t)
+    }
+
+    /// The tree while a germline holds it (tests).
+    pub fn current() -> Option<Arc<Tree>> {
+        TREE.lock().unwrap_or_else(|p| p.into_inner()).upgrade()
+    }
+
+    fn make() -> Result<Tree, ExecutorError> {
+        use std::os::fd::OwnedFd;
+        use std::os::unix::fs::DirBuilderExt;
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // An empty directory on the host, the tmpfs mounted over it in the tree's namespace
+        // only; removed when the tree is dropped.
+        let mountpoint = std::env::temp_dir().join(format!("germline-tree-{}-{n}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&mountpoint)
+            .map_err(ExecutorError::io(format!("resident root: creating {}", mountpoint.display())))?;
+        let at = cstr(&mountpoint).map_err(ExecutorError::io("resident root: the tree's path"))?;
+        // A thread of its own enters the new mount namespace (unsharing it unshares only
+        // the calling thread's), mounts the tmpfs, opens both and ends; the descriptors keep
+        // the namespace, and so the mount, alive.
+        let made = std::thread::spawn(move || -> std::io::Result<(OwnedFd, OwnedFd)> {
+            use libc::*;
+            let ck = |rc: c_int| if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
+            // SAFETY: unshare/mount on constant or prepared NUL-terminated strings.
+            unsafe {
+                ck(unshare(CLONE_NEWNS))?;
+                ck(mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), MS_REC | MS_PRIVATE, std::ptr::null()))?;
+                ck(mount(
+                    c"germline-tree".as_ptr(),
+                    at.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    MS_NOSUID | MS_NODEV | MS_NOATIME,
+                    c"mode=0755".as_ptr().cast(),
+                ))?;
+            }
+            let dir = std::fs::File::open(at.to_str().map_err(std::io::Error::other)?)?;
+            let ns = std::fs::File::open("/proc/thread-self/ns/mnt")?;
+            Ok((ns.into(), dir.into()))
+        })
+        .join()
+        .map_err(|_| ExecutorError::internal("the resident tree's set-up thread panicked"))?;
+        match made {
+            Ok((namespace, dir)) => Ok(Tree { namespace, dir, mountpoint, copied: Mutex::new(HashMap::new()) }),
+            Err(e) => {
+                let _ = std::fs::remove_dir(&mountpoint);
+                Err(ExecutorError::Sandbox(format!(
+                    "resident root: mounting its in-memory tree failed: {e} (the broker needs CAP_SYS_ADMIN, that is \
+                     to run as root, for a resident root)"
+                )))
+            }
+        }
+    }
+
+    /// How the germline's set-up finds the tree.
+    pub fn source(&self) -> TreeSource {
+        use std::os::fd::AsRawFd;
+        TreeSource { namespace: self.namespace.as_raw_fd(), mountpoint: self.mountpoint.clone() }
+    }
+
+    /// Where host path `p` is in the tree, as the broker reaches it (through its descriptor
+    /// of the tree; the broker is not in the tree's namespace).
+    pub fn here(&self, p: &Path) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_raw_fd())).join(p.strip_prefix("/").unwrap_or(p))
+    }
+
+    /// `paths` as the broker reaches them in the tree: what [`lock`] and tests walk. `etc`
+    /// entries present on the host are read-only paths of it.
+    pub fn broker_view(&self, paths: &ResidentPaths, etc: &[&str]) -> ResidentPaths {
+        let etc = etc.iter().map(PathBuf::from).filter(|p| std::fs::symlink_metadata(p).is_ok());
+        ResidentPaths {
+            read_only: paths.read_only.iter().cloned().chain(etc).map(|p| self.here(&p)).collect(),
+            masks: paths.masks.iter().map(|p| self.here(p)).collect(),
+        }
+    }
+
+    /// Copies into the tree every path of `paths` and every `etc` entry present: links as
+    /// links, regular files with their contents, directories whole (less `masks`, which are
+    /// left empty), each with the host's mode, owner and times. What is already there and
+    /// unchanged on the host is not copied again. Devices, sockets and FIFOs are left out.
+    pub fn fill(&self, paths: &ResidentPaths, etc: &[&str]) -> Result<(), ExecutorError> {
+        let mut copied = self.copied.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut seen, mut bytes) = (0usize, 0u64);
+        let etc = etc.iter().map(PathBuf::from).filter(|p| std::fs::symlink_metadata(p).is_ok());
+        for p in paths.read_only.iter().cloned().chain(etc) {
+            let err =
+                |e: std::io::Error| ExecutorError::Sandbox(format!("resident root: copying {}: {e}", p.display()));
+            for a in p.ancestors().collect::<Vec<_>>().into_iter().rev().skip(1) {
+                if a == p {
+                    break;
+                }
+                let here = self.here(a);
+                if std::fs::symlink_metadata(&here).is_err() {
+                    std::fs::create_dir(&here).map_err(err)?;
+                }
+            }
+            let meta = std::fs::symlink_metadata(&p).map_err(err)?;
+            let mut dirs = Vec::new();
+            let mut stack = vec![(p.clone(), meta)];
+            while let Some((at, meta)) = stack.pop() {
+                seen += 1;
+                if seen > MAX_FILES {
+                    return Err(ExecutorError::Sandbox(format!(
+                        "resident root: more than {MAX_FILES} files under {}",
+                        p.display()
+                    )));
+                }
+                let err = |e: std::io::Error| {
+                    ExecutorError::Sandbox(format!("resident root: copying {} into memory: {e}", at.display()))
+                };
+                let here = self.here(&at);
+                let kind = meta.file_type();
+                if kind.is_symlink() {
+                    let target = std::fs::read_link(&at).map_err(err)?;
+                    if std::fs::read_link(&here).ok().as_ref() != Some(&target) {
+                        let _ = std::fs::remove_file(&here);
+                        std::os::unix::fs::symlink(&target, &here).map_err(err)?;
+                    }
+                } else if kind.is_file() {
+                    // The cap [`lock`] applies, before anything is copied into memory.
+                    bytes += meta.len();
+                    if bytes > MAX_RESIDENT_BYTES {
+                        return Err(ExecutorError::Sandbox(format!(
+                            "resident root: its files hold more than the {} MiB a germline's root may lock",
+                            MAX_RESIDENT_BYTES >> 20
+                        )));
+                    }
+                    let stamp = Stamp::of(&meta);
+                    if copied.get(&at) != Some(&stamp) || std::fs::symlink_metadata(&here).is_err() {
+                        self.copy_file(&at, &here, &meta).map_err(err)?;
+                        copied.insert(at.clone(), stamp);
+                    }
+                } else if kind.is_dir() {
+                    match std::fs::symlink_metadata(&here) {
+                        Ok(m) if m.is_dir() => {}
+                        _ => std::fs::create_dir(&here).map_err(err)?,
+                    }
+                    dirs.push((at.clone(), meta));
+                    if paths.masks.iter().any(|m| m == &at) {
+                        continue;
+                    }
+                    for entry in std::fs::read_dir(&at).map_err(err)? {
+                        let entry = entry.map_err(err)?;
+                        let path = entry.path();
+                        let m = std::fs::symlink_metadata(&path).map_err(err)?;
+                        stack.push((path, m));
+                    }
+                }
+            }
+            // Modes, owners and times of the directories last, deepest first (filling one
+            // changes its times).
+            for (at, meta) in dirs.iter().rev() {
+                set_attributes(&self.here(at), meta).map_err(|e| {
+                    ExecutorError::Sandbox(format!("resident root: copying {} into memory: {e}", at.display()))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies regular file `from` to `to` in the tree: written under a name of the tree's
+    /// own (bound nowhere), then renamed into place, so a germline that already binds the
+    /// directory never sees a partial file.
+    fn copy_file(&self, from: &Path, to: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
+        let mut src =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(from)?;
+        let staging = self.here(Path::new("/.incoming"));
+        let mut dst = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&staging)?;
+        std::io::copy(&mut src, &mut dst)?;
+        drop(dst);
+        set_attributes(&staging, meta)?;
+        std::fs::rename(&staging, to)
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // The namespace and its mount go with the descriptors (once no germline's root
+        // binds from the tree); the host directory is empty.
+        let _ = std::fs::remove_dir(&self.mountpoint);
+    }
+}
+
+/// The host's owner, mode (with its special bits) and times of `meta` on `p` in the tree.
+fn set_attributes(p: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::lchown(p, Some(meta.uid()), Some(meta.gid()))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    let c = cstr(p)?;
+    let times = [
+        libc::timespec { tv_sec: meta.atime(), tv_nsec: meta.atime_nsec() },
+        libc::timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() },
+    ];
+    // SAFETY: utimensat on a NUL-terminated path and two timespecs.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,6 +883,52 @@ mod tests {
         let got = chain(&d.join("dirlink/lib.so.1")).unwrap();
         assert_eq!(got, vec![d.join("dirlink"), d.join("real/lib.so.1"), d.join("real/lib.so.1.2")]);
         assert_eq!(chain(&d.join("real/../real/lib.so.1.2")).unwrap(), vec![d.join("real/lib.so.1.2")]);
+    }
+
+    /// The tree copies a bound directory whole (less its masks), links as links, with the
+    /// host's modes and times, onto tmpfs; a host file that changed is copied again. Needs
+    /// CAP_SYS_ADMIN (CI runs as root).
+    #[test]
+    fn the_tree_holds_each_path_in_memory_with_the_hosts_attributes() {
+        use std::os::unix::fs::PermissionsExt;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting the tree needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        let pkg = d.join("pkg");
+        std::fs::create_dir_all(pkg.join("sub")).unwrap();
+        std::fs::create_dir_all(pkg.join("test")).unwrap();
+        std::fs::write(pkg.join("a.py"), b"print(1)\n").unwrap();
+        std::fs::set_permissions(pkg.join("a.py"), std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::fs::write(pkg.join("sub/b.txt"), b"b").unwrap();
+        std::fs::write(pkg.join("test/hidden.py"), b"x").unwrap();
+        std::os::unix::fs::symlink("a.py", pkg.join("l")).unwrap();
+        let paths = ResidentPaths { read_only: vec![pkg.clone()], masks: vec![pkg.join("test")] };
+        let tree = Tree::get().unwrap();
+        tree.fill(&paths, &[]).unwrap();
+        let here = |p: &str| tree.here(&pkg.join(p));
+        assert_eq!(std::fs::read(here("a.py")).unwrap(), b"print(1)\n");
+        assert_eq!(std::fs::read(here("sub/b.txt")).unwrap(), b"b");
+        assert_eq!(std::fs::read_link(here("l")).unwrap(), Path::new("a.py"));
+        assert_eq!(std::fs::read_dir(here("test")).unwrap().count(), 0, "a masked directory is left empty");
+        let (host, copy) = (std::fs::metadata(pkg.join("a.py")).unwrap(), std::fs::metadata(here("a.py")).unwrap());
+        assert_eq!(
+            (copy.mode(), copy.uid(), copy.mtime(), copy.mtime_nsec()),
+            (host.mode(), host.uid(), host.mtime(), host.mtime_nsec())
+        );
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        let c = cstr(&here("sub")).unwrap();
+        // SAFETY: statfs fills the struct.
+        assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
+        assert_eq!(fs.f_type, libc::TMPFS_MAGIC, "the tree is a tmpfs");
+        let before = copy.ino();
+        std::fs::write(pkg.join("a.py"), b"print(2)\n").unwrap();
+        tree.fill(&paths, &[]).unwrap();
+        assert_eq!(std::fs::read(here("a.py")).unwrap(), b"print(2)\n", "a changed host file is copied again");
+        assert_ne!(std::fs::metadata(here("a.py")).unwrap().ino(), before, "into a new inode");
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //!
 //! Found by the adversarial pass on the resident root: slow symbolic links (closed by its
 //! walk reading every link; tested off and on, dropping the host's caches first) and
-//! negative dentries (open: the ignored tests at the end measure them).
+//! negative dentries (closed by binding the root from the broker's in-memory tree, a tmpfs;
+//! tested off and on; the ignored test at the end measures the default root).
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -259,6 +260,9 @@ def create_server():
         if resident {
             let paths = germline_executor::resident::resident_paths(&w.python(), &release.canonicalize().unwrap(), &[])
                 .unwrap();
+            // The root binds the broker's in-memory copy of these paths: its files are counted.
+            let tree = germline_executor::resident::Tree::current().expect("the germline holds the tree");
+            let paths = tree.broker_view(&paths, &[]);
             for (f, _) in germline_executor::resident::files(&paths, &[]).unwrap() {
                 let (resident, all) = germline_executor::resident::resident_pages(&f).unwrap();
                 assert_eq!(resident, all, "on: {} is wholly in memory", f.display());
@@ -285,8 +289,66 @@ def create_server():
     assert!(pages.1 > 1000, "on: the root holds the interpreter's files: {pages:?}");
 }
 
-// Found by the adversarial pass on the resident root (SECURITY.md, "Resident root"): it locks
-// the pages of regular files, not file-system metadata. Open channels; these measure them.
+/// Where a copy can look a name up. A lookup leaves state in the file system it walks: a
+/// negative dentry for a name that is not there, a cached directory block or link. On a
+/// host file system that state outlasts the copy and is shared with every later one
+/// (`negdentry`, `certlink`, below). A copy walks its whole root (not following links) and
+/// names the first entry on a block device's file system. Off: the bound host directories
+/// are. On: the resident root binds everything from the broker's in-memory tree, so nothing
+/// of the root is on a block device.
+#[test]
+fn a_resident_root_holds_no_directory_of_a_host_file_system() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let code = r#"
+def create_server():
+    m = FastMCP("walk")
+
+    @m.tool()
+    def walk() -> str:
+        seen, first, stack = 0, None, ["/"]
+        while stack and first is None and seen < 200000:
+            d = stack.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in [None] + entries:
+                p = d if e is None else e.path
+                try:
+                    st = os.lstat(p)
+                except OSError:
+                    continue
+                seen += 1
+                if os.major(st.st_dev) != 0:
+                    first = p
+                    break
+                if e is not None and e.is_dir(follow_symlinks=False):
+                    stack.append(p)
+        return json.dumps({"seen": seen, "first": first})
+    return m
+"#;
+    let walk = |resident: bool| {
+        let w = World::new();
+        let release = w.release("walk", "", code);
+        let policy = w.policy(&[], &[("public", &[])], &format!("[sandbox]\nresident_root = {resident}\n"));
+        let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
+        let mut req = request("walk", json!({}), &[]);
+        req.consumers = vec!["public".into()];
+        let o = rt.call(&req);
+        assert!(o.error.is_none(), "{:?}", o.error);
+        let v: Value = serde_json::from_str(&result_text(&o)).unwrap();
+        eprintln!("resident={resident}: {v}");
+        v
+    };
+    let off = walk(false);
+    assert!(off["first"].is_string(), "off: host directories are bound: {off}");
+    let on = walk(true);
+    assert!(on["first"].is_null(), "on: nothing of the root is on a block device: {on}");
+    assert!(on["seen"].as_i64().unwrap() > 1000, "on: the walk covered the root: {on}");
+}
+
+// Found by the adversarial pass on the resident root (SECURITY.md, "Resident root"): locking
+// the pages of regular files leaves file-system metadata, which a lookup caches.
 
 /// A slow symbolic link (target of 60 bytes or more) keeps its target in a data block, read
 /// through the block device's cache when the link is resolved: the host's `/etc/ssl/certs`
@@ -317,34 +379,48 @@ fn rellink_the_releases_own_slow_links_carry_the_canary_only_without_a_resident_
     assert!(!v["read"]["bits"].as_str().unwrap_or("").contains('0'), "on: every link reads as cached: {v}");
 }
 
+/// Lookups of a window's names, per lookup, after a `tick` window (cold) and a `flush`
+/// window (cached): the gap the channel reads.
+fn calibration(v: &Value) -> (i64, i64) {
+    (v["read"]["hi"].as_i64().unwrap_or(0), v["read"]["lo"].as_i64().unwrap_or(0))
+}
+
 /// Negative dentries (timing): the copy holding the item looks up 400 fresh names that do
 /// not exist in the standard library's directory iff bit i is 1; the germline times lookups
-/// of the same names in the next window (about 1.3 us a name cached, 2.6 us not). No live
-/// receiver is needed: the dentries outlast the copy.
+/// of the same names in the next window (about 1.4 us a name cached, 2.7 us not). No live
+/// receiver is needed: the dentries outlast the copy. Off (the default root, the host's
+/// directories bound): the bits come back (a timing channel on a shared host: at least 12
+/// of 16 here). On: the resident root binds the standard library from the broker's
+/// in-memory tree, a tmpfs, which keeps no dentry of a failed lookup: every window costs
+/// the same, cached or not, and the bits are noise.
 #[test]
-#[ignore = "open channel: measures it (SECURITY.md, Resident root and Timing)"]
-fn negdentry_negative_dentries_carry_the_canary_through_a_resident_root() {
-    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
-    let (v, leaked) = run_attack("negdentry", 0, bits(), true);
-    assert_eq!(v["right"], v["bits"], "on: every bit read back: {v}");
-    assert!(bits() < 96 || leaked, "on: the whole canary reaches the public consumer");
-}
-
-/// The same through the default root.
-#[test]
-#[ignore = "open channel: measures it (SECURITY.md, Resident root and Timing)"]
-fn negdentry_through_the_default_root_as_well() {
+fn negdentry_negative_dentries_carry_the_canary_only_without_a_resident_root() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let (v, _) = run_attack("negdentry", 0, bits(), false);
-    assert_eq!(v["right"], v["bits"], "off: every bit read back: {v}");
+    let (cold, cached) = calibration(&v);
+    assert!(cold * 10 > cached * 14, "off: a cached name is looked up faster: {v}");
+    assert!(v["right"].as_u64().unwrap() * 4 >= v["bits"].as_u64().unwrap() * 3, "off: the bits come back: {v}");
+    let (v, leaked) = run_attack("negdentry", 0, bits(), true);
+    assert!(!leaked, "on: nothing reaches the public consumer: {v}");
+    assert_ne!(v["right"], v["bits"], "on: the bits are not the canary's: {v}");
 }
 
-/// Negative dentries, read by the later public copy itself (no hook in the germline).
+/// Negative dentries, read by the later public copy itself (no hook in the germline), with
+/// the resident root on: noise, as above.
 #[test]
-#[ignore = "open channel: measures it (SECURITY.md, Resident root and Timing)"]
-fn negdentry2_a_later_public_copy_times_the_dentries_itself() {
+fn negdentry2_a_later_public_copy_times_nothing_in_a_resident_root() {
     let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let (v, leaked) = run_attack("negdentry2", 0, bits(), true);
-    assert_eq!(v["right"], v["bits"], "on: every bit read back: {v}");
-    assert!(bits() < 96 || leaked, "on: the whole canary reaches the public consumer");
+    assert!(!leaked, "on: nothing reaches the public consumer: {v}");
+    assert_ne!(v["right"], v["bits"], "on: the bits are not the canary's: {v}");
+}
+
+/// The whole canary through the default root (timing; SECURITY.md, "Timing"): `MEMCG_BITS=96`.
+#[test]
+#[ignore = "open channel in the default root: measures it (SECURITY.md, Resident root and Timing)"]
+fn negdentry2_through_the_default_root() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let (v, leaked) = run_attack("negdentry2", 0, bits(), false);
+    assert_eq!(v["right"], v["bits"], "off: every bit read back: {v}");
+    assert!(bits() < 96 || leaked, "off: the whole canary reaches the public consumer");
 }
