@@ -951,13 +951,17 @@ def _enter_pid_namespace():
     signal), and the first process polls a pidfd of the broker and kills the keeper (and
     with it the whole namespace) when the broker is gone, even by SIGKILL.
     """
-    # Read here and kept from the keeper, the germline and its copies.
-    broker = os.environ.pop("GERMLINE_BROKER_PID", None)
+    # Read here and kept from the keeper, the germline and its copies: a pidfd of the
+    # broker, which the broker opened (no process in the sandbox may open one).
+    broker = os.environ.pop("GERMLINE_BROKER_PIDFD", None)
+    broker = int(broker) if broker else None
     alive_r, alive_w = os.pipe()
     keeper = os.fork()
     if keeper == 0:
         try:
             os.close(alive_w)
+            if broker is not None:
+                os.close(broker)
             _die_with_parent(alive_r)
             chld = {signal.SIGCHLD}
             signal.pthread_sigmask(signal.SIG_BLOCK, chld)
@@ -976,6 +980,8 @@ def _enter_pid_namespace():
     germline = os.fork()
     if germline == 0:
         os.close(alive_w)
+        if broker is not None:
+            os.close(broker)
         # Stdout is the first process's report pipe to the broker: not the germline's.
         null = os.open("/dev/null", os.O_WRONLY)
         os.dup2(null, 1)
@@ -1057,24 +1063,18 @@ def _die_with_parent(alive):
     os.close(alive)
 
 
-def _broker_pidfd(keeper, germline, broker=None):
-    """A pidfd of the broker (this process's parent), which the first process polls: once
-    it is readable the broker is gone, even by SIGKILL, and the first process kills the
-    keeper (the namespace's init: everything in the germline's PID namespace dies with it)
-    and the germline. If the broker is already gone, that happens now: the broker names
-    itself (`GERMLINE_BROKER_PID`), because once it is gone this process's parent is
-    whoever adopted it (init, or a subreaper), and a pidfd of that one would never say
-    the broker ended."""
-    broker = int(broker or os.getppid())
-    try:
-        fd = os.pidfd_open(broker)
-    except OSError:
-        fd = None
-    if fd is None or os.getppid() != broker:
+def _broker_pidfd(keeper, germline, broker):
+    """The pidfd of the broker (this process's parent) that the broker passed
+    (`GERMLINE_BROKER_PIDFD`), which the first process polls: once it is readable the
+    broker is gone, even by SIGKILL (at once if it was gone before this looked), and the
+    first process kills the keeper (the namespace's init: everything in the germline's PID
+    namespace dies with it) and the germline. Without one there is nothing to watch the
+    broker by, and the germline does not run."""
+    if broker is None:
         for pid in (keeper, germline):
             os.kill(pid, signal.SIGKILL)
         os._exit(1)
-    return fd
+    return broker
 
 
 def _immortal_refcount():

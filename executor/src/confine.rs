@@ -249,6 +249,8 @@ pub struct PreparedSandbox {
     import_dirs: Vec<CString>,
     /// The resident tree's mount namespace, entered before the germline's own is made.
     tree_namespace: Option<RawFd>,
+    /// A pidfd of the broker, kept open across exec for the germline's first process.
+    broker_pidfd: Option<RawFd>,
 }
 
 /// Mount options of the germline's import scratch: 16 MiB, 1024 files and directories,
@@ -717,6 +719,7 @@ impl Confinement {
             import_scratch: scratch.is_some() && self.switches.import_scratch,
             import_dirs,
             tree_namespace: self.tree.as_ref().map(|t| t.namespace),
+            broker_pidfd: None,
         })
     }
 }
@@ -865,6 +868,14 @@ fn cstring(p: &Path) -> Result<CString, ExecutorError> {
 pub const GERMLINE_CONTROL_FD: RawFd = 3;
 
 impl PreparedSandbox {
+    /// Keeps `fd`, a pidfd of the broker, open across exec: the germline's first process
+    /// watches the broker through it (a process inside the sandbox cannot open one, see
+    /// [`crate::seccomp`]). It must stay open until the command is spawned; the first
+    /// process closes it in the keeper and the germline before any release code runs.
+    pub fn pass_broker_pidfd(&mut self, fd: RawFd) {
+        self.broker_pidfd = Some(fd);
+    }
+
     /// Installs the sandbox as the command's pre-exec step; the report explains a spawn
     /// that fails by the step (and path) that failed.
     pub fn install(mut self, cmd: &mut Command) -> BuildReport {
@@ -1070,21 +1081,31 @@ impl PreparedSandbox {
             }
             None => GERMLINE_CONTROL_FD,
         };
-        // Nothing else the broker holds (or inherited) may reach the germline.
-        // SAFETY: close_range over descriptors above stdio (and the test's control socket),
-        // sparing only the close-on-exec report pipe, which exec closes.
+        // Nothing else the broker holds (or inherited) may reach the germline: close_range
+        // over descriptors above stdio (and the test's control socket), sparing only the
+        // close-on-exec report pipe, which exec closes, and the broker's pidfd for the
+        // first process, which exec keeps.
         let report = self.report.as_raw_fd() as c_uint;
-        let first = first_closed as c_uint;
-        if report >= first {
-            if report > first {
-                // SAFETY: close_range over a range of descriptor numbers.
-                check(unsafe { syscall(SYS_close_range, first, report - 1, 0) as c_int })?;
+        let mut keep = [report, self.broker_pidfd.map_or(report, |fd| fd as c_uint)];
+        if keep[0] > keep[1] {
+            keep.swap(0, 1);
+        }
+        let mut from = first_closed as c_uint;
+        for k in keep {
+            if k < from {
+                continue;
             }
-            // SAFETY: as above.
-            check(unsafe { syscall(SYS_close_range, report + 1, c_uint::MAX, 0) as c_int })?;
-        } else {
-            // SAFETY: as above.
-            check(unsafe { syscall(SYS_close_range, first, c_uint::MAX, 0) as c_int })?;
+            if k > from {
+                // SAFETY: close_range over a range of descriptor numbers.
+                check(unsafe { syscall(SYS_close_range, from, k - 1, 0) as c_int })?;
+            }
+            from = k + 1;
+        }
+        // SAFETY: as above.
+        check(unsafe { syscall(SYS_close_range, from, c_uint::MAX, 0) as c_int })?;
+        if let Some(fd) = self.broker_pidfd {
+            // SAFETY: clears close-on-exec on a descriptor the broker passed.
+            self.step(Step::ControlFd as u32, check(unsafe { fcntl(fd, F_SETFD, 0) }))?;
         }
         self.step(Step::Landlock as u32, landlock_restrict(self.scratch.as_deref()))?;
         // Last, right before exec: the allowlist allows neither seccomp(2) itself (so it

@@ -781,10 +781,12 @@ impl Germline {
         }
         let (read_only, masks, resident) = if spec.resident_root {
             let extra: Vec<PathBuf> = spec.extra_read.iter().cloned().chain(system).collect();
-            let paths = crate::resident::resident_paths(&spec.runtime, &release_dir, &extra)
-                .map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
-            let lock = crate::resident::make(&paths, &crate::confine::HOST_ETC)
-                .map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
+            let made = crate::resident::resident_paths(&spec.runtime, &release_dir, &extra).and_then(|paths| {
+                let lock = crate::resident::make(&paths, &crate::confine::HOST_ETC)?;
+                Ok((paths, lock))
+            });
+            let (paths, lock) =
+                made.map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
             tracing::debug!(
                 paths = paths.read_only.len(),
                 hidden = paths.masks.len(),
@@ -813,7 +815,7 @@ impl Germline {
         };
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
-        let sandbox = confinement
+        let mut sandbox = confinement
             .prepare(&stage, &release_dir, theirs.as_ref().map(AsRawFd::as_raw_fd))
             .map_err(|e| ExecutorError::refused("start", format!("the germline's sandbox cannot be built: {e}")))?;
         let debug_stderr = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
@@ -823,6 +825,8 @@ impl Germline {
         // Without the debug switch, stderr is a pipe the broker reads while the release
         // imports: a failed start names its cause (see [`StartStderr`]).
         let (mut start_stderr, stderr_pipe) = if debug_stderr { (None, None) } else { StartStderr::pipe()? };
+        // Held until the germline is spawned (the child keeps its own copy).
+        let mut broker_pidfd: Option<OwnedFd> = None;
         let mut cmd = Command::new(&spec.runtime.python);
         cmd.arg("-I")
             .arg(spec.runtime.shim_dir.join("germline_host.py"))
@@ -863,11 +867,17 @@ impl Germline {
         }
         if spec.switches.pid_namespace {
             cmd.env("GERMLINE_PID_NAMESPACE", "1");
-            // The first process watches this process (its parent) by pid: named here, as its
-            // parent may already be someone else by the time it looks.
-            cmd.env("GERMLINE_BROKER_PID", std::process::id().to_string());
+            // The first process watches this process (its parent) through a pidfd opened
+            // here: no process in the sandbox may open one (its inode number is a count of
+            // the host's threads), and by the time it looks its parent may already be
+            // someone else. A pidfd of a process that has ended is readable at once.
             if BROKER_WATCH_OFF_FOR_TESTS.load(Ordering::SeqCst) {
                 cmd.env("GERMLINE_BROKER_WATCH", "0");
+            } else {
+                let me = pidfd_open(std::process::id() as i32)?;
+                cmd.env("GERMLINE_BROKER_PIDFD", me.as_raw_fd().to_string());
+                sandbox.pass_broker_pidfd(me.as_raw_fd());
+                broker_pidfd = Some(me);
             }
         }
         let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
@@ -929,7 +939,9 @@ impl Germline {
             warn_shared_copy_ids(host_ids);
         }
         let report = sandbox.install(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        let spawned = cmd.spawn();
+        drop(broker_pidfd);
+        let mut child = spawned.map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
         // The broker's copy of the stderr pipe's write end goes with the command, so the
         // reader sees the end of the file once the germline and its first processes close it.
         drop(cmd);

@@ -353,10 +353,26 @@ fn resolve(name: &str, origin: &Path, runpath: &[String]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// One file mapped and locked by the broker.
+/// A read-only shared mapping of a whole file, unmapped when dropped (locked, in
+/// [`lock`]'s registry).
 struct Locked {
     addr: usize,
     len: usize,
+}
+
+impl Locked {
+    /// Maps all `len` bytes of `f` read-only.
+    fn map(f: &std::fs::File, len: usize) -> std::io::Result<Locked> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh read-only shared mapping of an open file; only ever unmapped by
+        // `Locked::drop`.
+        let addr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+        if addr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Locked { addr: addr as usize, len })
+    }
 }
 
 impl Drop for Locked {
@@ -464,22 +480,14 @@ pub fn lock(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, Executo
 
 /// Maps `p` whole and locks it in memory.
 fn lock_file(p: &Path) -> Result<Locked, ExecutorError> {
-    use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(p)
         .map_err(ExecutorError::io(format!("resident root: opening {}", p.display())))?;
     let len = f.metadata().map_err(ExecutorError::io(format!("resident root: {}", p.display())))?.len() as usize;
-    // SAFETY: a fresh read-only shared mapping of a file we opened; only ever unmapped by
-    // `Locked::drop`.
-    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
-    if addr == libc::MAP_FAILED {
-        return Err(ExecutorError::io(format!("resident root: mapping {}", p.display()))(
-            std::io::Error::last_os_error(),
-        ));
-    }
-    let locked = Locked { addr: addr as usize, len };
+    let locked = Locked::map(&f, len).map_err(ExecutorError::io(format!("resident root: mapping {}", p.display())))?;
+    let addr = locked.addr as *mut libc::c_void;
     // SAFETY: locks the mapping just made.
     if unsafe { libc::mlock(addr, len) } != 0 {
         let e = std::io::Error::last_os_error();
@@ -553,28 +561,18 @@ fn raise_memlock_limit() {
 
 /// How many of the pages of file `p` are in memory, of how many (`mincore`, broker side).
 pub fn resident_pages(p: &Path) -> Result<(usize, usize), ExecutorError> {
-    use std::os::fd::AsRawFd;
     let f = std::fs::File::open(p).map_err(ExecutorError::io(format!("opening {}", p.display())))?;
     let len = f.metadata().map_err(ExecutorError::io("metadata"))?.len() as usize;
     if len == 0 {
         return Ok((0, 0));
     }
-    // SAFETY: a fresh read-only mapping, unmapped below.
-    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
-    if addr == libc::MAP_FAILED {
-        return Err(ExecutorError::io("mmap")(std::io::Error::last_os_error()));
-    }
-    let page = 4096usize;
-    let pages = len.div_ceil(page);
-    let mut vec = vec![0u8; pages];
+    let map = Locked::map(&f, len).map_err(ExecutorError::io("mmap"))?;
+    let mut vec = vec![0u8; len.div_ceil(4096)];
     // SAFETY: `vec` holds one byte per page of the mapping.
-    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
-    // SAFETY: unmaps the mapping made above.
-    unsafe { libc::munmap(addr, len) };
-    if rc != 0 {
+    if unsafe { libc::mincore(map.addr as *mut libc::c_void, len, vec.as_mut_ptr()) } != 0 {
         return Err(ExecutorError::io("mincore")(std::io::Error::last_os_error()));
     }
-    Ok((vec.iter().filter(|b| **b & 1 == 1).count(), pages))
+    Ok((vec.iter().filter(|b| **b & 1 == 1).count(), vec.len()))
 }
 
 /// Where a germline's root binds its resident paths from: the broker's in-memory tree

@@ -179,12 +179,16 @@ const ALLOWED: &[Group] = &[
     },
     Group {
         why: "processes, threads and signals: a copy is PID 1 of its own PID namespace, so \
-              kill, wait, pidfds and prlimit name only its own descendants; Landlock scopes \
-              signals to the copy's domain; namespaces made by clone belong to the caller. \
+              kill, wait and prlimit name only its own descendants; Landlock scopes signals \
+              to the copy's domain; namespaces made by clone belong to the caller. \
               Signal-sending calls and clone are checked by argument below (standard signals \
-              only: real-time ones queue against a limit shared per host user). capset can \
-              only lower what the caller holds in its own user namespace (a copy gives up \
-              everything before it is given data)",
+              only: real-time ones queue against a limit shared per host user; no \
+              CLONE_PIDFD). capset can only lower what the caller holds in its own user \
+              namespace (a copy gives up everything before it is given data). Not \
+              pidfd_open: a pidfd's inode number (fstat) is the process's pidfs number, drawn \
+              from one counter of the whole host that every new thread moves, so a copy that \
+              could open one would read how many threads all others made (`pidino`); Python \
+              falls back to waiting without one",
         calls: sys![
             SYS_clone3,
             SYS_fork,
@@ -222,7 +226,6 @@ const ALLOWED: &[Group] = &[
             SYS_times,
             SYS_sched_getaffinity,
             SYS_uname,
-            SYS_pidfd_open,
             SYS_rt_sigaction,
             SYS_rt_sigprocmask,
             SYS_rt_sigreturn,
@@ -533,8 +536,10 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
         libc::SYS_memfd_create,
         vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(u64::from(libc::MFD_HUGETLB)), 0)?])?],
     );
-    // clone's low byte is the child's exit signal (CSIGNAL).
-    rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(0xe0), 0)?])?]);
+    // clone's low byte is the child's exit signal (CSIGNAL); CLONE_PIDFD would hand the
+    // caller a pidfd, whose inode number is a host-wide count (see pidfd_open above).
+    let clone_refused = 0xe0 | libc::CLONE_PIDFD as u64;
+    rules.insert(libc::SYS_clone, vec![rule(vec![cond(0, SeccompCmpOp::MaskedEq(clone_refused), 0)?])?]);
     // A copy switches to its own ids (its namespace's root, mapped to host ids of its
     // own) before it is given data; only to root of the caller's namespace, which in the
     // germline is who it is already (and it holds no capability to become anyone else).
@@ -919,6 +924,9 @@ mod tests {
             (libc::SYS_pidfd_send_signal, vec![3, word(libc::SIGTERM), 0x7fff_0000_0000, 0]),
             (libc::SYS_clone, vec![word(libc::CLONE_VM) | rt, 0]),
             (libc::SYS_prctl, vec![word(libc::PR_SET_PDEATHSIG), rt]),
+            // A pidfd's inode number is a host-wide count of threads (`pidino`).
+            (libc::SYS_pidfd_open, vec![1, 0]),
+            (libc::SYS_clone, vec![word(libc::SIGCHLD | libc::CLONE_PIDFD), 0]),
         ] {
             assert_eq!(call(&on, nr, &args), EPERM, "syscall {nr} {args:x?}");
             assert_eq!(call(&off, nr, &args), ALLOW, "syscall {nr} {args:x?} passed the denylist");

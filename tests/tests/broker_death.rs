@@ -113,19 +113,20 @@ fn broker_for_the_kill_test() {
 }
 
 /// What a first process does when its broker died before it looked (the broker killed while
-/// the germline starts): `named` passes the broker's pid as the broker does
-/// (`GERMLINE_BROKER_PID`); unnamed, the first process takes its parent at the time, as it
-/// did before. Returns the script's output and whether its two stand-in children (keeper
-/// and germline) are still running.
-fn first_process_after_its_broker_died(named: bool) -> (String, bool) {
+/// the germline starts). `passed`: the broker opens a pidfd of itself and passes it, as the
+/// broker does (`GERMLINE_BROKER_PIDFD`); else the first process opens one of its parent at
+/// the time, as it did before (a process in the sandbox may no longer open pidfds at all).
+/// Returns the script's output and whether its two stand-in children (keeper and germline)
+/// are still running.
+fn first_process_after_its_broker_died(passed: bool) -> (String, bool) {
     let w = World::new();
     let python = w.python();
     let out = w.dir.path().join("out.txt");
     let script = r#"
-import os, sys, time
+import os, select, sys, time
 sys.path.insert(0, sys.argv[1])
 import germline_host
-time.sleep(0.3)  # the broker (the shell) has exited by now
+time.sleep(0.3)  # the broker has exited by now
 kids = []
 for _ in range(2):
     pid = os.fork()
@@ -134,23 +135,42 @@ for _ in range(2):
         os._exit(0)
     kids.append(pid)
 print("KIDS", *kids, flush=True)
-fd = germline_host._broker_pidfd(*kids, os.environ.get("GERMLINE_BROKER_PID"))
-watched = [l.split()[1] for l in open("/proc/self/fdinfo/%d" % fd) if l.startswith("Pid:")][0]
-print("WATCHING", watched, flush=True)
-for k in kids:
-    os.kill(k, 9)
+passed = os.environ.get("GERMLINE_BROKER_PIDFD")
+fd = germline_host._broker_pidfd(*kids, int(passed)) if passed else os.pidfd_open(os.getppid())
+p = select.poll()
+p.register(fd, select.POLLIN)
+if p.poll(0):
+    print("BROKER GONE", flush=True)
+    for k in kids:
+        os.kill(k, 9)
+else:
+    watched = [l.split()[1] for l in open("/proc/self/fdinfo/%d" % fd) if l.startswith("Pid:")][0]
+    print("WATCHING", watched, flush=True)
 "#;
-    let named_env = if named { "GERMLINE_BROKER_PID=$$ " } else { "" };
-    // The shell is the broker: it starts the first process in the background and exits.
-    let sh = format!("{named_env}\"$0\" -I -c \"$1\" \"$2\" > \"$3\" 2>&1 &");
-    let status = Command::new("sh")
-        .args(["-c", &sh])
+    // The broker: opens a pidfd of itself (or not), starts the first process in the
+    // background with it and exits.
+    let broker = r#"
+import os, subprocess, sys
+env = dict(os.environ)
+fds = ()
+if sys.argv[5] == "1":
+    fd = os.pidfd_open(os.getpid())
+    os.set_inheritable(fd, True)
+    env["GERMLINE_BROKER_PIDFD"] = str(fd)
+    fds = (fd,)
+out = open(sys.argv[4], "w")
+subprocess.Popen([sys.argv[1], "-I", "-c", sys.argv[2], sys.argv[3]], stdout=out, stderr=out, env=env,
+                 pass_fds=fds, start_new_session=True)
+"#;
+    let status = Command::new(&python.python)
+        .args(["-I", "-c", broker])
         .arg(&python.python)
         .arg(script)
         .arg(&python.shim_dir)
         .arg(&out)
+        .arg(if passed { "1" } else { "0" })
         .status()
-        .expect("sh");
+        .expect("the broker");
     assert!(status.success());
     let until = Instant::now() + Duration::from_secs(10);
     let (mut text, mut kids) = (String::new(), Vec::new());
@@ -162,11 +182,7 @@ for k in kids:
             .find_map(|l| l.strip_prefix("KIDS "))
             .map(|l| l.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect())
             .unwrap_or_default();
-        if text.contains("WATCHING") || text.contains("Error") {
-            break;
-        }
-        let alive = |p: &i32| std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z"));
-        if kids.len() == 2 && !kids.iter().any(alive) {
+        if text.contains("WATCHING") || text.contains("GONE") || text.contains("Error") {
             break;
         }
     }
@@ -182,16 +198,17 @@ for k in kids:
 
 #[test]
 fn a_broker_gone_before_the_first_process_looks_leaves_nothing_behind() {
-    // Off (the parent at the time): the first process watches whoever adopted it, so its
-    // germline would outlive the broker for good.
+    // Off (a pidfd of the parent at the time): the first process watches whoever adopted
+    // it, so its germline would outlive the broker for good.
     let (text, _) = first_process_after_its_broker_died(false);
-    eprintln!("unnamed: {text}");
+    eprintln!("opened late: {text}");
     let watched = text.lines().find_map(|l| l.strip_prefix("WATCHING ")).expect("the watch started");
     assert_ne!(watched.trim(), "", "{text}");
-    // On: the broker's pid is gone, so the first process kills both children and leaves.
+    // On: the broker's own pidfd, passed, is readable at once: the first process kills both
+    // children.
     let (text, alive) = first_process_after_its_broker_died(true);
-    eprintln!("named: {text}");
+    eprintln!("passed: {text}");
     assert!(text.contains("KIDS"), "{text}");
-    assert!(!text.contains("WATCHING"), "the first process watched someone else: {text}");
+    assert!(text.contains("BROKER GONE"), "the first process watched someone else: {text}");
     assert!(!alive, "its children outlived the broker: {text}");
 }

@@ -221,6 +221,30 @@ fn pageload_finds_every_page_loaded_in_a_resident_root() {
     assert_ne!(v["right"], v["bits"], "on: the bits are not the canary's: {v}");
 }
 
+/// Starts release `code` with the resident root off or on, calls its tool `name` (no
+/// arguments) for the public consumer and returns its JSON answer, with what `during`
+/// returns, run while the germline lives.
+fn public_answer<T>(
+    name: &str,
+    code: &str,
+    resident: bool,
+    during: impl FnOnce(&World, &std::path::Path) -> T,
+) -> (Value, T) {
+    let w = World::new();
+    let release = w.release(name, "", code);
+    let policy = w.policy(&[], &[("public", &[])], &format!("[sandbox]\nresident_root = {resident}\n"));
+    let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
+    let mut req = request(name, json!({}), &[]);
+    req.consumers = vec!["public".into()];
+    let o = rt.call(&req);
+    assert!(o.error.is_none(), "{:?}", o.error);
+    let v: Value = serde_json::from_str(&result_text(&o)).unwrap();
+    eprintln!("resident={resident}: {v}");
+    let t = during(&w, &release);
+    drop(rt);
+    (v, t)
+}
+
 /// What a copy sees of the host with a resident root off and on; on, every page of every
 /// file the root binds is in memory while the germline runs.
 #[test]
@@ -246,18 +270,11 @@ def create_server():
     return m
 "#;
     let look = |resident: bool| {
-        let w = World::new();
-        let release = w.release("look", "", code);
-        let policy = w.policy(&[], &[("public", &[])], &format!("[sandbox]\nresident_root = {resident}\n"));
-        let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
-        let mut req = request("look", json!({}), &[]);
-        req.consumers = vec!["public".into()];
-        let o = rt.call(&req);
-        assert!(o.error.is_none(), "{:?}", o.error);
-        let v: Value = serde_json::from_str(&result_text(&o)).unwrap();
-        eprintln!("resident={resident}: {v}");
-        let mut pages = (0, 0);
-        if resident {
+        public_answer("look", code, resident, |w, release| {
+            let mut pages = (0, 0);
+            if !resident {
+                return pages;
+            }
             let paths = germline_executor::resident::resident_paths(&w.python(), &release.canonicalize().unwrap(), &[])
                 .unwrap();
             // The root binds the broker's in-memory copy of these paths: its files are counted.
@@ -269,8 +286,8 @@ def create_server():
                 pages = (pages.0 + resident, pages.1 + all);
             }
             eprintln!("resident pages {} of {}", pages.0, pages.1);
-        }
-        (v, pages)
+            pages
+        })
     };
     let (off, _) = look(false);
     assert!(off["share"].as_i64().unwrap() > 0 && off["bin"].as_i64().unwrap() > 100, "off: /usr is bound: {off}");
@@ -327,19 +344,7 @@ def create_server():
         return json.dumps({"seen": seen, "first": first})
     return m
 "#;
-    let walk = |resident: bool| {
-        let w = World::new();
-        let release = w.release("walk", "", code);
-        let policy = w.policy(&[], &[("public", &[])], &format!("[sandbox]\nresident_root = {resident}\n"));
-        let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
-        let mut req = request("walk", json!({}), &[]);
-        req.consumers = vec!["public".into()];
-        let o = rt.call(&req);
-        assert!(o.error.is_none(), "{:?}", o.error);
-        let v: Value = serde_json::from_str(&result_text(&o)).unwrap();
-        eprintln!("resident={resident}: {v}");
-        v
-    };
+    let walk = |resident: bool| public_answer("walk", code, resident, |_, _| ()).0;
     let off = walk(false);
     assert!(off["first"].is_string(), "off: host directories are bound: {off}");
     let on = walk(true);
