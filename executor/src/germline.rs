@@ -874,7 +874,11 @@ impl Germline {
             if BROKER_WATCH_OFF_FOR_TESTS.load(Ordering::SeqCst) {
                 cmd.env("GERMLINE_BROKER_WATCH", "0");
             } else {
-                let me = pidfd_open(std::process::id() as i32)?;
+                let mut me = pidfd_open(std::process::id() as i32)?;
+                if me.as_raw_fd() <= crate::confine::GERMLINE_CONTROL_FD {
+                    // Above the descriptor a test's shared control socket is moved to.
+                    me = me.try_clone().map_err(ExecutorError::io("duplicating the broker's pidfd"))?;
+                }
                 cmd.env("GERMLINE_BROKER_PIDFD", me.as_raw_fd().to_string());
                 sandbox.pass_broker_pidfd(me.as_raw_fd());
                 broker_pidfd = Some(me);
