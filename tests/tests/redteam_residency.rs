@@ -53,7 +53,17 @@ fn run_attack(name: &str, pool: usize, bits: usize, resident: bool) -> (Value, b
     let mut oracle = Oracle::new();
     let hr = oracle.plant(&["hr"]);
     let secret = w.item("hr", "secret.txt", hr.as_str());
-    let code = attack(name).replace("{NONCE}", &nonce().to_string());
+    // `rellink` and `negdentry2` are variants of `certlink` and `negdentry`.
+    let (source, links, receiver) = match name {
+        "rellink" => ("certlink", "release", ""),
+        "certlink" => ("certlink", "host", ""),
+        "negdentry2" => ("negdentry", "", "copy"),
+        n => (n, "", "germline"),
+    };
+    let code = attack(source)
+        .replace("{NONCE}", &nonce().to_string())
+        .replace("{LINKS}", links)
+        .replace("{RECEIVER}", receiver);
     let release = w.release(name, "", &code);
     if name == "rellink" {
         // The release's own slow links (admission keeps links that stay inside it).

@@ -8,12 +8,18 @@
 # window the germline reads it and counts its own block reads (getrusage ru_inblock, exact,
 # no timing): 0 -> cached -> 1. Kept in the germline's memory, which every later copy
 # inherits. Runs after the test prelude (os, sys, json, time, FastMCP).
+#
+# Variant "rellink" (LINKS = "release"): the release ships its own slow links (targets of
+# 100+ bytes that stay inside the release, as admission allows), cold on a host that has not
+# resolved them since boot (the test drops the caches after writing them, standing in for a
+# reboot).
 import resource
 
 NONCE = int("{NONCE}")
 WIN = []
 ERR = []
-DIRS = ["/etc/ssl/certs", "/etc/alternatives"]
+LINKS = "{LINKS}"
+DIRS = [os.path.dirname(os.path.abspath(__file__))] if LINKS == "release" else ["/etc/ssl/certs", "/etc/alternatives"]
 
 
 def _scan():

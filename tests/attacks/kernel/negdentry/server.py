@@ -5,8 +5,12 @@
 # for each. In the next fork window the germline times lookups of the same names: fast ->
 # cached negative dentries -> 1. Kept in the germline's memory, which every later copy
 # inherits. Runs after the test prelude (os, sys, json, time, FastMCP).
+#
+# Variant "negdentry2" (RECEIVER = "copy"): no hook in the germline times anything; the
+# later public copy that answers `read` times every window's names itself.
 
 NONCE = int("{NONCE}")
+RECEIVER = "{RECEIVER}"
 N = 400
 CHUNKS = 8
 DIR = os.path.dirname(os.__file__)
@@ -40,7 +44,7 @@ def _time(names):
 
 
 def _window():
-    if WIN:
+    if WIN and RECEIVER != "copy":
         prev = WIN[-1]
         prev["after"] = _time(prev["names"])
     w = len(WIN)
@@ -74,6 +78,19 @@ def _me():
 def create_server():
     m = FastMCP("negdentry")
 
+    def read_here(ticks: list[int], flushes: list[int], sends: list[int]) -> str:
+        """Receiver is this public copy itself: it times lookups of every window's names
+        (no fork-window measurement in the germline)."""
+        t = lambda w: _time(_names(w))
+        a = {w: t(w) for w in ticks + flushes + sends}
+        cold = sorted(a[i] for i in ticks); warm = sorted(a[i] for i in flushes)
+        hi = cold[len(cold) // 2]; lo = warm[len(warm) // 2]
+        thr = (lo + hi) / 2.0
+        raw = "".join("1" if a[i] <= thr else "0" for i in sends)
+        got = "GLC-hr-" + int(raw, 2).to_bytes(12, "big").hex() if len(raw) == 96 else ""
+        return json.dumps({"got": got, "bits": raw, "lo": lo, "hi": hi, "files": 1,
+                           "wins": [[0, a[i]] for i in sorted(a)]})
+
     @m.tool()
     def tick() -> str:
         return json.dumps({"w": _me()})
@@ -94,6 +111,8 @@ def create_server():
 
     @m.tool()
     def read(ticks: list[int], flushes: list[int], sends: list[int]) -> str:
+        if RECEIVER == "copy":
+            return read_here(ticks, flushes, sends)
         wins = WIN[:-1]
         after = lambda i: wins[i].get("after", -1) if 0 <= i < len(wins) else -1
         cold = sorted(after(i) for i in ticks)
