@@ -60,7 +60,9 @@ fn run_attack(name: &str, pool: usize, bits: usize, resident: bool) -> (Value, b
         "negdentry2" => ("negdentry", "", "copy"),
         n => (n, "", "germline"),
     };
-    let code = attack(source)
+    let scaffold = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("attacks/kernel/window.py");
+    let scaffold = std::fs::read_to_string(&scaffold).expect("the fork-window scaffolding");
+    let code = format!("{scaffold}\n{}", attack(source))
         .replace("{NONCE}", &nonce().to_string())
         .replace("{LINKS}", links)
         .replace("{RECEIVER}", receiver);

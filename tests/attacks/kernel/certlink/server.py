@@ -7,7 +7,7 @@
 # it (os.readlink) iff bit i is 1, which brings its block into the cache. In the next fork
 # window the germline reads it and counts its own block reads (getrusage ru_inblock, exact,
 # no timing): 0 -> cached -> 1. Kept in the germline's memory, which every later copy
-# inherits. Runs after the test prelude (os, sys, json, time, FastMCP).
+# inherits. Runs after the test prelude and `window.py` (os, sys, json, time, FastMCP).
 #
 # Variant "rellink" (LINKS = "release"): the release ships its own slow links (targets of
 # 100+ bytes that stay inside the release, as admission allows), cold on a host that has not
@@ -62,30 +62,6 @@ def _window():
             prev["after"] = _probe(prev["link"])
     link = CANDS.pop() if CANDS else None
     WIN.append({"link": link, "first": 0 if link else -1})
-
-
-def _install():
-    shim = sys.modules.get("__main__")
-    clone = getattr(shim, "_clone", None)
-    if clone is None:
-        return "no shim"
-
-    def windowed_clone(libc, ctid):
-        try:
-            _window()
-        except Exception as e:
-            ERR.append(repr(e))
-        return clone(libc, ctid)
-
-    shim._clone = windowed_clone
-    return "installed"
-
-
-INSTALLED = _install()
-
-
-def _me():
-    return len(WIN) - 1
 
 
 def _load():

@@ -11,7 +11,7 @@
 # Pages come from large read-only files the germline may read (base prefix
 # site-packages, /usr/lib) that are not in the page cache; the germline checks that on
 # the first touch (all major faults) and skips regions that were already cached.
-# Runs after the test prelude (os, sys, json, time, FastMCP).
+# Runs after the test prelude and `window.py` (os, sys, json, time, FastMCP).
 import mmap
 import resource
 
@@ -107,26 +107,6 @@ def _window():
     WIN.append({"region": None, "first": -1, "tries": tries})
 
 
-def _install():
-    shim = sys.modules.get("__main__")
-    clone = getattr(shim, "_clone", None)
-    if clone is None:
-        return "no shim"
-
-    def windowed_clone(libc, ctid):
-        try:
-            _window()
-        except Exception as e:  # keep forking whatever happens
-            ERR.append(repr(e))
-        return clone(libc, ctid)
-
-    shim._clone = windowed_clone
-    return "installed"
-
-
-INSTALLED = _install()
-
-
 def _hog():
     """Pushes this copy's memory cgroup past its limit: four children (RLIMIT_AS is per
     process) each fill up to 640 MiB; memcg reclaim drops the cgroup's clean file pages, then
@@ -155,10 +135,6 @@ def _hog():
         except ChildProcessError:
             out.append(None)
     return out
-
-
-def _me():
-    return len(WIN) - 1  # this copy's own fork window (appended just before its fork)
 
 
 def create_server():

@@ -4,7 +4,7 @@
 # then, once it holds the item, looks them up iff bit i is 1, which leaves a negative dentry
 # for each. In the next fork window the germline times lookups of the same names: fast ->
 # cached negative dentries -> 1. Kept in the germline's memory, which every later copy
-# inherits. Runs after the test prelude (os, sys, json, time, FastMCP).
+# inherits. Runs after the test prelude and `window.py` (os, sys, json, time, FastMCP).
 #
 # Variant "negdentry2" (RECEIVER = "copy"): no hook in the germline times anything; the
 # later public copy that answers `read` times every window's names itself.
@@ -49,30 +49,6 @@ def _window():
         prev["after"] = _time(prev["names"])
     w = len(WIN)
     WIN.append({"names": _names(w), "first": 0})
-
-
-def _install():
-    shim = sys.modules.get("__main__")
-    clone = getattr(shim, "_clone", None)
-    if clone is None:
-        return "no shim"
-
-    def windowed_clone(libc, ctid):
-        try:
-            _window()
-        except Exception as e:
-            ERR.append(repr(e))
-        return clone(libc, ctid)
-
-    shim._clone = windowed_clone
-    return "installed"
-
-
-INSTALLED = _install()
-
-
-def _me():
-    return len(WIN) - 1
 
 
 def create_server():

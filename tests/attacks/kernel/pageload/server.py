@@ -6,7 +6,7 @@
 # loaded them -> 1. No cgroup is needed. Kept in the germline's memory, which every later
 # copy inherits. A resident root leaves no page to load: every page a copy can read is
 # already in memory, so every region reads as loaded.
-# Runs after the test prelude (os, sys, json, time, FastMCP).
+# Runs after the test prelude and `window.py` (os, sys, json, time, FastMCP).
 import mmap
 import resource
 
@@ -98,30 +98,6 @@ def _window():
 
 def _load(reg):
     return [_touch(r)[0] for r in reg] if reg is not None else None
-
-
-def _install():
-    shim = sys.modules.get("__main__")
-    clone = getattr(shim, "_clone", None)
-    if clone is None:
-        return "no shim"
-
-    def windowed_clone(libc, ctid):
-        try:
-            _window()
-        except Exception as e:  # keep forking whatever happens
-            ERR.append(repr(e))
-        return clone(libc, ctid)
-
-    shim._clone = windowed_clone
-    return "installed"
-
-
-INSTALLED = _install()
-
-
-def _me():
-    return len(WIN) - 1  # this copy's own fork window (appended just before its fork)
 
 
 def create_server():
