@@ -183,25 +183,40 @@ fn host_root() -> Check {
     }
 }
 
-/// Whether a resident root can be locked here (SECURITY.md, "Resident root").
+/// Whether germlines get a resident root here by default (SECURITY.md, "Resident root").
 fn resident_root() -> Check {
-    let on = germline_executor::policy::default_resident_root();
-    let default = if on {
-        "on by default here (GERMLINE_RESIDENT_ROOT=1)"
-    } else {
-        "off unless a policy sets [sandbox] resident_root = true"
-    };
-    match germline_executor::resident::lock_capacity(512 << 20) {
-        Ok(how) => {
-            Check { name: "resident root", status: Status::Ok, detail: format!("{how}; {default}"), fix: String::new() }
-        }
-        Err(why) => Check {
+    use germline_executor::policy::resident_root_default;
+    use germline_executor::resident::{lock_capacity, TYPICAL_ROOT_BYTES};
+    let (on, why) = resident_root_default();
+    let capacity = lock_capacity(TYPICAL_ROOT_BYTES);
+    match (on, capacity) {
+        (true, Ok(how)) => Check {
+            name: "resident root",
+            status: Status::Ok,
+            detail: format!("on by default ({why}): {how}"),
+            fix: String::new(),
+        },
+        (true, Err(why_not)) => Check {
+            name: "resident root",
+            status: Status::Missing,
+            detail: format!("on by default ({why}), but {why_not}: every germline start is refused"),
+            fix: "run germline as root, or unset GERMLINE_RESIDENT_ROOT".into(),
+        },
+        (false, capacity) => Check {
             name: "resident root",
             status: Status::Weaker,
-            detail: format!("{why}; page-cache residency stays an open channel (SECURITY.md)"),
-            fix: "run germline as root (the tree needs CAP_SYS_ADMIN; the lock CAP_IPC_LOCK or a hard memlock \
-                  limit, ulimit -l / LimitMEMLOCK=, above 512 MiB)"
-                .into(),
+            detail: format!(
+                "off by default ({why}): germlines bind all of /usr, where page-cache residency and negative dentries \
+                 are channels between copies (SECURITY.md)"
+            ),
+            fix: match capacity {
+                Ok(_) => "unset GERMLINE_RESIDENT_ROOT=0".into(),
+                Err(_) => {
+                    "run germline as root (the tree needs CAP_SYS_ADMIN; the lock CAP_IPC_LOCK or a hard memlock \
+                           limit, ulimit -l / LimitMEMLOCK=, above 512 MiB)"
+                        .into()
+                }
+            },
         },
     }
 }

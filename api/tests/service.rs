@@ -126,6 +126,14 @@ fn every_documented_endpoint_answers_and_calls_reach_the_metrics() {
         limits.contains("per copy") || limits.starts_with("NO per-copy"),
         "/readyz says what limits copies: {ready}"
     );
+    // The service runs with this test's privileges and environment: as root, the resident
+    // root is the default; without root, `/readyz` names the channels left open.
+    let resident = ready["resident_root"].as_str().unwrap_or_default();
+    if germline_executor::policy::default_resident_root() {
+        assert_eq!(resident, "on by default", "{ready}");
+    } else {
+        assert!(resident.starts_with("off by default (page-cache residency"), "{ready}");
+    }
     mark("get", "/readyz");
     let doc = svc.get("/openapi.json").json();
     mark("get", "/openapi.json");

@@ -75,6 +75,13 @@ fn nobody_runs_a_germline_call() {
     assert_eq!(v["copies"], 1);
     assert_eq!(v["result"]["content"][0]["text"], "0 INVOICE-7", "root inside the copy's user namespace, item in view");
     assert_eq!(v["label"], serde_json::json!(["finance"]));
+    // Without root there is no resident root (the tree needs CAP_SYS_ADMIN), and the policy
+    // left the choice to the broker: it says which channels that leaves open.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("germlines get the default root") && stderr.contains("negative dentries"),
+        "no warning about the default root: {stderr}"
+    );
 }
 
 /// Germline's own files (the ledger and its checkpoint key, the trigger log, witnesses and

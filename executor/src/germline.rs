@@ -785,8 +785,16 @@ impl Germline {
                 let lock = crate::resident::make(&paths, &crate::confine::HOST_ETC)?;
                 Ok((paths, lock))
             });
-            let (paths, lock) =
-                made.map_err(|e| ExecutorError::refused("start", format!("the germline's resident root: {e}")))?;
+            let (paths, lock) = made.map_err(|e| {
+                ExecutorError::refused(
+                    "start",
+                    format!(
+                        "the germline's resident root: {e} (a policy may set [sandbox] resident_root = false for \
+                             the default root, where page-cache residency and negative dentries stay channels between \
+                             copies: SECURITY.md)"
+                    ),
+                )
+            })?;
             tracing::debug!(
                 paths = paths.read_only.len(),
                 hidden = paths.masks.len(),

@@ -90,8 +90,9 @@ pub struct Limits {
 pub struct Sandbox {
     /// Bind only what the interpreter and the release read, every page of it locked in
     /// memory by the broker before the germline starts ([`crate::resident`]), so no copy can
-    /// change what another sees of the page cache. Default: `GERMLINE_RESIDENT_ROOT=1` if
-    /// set, else off (the whole of `/usr` bound; SECURITY.md, "Page-cache residency").
+    /// change what another sees of the page cache or of the root's directories. Default:
+    /// [`resident_root_default`], on wherever the broker can make one (SECURITY.md, "Resident
+    /// root"); `false` binds the whole of `/usr` instead, where those channels are open.
     pub resident_root: bool,
 }
 
@@ -101,9 +102,42 @@ impl Default for Sandbox {
     }
 }
 
-/// Whether germlines get a resident root unless the policy says: `GERMLINE_RESIDENT_ROOT=1`.
+/// Whether germlines get a resident root unless the policy says ([`resident_root_default`]).
 pub fn default_resident_root() -> bool {
-    std::env::var("GERMLINE_RESIDENT_ROOT").is_ok_and(|v| v == "1")
+    resident_root_default().0
+}
+
+/// Whether germlines get a resident root unless the policy says, and why:
+/// `GERMLINE_RESIDENT_ROOT=1` or `0` decides; otherwise it is on wherever this process can
+/// mount and lock one ([`crate::resident::lock_capacity`]: a broker running as root), and
+/// off, with the reason, where it cannot. Off by default is never silent: the first time a
+/// process resolves it so, it logs a warning naming the channels that stay open, and
+/// `germline doctor` and `/readyz` report it. A policy that sets `resident_root = true`
+/// where it cannot be made is refused at germline start, never run with the default root.
+pub fn resident_root_default() -> (bool, String) {
+    match std::env::var("GERMLINE_RESIDENT_ROOT").as_deref() {
+        Ok("1") => return (true, "GERMLINE_RESIDENT_ROOT=1".into()),
+        Ok("0") => return (false, "GERMLINE_RESIDENT_ROOT=0".into()),
+        Ok(other) => {
+            static BAD: std::sync::Once = std::sync::Once::new();
+            BAD.call_once(|| tracing::warn!(value = other, "GERMLINE_RESIDENT_ROOT is neither 1 nor 0; ignored"));
+        }
+        Err(_) => {}
+    }
+    match crate::resident::lock_capacity(crate::resident::TYPICAL_ROOT_BYTES) {
+        Ok(_) => (true, "this broker can mount and lock one".into()),
+        Err(why) => {
+            static WEAKER: std::sync::Once = std::sync::Once::new();
+            WEAKER.call_once(|| {
+                tracing::warn!(
+                    "germlines get the default root, which binds all of /usr: page-cache residency and negative \
+                     dentries stay channels between copies (SECURITY.md, \"Resident root\"). {why}. Run germline \
+                     as root for a resident root, or set [sandbox] resident_root = false to choose the default root"
+                )
+            });
+            (false, why)
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]

@@ -23,6 +23,10 @@
 //! tree's copies, which are what it locks. A lookup on a host file system leaves state a
 //! later copy can time (a negative dentry for a missing name, a cached directory block or
 //! link); on the tree it leaves none (SECURITY.md, "Resident root").
+//!
+//! When. On by default wherever the broker can mount and lock the tree, that is, runs as
+//! root ([`crate::policy::resident_root_default`]); a policy's `resident_root = true` requires
+//! it (a germline is refused without), `false` chooses the default root.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::OsStr;
@@ -36,6 +40,11 @@ use crate::ExecutorError;
 
 /// Most bytes one germline's resident root may lock: beyond it the germline is refused.
 pub const MAX_RESIDENT_BYTES: u64 = 4 << 30;
+
+/// What the default decision ([`crate::policy::resident_root_default`]) and `germline doctor`
+/// ask a broker to be able to lock: a FastMCP release on the project's venv locks about
+/// 260 MiB; twice that leaves room for larger ones.
+pub const TYPICAL_ROOT_BYTES: u64 = 512 << 20;
 
 /// Largest ELF file whose dependencies are read (a larger one is still bound and locked).
 const MAX_ELF_BYTES: u64 = 512 << 20;

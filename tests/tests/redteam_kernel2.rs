@@ -552,12 +552,16 @@ fn statfs_run(off: bool, bits: usize) -> (Oracle, String, Vec<String>) {
     assert_eq!(dev(data.path()), dev(Path::new("/usr")), "this test needs /var/tmp and /usr on one file system");
     let big = Sink::start(SinkBehaviour::Ok { status: 200, body: vec![b'a'; STATFS_REPLY] });
     let sender = w.release("statfs-send", "[tools.carry]\nhosts = [\"stats.example\"]\n[tools.free]\n", &code);
-    let policy = w.policy(&[("stats.example", &[], Some(big.addr()))], &[("agent", &["hr"])], "");
+    // The default root, whatever the broker's default: it binds `/usr` from the host file
+    // system, whose counters `statvfs` reports. (A resident root binds an in-memory tree
+    // instead, whose counters no opening moves; the filter is the mechanism under test.)
+    let root = "[sandbox]\nresident_root = false\n";
+    let policy = w.policy(&[("stats.example", &[], Some(big.addr()))], &[("agent", &["hr"])], root);
     let mut sender = with_filter(w.start(RuntimeKind::Germline, &sender, policy).expect("sender starts"), filter(off));
     sender.set_trigger_log(data.path().join("triggers.jsonl"));
     // The receiver: another release, called by a consumer cleared for nothing.
     let receiver = w.release("statfs-read", "[tools.free]\n[tools.carry]\n", &code);
-    let policy = w.policy(&[], &[("public", &[])], "");
+    let policy = w.policy(&[], &[("public", &[])], root);
     let mut reader =
         with_filter(w.start(RuntimeKind::Germline, &receiver, policy).expect("reader starts"), filter(off));
     let mut reads = vec![public_with(&mut reader, "free", json!({}))];

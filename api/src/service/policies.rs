@@ -93,6 +93,26 @@ impl PolicySet {
         self.by_name.get(name).unwrap_or(&self.default)
     }
 
+    /// Whether germlines bind a resident root (SECURITY.md, "Resident root"): `on` or `off`
+    /// under the default policy, then each release whose own policy chose otherwise.
+    pub fn resident_root(&self) -> String {
+        let word = |l: &Loaded| if l.policy.sandbox.resident_root { "on" } else { "off" };
+        let mut text = format!("{} by default", word(&self.default));
+        if !self.default.policy.sandbox.resident_root {
+            text.push_str(" (page-cache residency and negative dentries are channels between copies)");
+        }
+        let differ: Vec<String> = self
+            .by_name
+            .iter()
+            .filter(|(_, l)| l.policy.sandbox.resident_root != self.default.policy.sandbox.resident_root)
+            .map(|(name, l)| format!("{name} {}", word(l)))
+            .collect();
+        if !differ.is_empty() {
+            text.push_str(&format!("; {}", differ.join(", ")));
+        }
+        text
+    }
+
     /// Files and digests.
     pub fn view(&self) -> PoliciesView {
         let v = |l: &Loaded| PolicyView {
@@ -120,6 +140,20 @@ mod tests {
         assert!(set.for_release("other").path.is_none());
         assert_ne!(set.for_release("mixer").digest, set.for_release("other").digest);
         assert_eq!(set.for_release("mixer").policy.limits.pool, 0, "the service's pool override applies");
+        let off = dir.path().join("off.toml");
+        std::fs::write(&off, "tags = []\n[consumers.agent]\nclearance = []\n[sandbox]\nresident_root = false\n")
+            .unwrap();
+        let on = dir.path().join("on.toml");
+        std::fs::write(&on, "tags = []\n[consumers.agent]\nclearance = []\n[sandbox]\nresident_root = true\n").unwrap();
+        let set = PolicySet::load(
+            Some(&on),
+            &BTreeMap::from([("plain".to_string(), off.clone()), ("same".to_string(), on.clone())]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(set.resident_root(), "on by default; plain off");
+        let set = PolicySet::load(Some(&off), &BTreeMap::new(), None).unwrap();
+        assert!(set.resident_root().starts_with("off by default (page-cache"), "{}", set.resident_root());
         std::fs::write(&own, "tags = [\"hr\"]\nnot toml at all").unwrap();
         let err = PolicySet::load(None, &BTreeMap::from([("mixer".to_string(), own.clone())]), None).err().unwrap();
         assert!(format!("{err:#}").contains("release mixer"), "{err:#}");

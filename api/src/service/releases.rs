@@ -272,6 +272,11 @@ impl Releases {
         restarted
     }
 
+    /// Whether germlines bind a resident root, by policy ([`super::policies::PolicySet::resident_root`]).
+    pub fn resident_root(&self) -> String {
+        self.params.policies.read().unwrap_or_else(|e| e.into_inner()).resident_root()
+    }
+
     /// The policies in force.
     pub fn policies_view(&self) -> super::policies::PoliciesView {
         self.params.policies.read().unwrap_or_else(|e| e.into_inner()).view()

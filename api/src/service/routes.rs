@@ -82,6 +82,11 @@ pub struct Health {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, nullable)]
     baseline: Option<Option<String>>,
+    /// `/readyz` only: whether germlines bind a resident root (SECURITY.md, "Resident
+    /// root"): `on by default` or `off by default (...)`, then each release whose policy
+    /// chose otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resident_root: Option<String>,
 }
 
 /// A release, its germline and its dampening.
@@ -525,7 +530,7 @@ impl AppState {
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "The process serves requests", body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok".into(), per_copy_limits: None, baseline: None })
+    Json(Health { status: "ok".into(), per_copy_limits: None, baseline: None, resident_root: None })
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "operations", responses(
@@ -534,8 +539,14 @@ pub async fn healthz() -> Json<Health> {
 pub async fn readyz(State(st): State<AppState>) -> (StatusCode, Json<Health>) {
     let limits = Some(germline_executor::cgroup::host_support().describe().to_owned());
     let baseline = Some(st.config.baseline.map(|k| k.name().to_owned()));
+    let resident_root = Some(st.releases.resident_root());
     let health = |status: &str| {
-        Json(Health { status: status.into(), per_copy_limits: limits.clone(), baseline: baseline.clone() })
+        Json(Health {
+            status: status.into(),
+            per_copy_limits: limits.clone(),
+            baseline: baseline.clone(),
+            resident_root: resident_root.clone(),
+        })
     };
     if st.in_flight.closed.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, health("shutting_down"))
