@@ -397,11 +397,28 @@ static LOCKED: Mutex<Option<Registry>> = Mutex::new(None);
 
 /// The locks one germline holds; dropping the last holder of a file unlocks it.
 pub struct ResidentLock {
+    /// Dropped first: unmapped before [`Held`] removes what no germline holds any more.
     files: Vec<Arc<Locked>>,
-    /// The in-memory tree the files are in ([`make`]), held while the germline lives.
-    tree: Option<Arc<Tree>>,
+    /// The in-memory tree the files are in ([`make`]) and the paths this germline holds
+    /// there, while it lives.
+    held: Option<Held>,
     /// Bytes of the files this germline's root holds, locked.
     pub bytes: u64,
+}
+
+/// One germline's hold on paths of the tree ([`Tree::hold`]), given back on drop.
+struct Held {
+    tree: Arc<Tree>,
+    roots: Vec<PathBuf>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // The last holder of the tree: all of it goes with the tmpfs, nothing to remove.
+        if Arc::strong_count(&self.tree) > 1 {
+            self.tree.release(&self.roots);
+        }
+    }
 }
 
 impl std::fmt::Debug for ResidentLock {
@@ -432,6 +449,10 @@ pub fn files(paths: &ResidentPaths, etc: &[&str]) -> Result<Vec<(PathBuf, std::f
 pub fn make(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, ExecutorError> {
     let t0 = std::time::Instant::now();
     let tree = Tree::get()?;
+    let roots: Vec<PathBuf> = paths.read_only.iter().cloned().chain(etc.iter().map(PathBuf::from)).collect();
+    tree.hold(&roots);
+    // Held before the fill: a fill that fails part way gives back what it copied.
+    let held = Held { tree: tree.clone(), roots };
     tree.fill(paths, etc)?;
     let filled = t0.elapsed();
     let mut lock = lock(&tree.broker_view(paths, etc), &[])?;
@@ -440,14 +461,14 @@ pub fn make(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, Executo
         lock_ms = (t0.elapsed() - filled).as_millis() as u64,
         "resident tree"
     );
-    lock.tree = Some(tree);
+    lock.held = Some(held);
     Ok(lock)
 }
 
 impl ResidentLock {
     /// Where the germline's root binds its paths from.
     pub fn source(&self) -> Option<TreeSource> {
-        self.tree.as_ref().map(|t| t.source())
+        self.held.as_ref().map(|h| h.tree.source())
     }
 }
 
@@ -484,7 +505,7 @@ pub fn lock(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, Executo
         registry.insert(key, Arc::downgrade(&l));
         held.push(l);
     }
-    Ok(ResidentLock { files: held, bytes, tree: None })
+    Ok(ResidentLock { files: held, bytes, held: None })
 }
 
 /// Maps `p` whole and locks it in memory.
@@ -641,12 +662,24 @@ impl Stamp {
 /// One tree per broker, shared by every germline with a resident root (each file copied
 /// once), dropped with the last of them. A host file that changed since it was copied is
 /// copied again, into a new inode, when the next germline starts (running germlines keep
-/// the one they mapped).
+/// the one they mapped). What no live germline holds any more is removed ([`Tree::release`]):
+/// a long-running broker's tree holds what its germlines bind, not every release it ever ran.
 pub struct Tree {
     namespace: std::os::fd::OwnedFd,
     dir: std::os::fd::OwnedFd,
     mountpoint: PathBuf,
-    copied: Mutex<HashMap<PathBuf, Stamp>>,
+    state: Mutex<TreeState>,
+}
+
+/// What the tree holds, under one lock: filling and removing never overlap.
+#[derive(Default)]
+struct TreeState {
+    /// Each regular file copied, by host path, and what it was copied from.
+    copied: HashMap<PathBuf, Stamp>,
+    /// Each root path a germline's root binds ([`make`]), by how many live germlines hold
+    /// it; 0: in the tree, held by none, removed at the next [`Tree::release`] that finds no
+    /// held path at, above or below it.
+    holds: HashMap<PathBuf, usize>,
 }
 
 impl std::fmt::Debug for Tree {
@@ -713,7 +746,7 @@ impl Tree {
         .join()
         .map_err(|_| ExecutorError::internal("the resident tree's set-up thread panicked"))?;
         match made {
-            Ok((namespace, dir)) => Ok(Tree { namespace, dir, mountpoint, copied: Mutex::new(HashMap::new()) }),
+            Ok((namespace, dir)) => Ok(Tree { namespace, dir, mountpoint, state: Mutex::default() }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&mountpoint);
                 Err(ExecutorError::Sandbox(format!(
@@ -752,7 +785,8 @@ impl Tree {
     /// left empty), each with the host's mode, owner and times. What is already there and
     /// unchanged on the host is not copied again. Devices, sockets and FIFOs are left out.
     pub fn fill(&self, paths: &ResidentPaths, etc: &[&str]) -> Result<(), ExecutorError> {
-        let mut copied = self.copied.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let copied = &mut state.copied;
         let (mut seen, mut bytes) = (0usize, 0u64);
         let etc = etc.iter().map(PathBuf::from).filter(|p| std::fs::symlink_metadata(p).is_ok());
         for p in paths.read_only.iter().cloned().chain(etc) {
@@ -829,6 +863,50 @@ impl Tree {
             }
         }
         Ok(())
+    }
+
+    /// Counts one more germline holding each of `roots` (before it fills them).
+    fn hold(&self, roots: &[PathBuf]) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for r in roots {
+            *state.holds.entry(r.clone()).or_default() += 1;
+        }
+    }
+
+    /// One germline fewer holds each of `roots`. Then every root no germline holds, with no
+    /// held root at, above or below it, is removed from the tree with what was copied under
+    /// it. Germlines that bound it are gone; a germline that binds it again copies it again.
+    fn release(&self, roots: &[PathBuf]) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for r in roots {
+            if let Some(n) = state.holds.get_mut(r) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        let held: Vec<PathBuf> = state.holds.iter().filter(|(_, &n)| n > 0).map(|(p, _)| p.clone()).collect();
+        let orphans: Vec<PathBuf> = state
+            .holds
+            .iter()
+            .filter(|(p, &n)| n == 0 && !held.iter().any(|h| h.starts_with(p) || p.starts_with(h)))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for r in orphans {
+            let here = self.here(&r);
+            let gone = match std::fs::symlink_metadata(&here) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&here),
+                Ok(_) => std::fs::remove_file(&here),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            match gone {
+                Ok(()) => {
+                    state.holds.remove(&r);
+                    state.copied.retain(|p, _| !p.starts_with(&r));
+                }
+                // Kept as held by none: the next release tries again.
+                Err(e) => tracing::warn!(path = %r.display(), "resident tree: removing what no germline holds: {e}"),
+            }
+        }
     }
 
     /// Copies regular file `from` to `to` in the tree: written under a name of the tree's
@@ -936,6 +1014,43 @@ mod tests {
         tree.fill(&paths, &[]).unwrap();
         assert_eq!(std::fs::read(here("a.py")).unwrap(), b"print(2)\n", "a changed host file is copied again");
         assert_ne!(std::fs::metadata(here("a.py")).unwrap().ino(), before, "into a new inode");
+    }
+
+    /// A long-running broker's tree holds what its live germlines bind: what the last
+    /// germline holding it drops is removed (a path under a held one stays until that goes).
+    #[test]
+    fn the_tree_keeps_only_what_live_germlines_hold() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting the tree needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        for f in ["one/a.py", "two/b.py", "shared/s.py", "shared/inner/i.py"] {
+            std::fs::create_dir_all(d.join(f).parent().unwrap()).unwrap();
+            std::fs::write(d.join(f), f).unwrap();
+        }
+        let root = |ps: &[&str]| ResidentPaths { read_only: ps.iter().map(|p| d.join(p)).collect(), masks: vec![] };
+        let one = make(&root(&["one", "shared"]), &[]).unwrap();
+        let two = make(&root(&["two", "shared"]), &[]).unwrap();
+        let inner = make(&root(&["shared/inner"]), &[]).unwrap();
+        let tree = Tree::current().expect("held by the germlines");
+        let present = |f: &str| tree.here(&d.join(f)).exists();
+        for f in ["one/a.py", "two/b.py", "shared/s.py", "shared/inner/i.py"] {
+            assert!(present(f), "{f} is in the tree");
+        }
+        drop(one);
+        assert!(!present("one"), "what only a dropped germline held is removed");
+        assert!(present("two/b.py") && present("shared/s.py"), "what a live germline holds stays");
+        drop(two);
+        assert!(!present("two"));
+        assert!(present("shared/inner/i.py") && present("shared/s.py"), "a held path keeps the root above it");
+        let again = make(&root(&["one"]), &[]).unwrap();
+        assert!(present("one/a.py"), "bound again, copied again");
+        drop(inner);
+        assert!(!present("shared"), "with the path below it gone, the root above goes too");
+        drop(again);
     }
 
     #[test]
