@@ -714,8 +714,17 @@ impl Tree {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // An empty directory on the host, the tmpfs mounted over it in the tree's namespace
-        // only; removed when the tree is dropped.
-        let mountpoint = std::env::temp_dir().join(format!("germline-tree-{}-{n}", std::process::id()));
+        // only; removed when the tree is dropped. A broker killed first leaves its directory
+        // behind, and pids are reused: the name has a random part, and directories of brokers
+        // that are gone are removed here.
+        remove_stale_mountpoints();
+        let mut tag = [0u8; 8];
+        getrandom::fill(&mut tag).map_err(|e| ExecutorError::Sandbox(format!("resident root: randomness: {e}")))?;
+        let mountpoint = std::env::temp_dir().join(format!(
+            "germline-tree-{}-{n}-{:016x}",
+            std::process::id(),
+            u64::from_ne_bytes(tag)
+        ));
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&mountpoint)
@@ -932,6 +941,24 @@ impl Drop for Tree {
     }
 }
 
+/// Removes the (empty) mountpoint directories of trees whose broker is gone: each is
+/// named `germline-tree-PID-…`, and one is left behind by a broker that was killed. A
+/// directory of a live pid stays (it may be this broker's or a live one's).
+fn remove_stale_mountpoints() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("germline-tree-")).and_then(|r| r.split('-').next())
+        else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            // Only an empty directory: anything else is not a mountpoint this left.
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 /// The host's owner, mode (with its special bits) and times of `meta` on `p` in the tree.
 fn set_attributes(p: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -1051,6 +1078,21 @@ mod tests {
         drop(inner);
         assert!(!present("shared"), "with the path below it gone, the root above goes too");
         drop(again);
+    }
+
+    /// A killed broker leaves its tree's empty mountpoint behind; the next tree removes it,
+    /// never one of a live pid.
+    #[test]
+    fn mountpoints_of_brokers_that_are_gone_are_removed() {
+        let gone = std::env::temp_dir().join("germline-tree-999999999-0-00");
+        let live = std::env::temp_dir().join(format!("germline-tree-{}-999-00", std::process::id()));
+        for d in [&gone, &live] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        remove_stale_mountpoints();
+        assert!(!gone.exists(), "pid 999999999 is above any pid_max");
+        assert!(live.exists(), "this process's");
+        std::fs::remove_dir(&live).unwrap();
     }
 
     #[test]
