@@ -9,11 +9,12 @@
 //! mount and UTS namespaces; every file system it can name is read-only (mount flags and
 //! Landlock), except `/dev/null`; Landlock scopes signals and abstract sockets to the copy.
 //!
-//! Three stacked filters, because one seccompiler filter has one match action; the
-//! allowlist is installed last and allows the calls the two others answer themselves:
-//! faked success for file locks (a lock never taken cannot be observed by another copy,
-//! and SQLite still works), ENOSYS for `clone3` (its flags sit behind a pointer seccomp
-//! cannot read; glibc falls back to `clone`). Only x86_64 is allowed: seccompiler's
+//! Stacked filters, because one seccompiler filter has one match action; the allowlist is
+//! installed last and allows the calls the others answer themselves: faked success for
+//! file locks (a lock never taken cannot be observed by another copy, and SQLite still
+//! works), ENOSYS for `clone3` (its flags sit behind a pointer seccomp cannot read; glibc
+//! falls back to `clone`) and for `statx` (its answer carries a mount ID; every library
+//! falls back to `newfstatat`). Only x86_64 is allowed: seccompiler's
 //! architecture check kills a process calling through another ABI (i386 `int 0x80`), and
 //! an instruction spliced in front of the allowlist refuses the x32 ABI (numbers with
 //! bit 0x40000000), whatever the kernel supports.
@@ -67,7 +68,9 @@ const ALLOWED: &[Group] = &[
               residency (a timing channel, see SECURITY.md) and never its atime (noatime). \
               `statfs`/`fstatfs` are not here: a read-only bind still reports the host file \
               system's live free-block and free-inode counts, which the broker's own writes \
-              (trigger openings, ledger, logs) move at a copy's choice",
+              (trigger openings, ledger, logs) move at a copy's choice. `statx` is listed \
+              but answered ENOSYS before this list (`no_statx_program`): its answer carries \
+              a mount ID",
         calls: sys![
             SYS_read,
             SYS_write,
@@ -400,6 +403,7 @@ impl SeccompPolicy {
             Kind::DenylistOnly => denylist_programs(),
             Kind::Allowlist => {
                 let mut out = common_programs()?;
+                out.push(no_statx_program()?);
                 out.push(allowlist_program()?);
                 Ok(out)
             }
@@ -467,6 +471,19 @@ fn common_programs() -> Result<Vec<BpfProgram>, ExecutorError> {
         out.push(shared_waits_program()?);
     }
     Ok(out)
+}
+
+/// ENOSYS for `statx` (the allowlist policy only). Whatever mask it is asked for, its answer
+/// carries the ID of the mount the path is on: the unique one (`STATX_MNT_ID_UNIQUE`), drawn
+/// from one 64-bit counter of the whole host that every mount anyone makes moves, the
+/// broker's copies and trigger replays included, so a copy's root mount tells how many
+/// mounts were made before it (`mntid`); otherwise the lowest free one, which tells which
+/// mounts are live. ENOSYS is what a kernel without `statx` answers: glibc, Rust's std,
+/// libuv and CPython fall back to `newfstatat`, whose `struct stat` carries no mount ID.
+fn no_statx_program() -> Result<BpfProgram, ExecutorError> {
+    let mut statx = BTreeMap::new();
+    statx.insert(libc::SYS_statx, vec![]);
+    build(statx, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32))
 }
 
 /// EAGAIN ("the value changed") for every wait on a shared futex, before it waits: no
@@ -808,6 +825,11 @@ mod tests {
         }
         assert_eq!(call(&on, libc::SYS_flock, &[3, 2]), FAKED);
         assert_eq!(call(&on, libc::SYS_clone3, &[]), libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        // statx answers a mount ID (`mntid`): ENOSYS under the allowlist, for any mask.
+        for mask in [0, 0x1000, 0x4000, 0xfff] {
+            assert_eq!(call(&on, libc::SYS_statx, &[0, 0, 0, mask]), libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+            assert_eq!(call(&off, libc::SYS_statx, &[0, 0, 0, mask]), ALLOW, "statx passed the denylist");
+        }
         // Syscalls nobody named: refused by the allowlist, passed by the denylist.
         for nr in [
             libc::SYS_sethostname,
