@@ -997,19 +997,26 @@ mod tests {
         assert_eq!(chain(&d.join("real/../real/lib.so.1.2")).unwrap(), vec![d.join("real/lib.so.1.2")]);
     }
 
+    /// A temporary directory (and its canonical path) for a test of the tree, or `None` where
+    /// the test cannot mount one (not root: it needs CAP_SYS_ADMIN; CI runs as root).
+    fn tree_test_dir() -> Option<(tempfile::TempDir, PathBuf)> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting the tree needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        Some((dir, d))
+    }
+
     /// The tree copies a bound directory whole (less its masks), links as links, with the
     /// host's modes and times, onto tmpfs; a host file that changed is copied again. Needs
     /// CAP_SYS_ADMIN (CI runs as root).
     #[test]
     fn the_tree_holds_each_path_in_memory_with_the_hosts_attributes() {
         use std::os::unix::fs::PermissionsExt;
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: mounting the tree needs root");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().canonicalize().unwrap();
+        let Some((_dir, d)) = tree_test_dir() else { return };
         let pkg = d.join("pkg");
         std::fs::create_dir_all(pkg.join("sub")).unwrap();
         std::fs::create_dir_all(pkg.join("test")).unwrap();
@@ -1047,13 +1054,7 @@ mod tests {
     /// germline holding it drops is removed (a path under a held one stays until that goes).
     #[test]
     fn the_tree_keeps_only_what_live_germlines_hold() {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: mounting the tree needs root");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().canonicalize().unwrap();
+        let Some((_dir, d)) = tree_test_dir() else { return };
         for f in ["one/a.py", "two/b.py", "shared/s.py", "shared/inner/i.py"] {
             std::fs::create_dir_all(d.join(f).parent().unwrap()).unwrap();
             std::fs::write(d.join(f), f).unwrap();
