@@ -210,7 +210,7 @@ fn resident_root() -> Check {
                  are channels between copies (SECURITY.md)"
             ),
             fix: match capacity {
-                Ok(_) => "unset GERMLINE_RESIDENT_ROOT=0".into(),
+                Ok(_) => "unset GERMLINE_RESIDENT_ROOT (it is 0 here)".into(),
                 Err(_) => {
                     "run germline as root (the tree needs CAP_SYS_ADMIN; the lock CAP_IPC_LOCK or a hard memlock \
                            limit, ulimit -l / LimitMEMLOCK=, above 512 MiB)"
