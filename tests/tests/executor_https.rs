@@ -390,6 +390,11 @@ impl Catchers {
         Catchers { got, stop, thread: Some(thread) }
     }
 
+    /// Forgets what arrived so far.
+    fn clear(&self) {
+        self.got.lock().unwrap().clear();
+    }
+
     /// Channels on which `needle` arrived.
     fn saw(&self, needle: &str) -> Vec<String> {
         let got = self.got.lock().unwrap();
@@ -443,13 +448,18 @@ def create_server():
 #[test]
 fn a_copy_that_ignores_the_proxy_gets_nothing_out() {
     let Some(net) = TestNet::create() else { return };
+    // One set of listeners for both runs: binding the port again after the first run can
+    // fail while a process another test is forking still holds the first listener between
+    // its fork and its exec.
+    let catch_dir = tempfile::tempdir().expect("tempdir");
+    let unix_path = catch_dir.path().join("catch.sock");
+    let catchers = Catchers::start(&net.ns, &unix_path);
     for (kind, expect_out) in [(RuntimeKind::SigPin, true), (RuntimeKind::Germline, false)] {
+        catchers.clear();
         let w = World::new();
         let mut oracle = Oracle::new();
         let hr = oracle.plant(&["hr"]);
         let doc = w.item("hr", "note.txt", &format!("note {}", hr.as_str()));
-        let unix_path = w.dir.path().join("catch.sock");
-        let catchers = Catchers::start(&net.ns, &unix_path);
         let rel = w.release("escape", "[tools.escape]\nhosts = []\n", ESCAPE);
         let policy = w.policy(&[], &[("agent", &["hr"])], "");
         let mut rt = w.start(kind, &rel, policy).unwrap();
