@@ -14,6 +14,11 @@ fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/germline/target}"
 mkdir -p "$CARGO_TARGET_DIR"
 cargo build --workspace --all-targets --locked
+# A reused cache keeps the test binaries of every earlier commit (gigabytes each time a
+# workspace crate changes): once the build is done, only the newest of each name is current.
+find "$CARGO_TARGET_DIR/debug/deps" -maxdepth 1 -type f -perm -u+x -name '*-*' ! -name '*.*' -printf '%T@ %f\n' |
+  sort -rn | awk '{ n = $2; sub(/-[0-9a-f]+$/, "", n); if (seen[n]++) print $2 }' |
+  while read -r f; do rm -f "$CARGO_TARGET_DIR/debug/deps/$f" "$CARGO_TARGET_DIR/debug/deps/$f.d"; done
 cargo test --workspace --locked -- --test-threads=2
 # The security tests again with copies forked per call (the suite above ran them with the
 # default pool of ready copies): every guarantee must hold both ways.
