@@ -812,3 +812,40 @@ fn session_stdout_timing_spells_hr_digits_a_public_session_reader_never_got() {
     let (on, right) = read(&[]);
     assert!(right <= 2, "on: no outcome waits for a replay: {on}");
 }
+
+/// `tests/attacks/outputs/replay-floor` (adversarial pass of 2026-12-06): the host's
+/// multigrain timestamp floor (`tests/attacks/kernel/mgfloor`) between a probe replay and
+/// the next call, with no concurrent caller. An hr call records a trigger and returns; its
+/// probe replay, run off the lane after the outcome and holding the document, moves the
+/// floor in frames that spell it; the very next call of the release, whose only consumer is
+/// `public`, runs on the lane meanwhile, reads the floor and returns the bits. Off
+/// (`GERMLINE_TEST_TMPFS_SCRATCH=1`: a copy's scratch is a tmpfs, as before): the public
+/// caller reads the canary; on (a ramfs scratch, no memfd): the replay cannot move the
+/// floor.
+#[test]
+fn replay_floor_a_probe_replay_spells_the_document_to_the_next_public_call_only_from_a_tmpfs() {
+    const CANARY: &str = "GLC-hr-5a17c0ffee0b5e55ed9a3c21";
+    let raw = u128::from_str_radix(CANARY.rsplit('-').next().unwrap(), 16).unwrap();
+    let want: String = (0..96).map(|i| if (raw >> (95 - i)) & 1 == 1 { '1' } else { '0' }).collect();
+    let run = |env: &[(&str, &str)]| {
+        let (_tmp, svc, hash, token, doc) = served("replay-floor", CANARY, 1000, env);
+        let url = format!("/v1/releases/{hash}/calls");
+        let t0 = Instant::now();
+        let hr_call = json!({"tool": "scan", "arguments": {"document": doc}, "items": [doc], "consumers": ["hrc"]});
+        let (s, b) = svc.http("POST", &url, Some((&token, &hr_call)));
+        assert_eq!(s, 200, "{b}");
+        let public_call = json!({"tool": "scan", "arguments": {"listen": 27.0}, "consumers": ["public"]});
+        let (s, b) = svc.http("POST", &url, Some((&token, &public_call)));
+        assert_eq!(s, 200, "{b}");
+        let text = serde_json::from_str::<Value>(&b).unwrap().to_string();
+        let got =
+            text.split("\\\"bits\\\": \\\"").nth(1).map(|r| r.chars().take(96).collect::<String>()).unwrap_or_default();
+        let right = want.chars().zip(got.chars()).filter(|(a, b)| a == b).count();
+        eprintln!("replay-floor {env:?}: want {want}\n got  {got}\n right {right}/96, 2 calls, {:?}", t0.elapsed());
+        (text.contains(CANARY), right)
+    };
+    let (leaked, right) = run(&[("GERMLINE_TEST_TMPFS_SCRATCH", "1")]);
+    assert!(leaked || right >= 88, "off: the public caller reads the canary ({right}/96)");
+    let (leaked, right) = run(&[]);
+    assert!(!leaked && right < 80, "on: {right}/96 bits reach the public caller");
+}

@@ -872,9 +872,11 @@ def _close_stdio():
                 pass
 
 
-# A copy's stderr: a memfd of its own (unless GERMLINE_KEEP_STDERR), whose last lines go to
-# the broker as one notification when the copy's server fails, so the failure can name its
-# cause. The copy's error carries the copy's label, and so does this text.
+# A copy's stderr: an unnamed file in its own scratch (unless GERMLINE_KEEP_STDERR), whose
+# last lines go to the broker as one notification when the copy's server fails, so the
+# failure can name its cause. The copy's error carries the copy's label, and so does this
+# text. Not a memfd: memfd_create is refused (a tmpfs inode moves the host's timestamp
+# floor); the scratch is ramfs where the copy has a memory limit.
 _copy_io = {}
 _STDERR_TAIL = 4096
 
@@ -882,8 +884,11 @@ _STDERR_TAIL = 4096
 def _capture_stderr():
     if os.environ.get("GERMLINE_KEEP_STDERR") == "1":
         return
+    scratch = os.environ.get("TMPDIR")
+    if not scratch:
+        return
     try:
-        fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
+        fd = os.open(scratch, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
     except OSError:
         return
     os.dup2(fd, 2, inheritable=True)

@@ -271,6 +271,40 @@ pub fn startup_environment(
 /// Never set outside tests.
 pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
+/// Test-only switch ("mechanism off"): every copy's scratch is a tmpfs, as before, even
+/// where its memory cgroup would hold a ramfs to its limit, so writing and `fstat`ing a
+/// file there moves the host's timestamp floor ([`crate::outside::ScratchKind`]). Never
+/// set outside tests. Debug builds also take `GERMLINE_TEST_TMPFS_SCRATCH=1` (a service run
+/// by a test).
+pub static TMPFS_SCRATCH_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+
+fn tmpfs_scratch_for_tests() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_TMPFS_SCRATCH").is_some_and(|v| v == "1") {
+        return true;
+    }
+    TMPFS_SCRATCH_FOR_TESTS.load(Ordering::SeqCst)
+}
+
+/// The file system of a copy's scratch: ramfs where the copy's cgroup holds it to a memory
+/// limit (`limited`), else tmpfs, said once in the log (the timestamp floor stays a
+/// channel between live copies there).
+fn scratch_kind(limited: bool) -> crate::outside::ScratchKind {
+    use crate::outside::ScratchKind;
+    if limited && !tmpfs_scratch_for_tests() {
+        return ScratchKind::Ramfs;
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "copies have no memory limit here (no cgroup v2 delegation): each copy's scratch is a size-capped \
+             tmpfs, whose multigrain timestamps let a copy move the host's timestamp floor, which live copies can \
+             read (SECURITY.md, \"The multigrain timestamp floor\")"
+        );
+    });
+    ScratchKind::Tmpfs
+}
+
 /// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold
 /// only the germline and its live copies. Never set outside tests.
 pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
@@ -1314,6 +1348,7 @@ impl Germline {
             Some(l) => CopyIds { offset: l.offset, uid: l.uid, gid: l.gid },
             None => CopyIds { offset: 0, uid: self.host_ids.0, gid: self.host_ids.1 },
         };
+        let limited = cgroup.is_some() && self.cgroups.as_ref().is_some_and(CgroupSet::enforces_limits);
         let mut copy = CopyProcess {
             pid: copy_pid,
             pidfd,
@@ -1321,7 +1356,11 @@ impl Germline {
             _namespace_handles: ns_files,
             cgroup,
             timings: CopyTimings::default(),
-            scratch: self.scratch.clone().map(|dir| CopyScratch { dir, seed: self.import_seed.clone() }),
+            scratch: self.scratch.clone().map(|dir| CopyScratch {
+                dir,
+                seed: self.import_seed.clone(),
+                kind: scratch_kind(limited),
+            }),
             ids,
             lease,
         };

@@ -71,13 +71,38 @@ pub enum ScratchEntry {
     },
 }
 
-/// A copy's scratch: where its private tmpfs goes, and what it starts with.
+/// A copy's scratch: where its private file system goes, and what it starts with.
 #[derive(Clone, Debug)]
 pub struct CopyScratch {
     /// The scratch directory ([`crate::confine::scratch_dir`]).
     pub dir: PathBuf,
     /// What the germline's import left in its own scratch (data-free).
     pub seed: std::sync::Arc<Vec<ScratchEntry>>,
+    /// Which file system the scratch is ([`ScratchKind`]).
+    pub kind: ScratchKind,
+}
+
+/// The file system of a copy's scratch.
+///
+/// Why not always tmpfs. Since Linux 6.13 tmpfs (with ext4, xfs and btrfs) keeps
+/// *multigrain* timestamps: changing an inode whose times were read since its last change
+/// takes a fine-grained clock reading and publishes it in one host-wide variable, the floor,
+/// which every later coarse timestamp of any file system on the host is raised to. A copy
+/// that writes and `fstat`s a file of its own sets the floor to a time of its choosing, to
+/// the nanosecond, and any other copy reads it back from the times of a file it changes:
+/// a channel between live copies, and into every inode the broker changes while the floor
+/// holds (SECURITY.md, "The multigrain timestamp floor"). ramfs keeps coarse times only: a
+/// copy that writes nothing else of a multigrain file system (its view and root are
+/// read-only, `memfd_create` is refused) never moves the floor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScratchKind {
+    /// ramfs: never moves the floor, and has no size limit of its own, so only where the
+    /// copy's memory cgroup holds it to its memory limit (every page of it is charged there
+    /// and cannot be reclaimed: past the limit the copy is killed).
+    Ramfs,
+    /// tmpfs of [`SCRATCH_OPTS`]: bounded by itself, but a sender of the floor; where the
+    /// copy has no memory limit.
+    Tmpfs,
 }
 
 /// What a copy sees of an item file's metadata besides its size (the contents' length).
@@ -316,7 +341,7 @@ struct Prepared {
     dirs: Vec<CString>,
     files: Vec<(CString, Vec<u8>, Option<FileMeta>)>,
     tmpfs_opts: CString,
-    scratch: Option<CString>,
+    scratch: Option<(CString, ScratchKind)>,
     scratch_seed: Vec<SeedOp>,
 }
 
@@ -345,7 +370,7 @@ pub fn prepare_copy(
     let cp =
         |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| ExecutorError::internal("NUL in scratch path"));
     if let Some(sc) = scratch {
-        p.scratch = Some(cp(&sc.dir)?);
+        p.scratch = Some((cp(&sc.dir)?, sc.kind));
         for e in sc.seed.iter() {
             p.scratch_seed.push(match e {
                 ScratchEntry::Dir { path, mode } => SeedOp::Dir(cp(&sc.dir.join(path))?, *mode),
@@ -416,6 +441,9 @@ fn prepare(pid: i32, ids: CopyIds, data_roots: &[PathBuf], files: &[CopyFile]) -
 /// memory cgroup), 4096 files and directories, `/tmp`'s mode.
 const SCRATCH_OPTS: &std::ffi::CStr = c"size=67108864,nr_inodes=4096,mode=1777";
 
+/// Mount options of a copy's scratch ramfs: `/tmp`'s mode (ramfs has no other).
+const SCRATCH_RAMFS_OPTS: &std::ffi::CStr = c"mode=1777";
+
 type StepErr = (u8, i32);
 
 fn errno() -> i32 {
@@ -479,15 +507,19 @@ fn gate_main(p: &Prepared) -> Result<(), StepErr> {
             write_file(b'y', std::ffi::CStr::from_bytes_with_nul_unchecked(name), b"0", true)?;
         }
         ck(b'k', setns(mnt, CLONE_NEWNS) as c_long)?;
-        if let Some(dir) = &p.scratch {
+        if let Some((dir, kind)) = &p.scratch {
+            let (fs, opts) = match kind {
+                ScratchKind::Ramfs => (c"ramfs", SCRATCH_RAMFS_OPTS),
+                ScratchKind::Tmpfs => (c"tmpfs", SCRATCH_OPTS),
+            };
             ck(
                 b's',
                 mount(
                     c"germline-scratch".as_ptr(),
                     dir.as_ptr(),
-                    c"tmpfs".as_ptr(),
+                    fs.as_ptr(),
                     MS_NOSUID | MS_NODEV,
-                    SCRATCH_OPTS.as_ptr().cast(),
+                    opts.as_ptr().cast(),
                 ) as c_long,
             )?;
             seed_scratch(&p.scratch_seed)?;

@@ -63,7 +63,7 @@ const ALLOWED: &[Group] = &[
     Group {
         why: "descriptors and read-only files: every file system a copy can name is mounted \
               read-only and under a read-only Landlock rule (only /dev/null takes writes, and \
-              keeps nothing), except the copy's own scratch tmpfs; what a copy writes goes to its own pipes, sockets and memfds, \
+              keeps nothing), except the copy's own scratch (ramfs where the copy has a memory limit); what a copy writes goes to its own pipes and sockets, \
               which no other copy holds; reading a shared file moves at most its page-cache \
               residency (a timing channel, see SECURITY.md) and never its atime (noatime). \
               `statfs`/`fstatfs` are not here: a read-only bind still reports the host file \
@@ -549,10 +549,9 @@ fn allowlist_program() -> Result<BpfProgram, ExecutorError> {
     // a copy could drain for another to notice (the pool is empty on most hosts, and then
     // the call fails anyway).
     rules.insert(libc::SYS_mmap, vec![rule(vec![cond(3, SeccompCmpOp::MaskedEq(word(libc::MAP_HUGETLB)), 0)?])?]);
-    rules.insert(
-        libc::SYS_memfd_create,
-        vec![rule(vec![cond(1, SeccompCmpOp::MaskedEq(u64::from(libc::MFD_HUGETLB)), 0)?])?],
-    );
+    // No `memfd_create`: a memfd is a tmpfs inode, and a tmpfs keeps multigrain timestamps,
+    // so writing and `fstat`ing one moves the host's timestamp floor, which every other
+    // copy reads back from the times of its own files (`crate::outside::ScratchKind`).
     // clone's low byte is the child's exit signal (CSIGNAL); CLONE_PIDFD would hand the
     // caller a pidfd, whose inode number is a host-wide count (see pidfd_open above).
     let clone_refused = 0xe0 | libc::CLONE_PIDFD as u64;
@@ -935,8 +934,10 @@ mod tests {
         let anon = word(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
         assert_eq!(call(&on, libc::SYS_mmap, &[0, 4096, 3, anon]), ALLOW);
         assert_eq!(call(&on, libc::SYS_mmap, &[0, 2 << 20, 3, anon | word(libc::MAP_HUGETLB)]), EPERM);
-        assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_CLOEXEC)]), ALLOW);
+        // No memfd at all: a tmpfs inode, whose multigrain times move the host's floor.
+        assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_CLOEXEC)]), EPERM);
         assert_eq!(call(&on, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_HUGETLB)]), EPERM);
+        assert_eq!(call(&off, libc::SYS_memfd_create, &[0, u64::from(libc::MFD_CLOEXEC)]), ALLOW);
         let rt = word(libc::SIGRTMIN());
         for (nr, args) in [
             (libc::SYS_kill, vec![1, rt]),

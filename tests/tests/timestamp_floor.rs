@@ -1,0 +1,118 @@
+//! The host's multigrain timestamp floor (adversarial pass of 2026-12-06,
+//! `tests/attacks/kernel/mgfloor`): since Linux 6.13 a change to a tmpfs (ext4, xfs, btrfs)
+//! inode whose times were read since its last change takes a fine-grained clock reading and
+//! publishes it host-wide; every later coarse timestamp, of any file system, is raised to
+//! it. A copy holding an hr item moves the floor by writing and `fstat`ing a file of its own
+//! in frames of its choosing; a live copy of another release, whose only consumer is
+//! `public`, reads the floor from the times of files of its own and decodes the frames.
+//! Closed by giving copies no multigrain file they can change: the scratch is ramfs where
+//! the copy has a memory limit, and `memfd_create` is refused.
+
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use germline_executor::germline::TMPFS_SCRATCH_FOR_TESTS;
+use germline_executor::runtime::{Runtime, RuntimeKind};
+use germline_executor::seccomp::SeccompPolicy;
+use germline_tests::oracle::Oracle;
+use germline_tests::world::{request, result_text, World};
+use serde_json::{json, Value};
+
+/// The switch is process-wide and the channel wants a quiet host: one run at a time.
+static TURNS: Mutex<()> = Mutex::new(());
+
+struct Run {
+    /// Bits of the canary the public receiver decoded right, of 96.
+    right: usize,
+    /// Whether the canary is in the receiver's public result.
+    leaked: bool,
+    /// The sender's answer or error.
+    sent: String,
+    took: Duration,
+}
+
+/// The sender (hr item, consumer `agent`) in one release and the receiver (no item, consumer
+/// `public`) in another, side by side, each writing its files in `mode` ("scratch": the
+/// copy's scratch; "memfd"), with `filter` in both germlines.
+fn mgfloor(send_mode: &str, receive_mode: &str, filter: SeccompPolicy) -> Run {
+    let code = germline_tests::attacks::source("kernel", "mgfloor");
+    let with_mode = |m: &str| code.replace("MODE = \"scratch\"", &format!("MODE = {m:?}"));
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let limits = "[limits]\npool = 0\n";
+    let s_rel = w.release("mgfloor-send", "", &with_mode(send_mode));
+    let r_rel = w.release("mgfloor-recv", "", &with_mode(receive_mode));
+    let mut sender =
+        w.start(RuntimeKind::Germline, &s_rel, w.policy(&[], &[("agent", &["hr"])], limits)).expect("sender starts");
+    let mut receiver =
+        w.start(RuntimeKind::Germline, &r_rel, w.policy(&[], &[("public", &[])], limits)).expect("receiver starts");
+    for rt in [&mut sender, &mut receiver] {
+        match rt {
+            Runtime::Germline(g) => g.set_seccomp_policy(filter.clone()),
+            _ => unreachable!("a germline runtime"),
+        }
+    }
+    let t0 = Instant::now();
+    let (sent, got) = std::thread::scope(|s| {
+        let b = s.spawn(|| {
+            let mut req = request("receive", json!({"seconds": 24.5}), &[]);
+            req.consumers = vec!["public".into()];
+            receiver.call(&req)
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let a = s.spawn(|| {
+            let mut req = request("send", json!({"document": secret}), &[&secret]);
+            req.consumers = vec!["agent".into()];
+            sender.call(&req)
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let took = t0.elapsed();
+    assert!(got.error.is_none(), "the receiver answers: {:?}", got.error);
+    let text = result_text(&got);
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("receiver: {text}"));
+    let raw = u128::from_str_radix(hr.as_str().rsplit('-').next().unwrap(), 16).unwrap();
+    let want: String = (0..96).map(|i| if (raw >> (95 - i)) & 1 == 1 { '1' } else { '0' }).collect();
+    let bits = v["bits"].as_str().unwrap_or("").to_owned();
+    let right = want.chars().zip(bits.chars()).filter(|(a, b)| a == b).count();
+    let leaked = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
+    let sent = match &sent.error {
+        Some(e) => format!("error: {e}"),
+        None => result_text(&sent),
+    };
+    eprintln!(
+        "mgfloor send {send_mode} / receive {receive_mode}: want {want}\n{:>38} {bits}\n right {right}/96 leaked={leaked} \
+         in {took:?}; sender {sent}",
+        "got"
+    );
+    Run { right, leaked, sent, took }
+}
+
+#[test]
+fn the_floor_carries_the_canary_between_live_copies_only_from_a_tmpfs_scratch() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    TMPFS_SCRATCH_FOR_TESTS.store(true, Ordering::SeqCst);
+    let off = mgfloor("scratch", "scratch", SeccompPolicy::germline());
+    TMPFS_SCRATCH_FOR_TESTS.store(false, Ordering::SeqCst);
+    // 96 on a quiet host; a loaded one costs a bit or two.
+    assert!(off.right >= 88, "off (tmpfs scratch): {}/96 in {:?}", off.right, off.took);
+    let on = mgfloor("scratch", "scratch", SeccompPolicy::germline());
+    assert!(on.sent.contains("stamps"), "on: the sender ran: {}", on.sent);
+    assert!(!on.leaked, "on (ramfs scratch): the canary crossed");
+    // Chance is 48; a reader that saw the frames would have them all.
+    assert!(on.right < 80, "on (ramfs scratch): {}/96 bits", on.right);
+}
+
+#[test]
+fn a_copy_cannot_make_a_memfd_to_move_the_floor_with() {
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let off = mgfloor("memfd", "scratch", SeccompPolicy::denylist_only());
+    assert!(off.right >= 88, "off (memfd allowed): {}/96 in {:?}", off.right, off.took);
+    let on = mgfloor("memfd", "scratch", SeccompPolicy::germline());
+    assert!(on.sent.contains("Operation not permitted"), "on: memfd_create is refused: {}", on.sent);
+    assert!(!on.leaked && on.right < 80, "on: {}/96 bits", on.right);
+}
+
