@@ -864,11 +864,20 @@ impl Tree {
                 }
             }
             // Modes, owners and times of the directories last, deepest first (filling one
-            // changes its times).
+            // changes its times), and only where they differ from the host's: setting them
+            // gives the directory a new ctime, which every copy binding it can read, and a
+            // ctime taken while a copy runs tells when that was, and may carry the host's
+            // timestamp floor (`crate::outside::ScratchKind`). A directory this fill left
+            // alone keeps the ctime it had.
             for (at, meta) in dirs.iter().rev() {
-                set_attributes(&self.here(at), meta).map_err(|e| {
+                let here = self.here(at);
+                let err = |e: std::io::Error| {
                     ExecutorError::Sandbox(format!("resident root: copying {} into memory: {e}", at.display()))
-                })?;
+                };
+                let restamp = RESTAMP_TREE_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst);
+                if restamp || !same_attributes(&std::fs::symlink_metadata(&here).map_err(err)?, meta) {
+                    set_attributes(&here, meta).map_err(err)?;
+                }
             }
         }
         Ok(())
@@ -959,11 +968,39 @@ fn remove_stale_mountpoints() {
     }
 }
 
-/// The host's owner, mode (with its special bits) and times of `meta` on `p` in the tree.
+/// The mode a file of the tree gets from the host's `meta`: the host's, but a regular file
+/// loses group and other write permission. The tree is bound read-only, so those bits
+/// grant nothing, but with them a copy's `open(O_WRONLY)` passes the permission check and
+/// reaches the kernel's write-access check, which fails ETXTBSY while any copy of any
+/// germline executes that inode and only then EROFS: one bit between live copies (a local
+/// release keeps its host modes). Without them it fails EACCES either way.
+fn tree_mode(meta: &std::fs::Metadata) -> u32 {
+    let mode = meta.mode() & 0o7777;
+    if meta.is_file() {
+        mode & !0o022
+    } else {
+        mode
+    }
+}
+
+/// Test-only switch ("mechanism off"): every fill sets the attributes of every directory
+/// of its paths again, as before, giving each a new ctime. Never set outside tests.
+pub static RESTAMP_TREE_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a file of the tree (`ours`) has the owner, mode and modification time
+/// [`set_attributes`] would give it from `host`.
+fn same_attributes(ours: &std::fs::Metadata, host: &std::fs::Metadata) -> bool {
+    // Not the access time: the broker's own reads of the host directory move it (relatime).
+    (ours.uid(), ours.gid(), ours.mode() & 0o7777) == (host.uid(), host.gid(), tree_mode(host))
+        && (ours.mtime(), ours.mtime_nsec()) == (host.mtime(), host.mtime_nsec())
+}
+
+/// The host's owner, mode (with its special bits) and times of `meta` on `p` in the tree,
+/// less group and other write permission on a regular file ([`tree_mode`]).
 fn set_attributes(p: &Path, meta: &std::fs::Metadata) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::os::unix::fs::lchown(p, Some(meta.uid()), Some(meta.gid()))?;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(tree_mode(meta)))?;
     let c = cstr(p)?;
     let times = [
         libc::timespec { tv_sec: meta.atime(), tv_nsec: meta.atime_nsec() },
@@ -1022,6 +1059,8 @@ mod tests {
         std::fs::create_dir_all(pkg.join("test")).unwrap();
         std::fs::write(pkg.join("a.py"), b"print(1)\n").unwrap();
         std::fs::set_permissions(pkg.join("a.py"), std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::fs::write(pkg.join("run"), b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(pkg.join("run"), std::fs::Permissions::from_mode(0o777)).unwrap();
         std::fs::write(pkg.join("sub/b.txt"), b"b").unwrap();
         std::fs::write(pkg.join("test/hidden.py"), b"x").unwrap();
         std::os::unix::fs::symlink("a.py", pkg.join("l")).unwrap();
@@ -1032,6 +1071,11 @@ mod tests {
         assert_eq!(std::fs::read(here("a.py")).unwrap(), b"print(1)\n");
         assert_eq!(std::fs::read(here("sub/b.txt")).unwrap(), b"b");
         assert_eq!(std::fs::read_link(here("l")).unwrap(), Path::new("a.py"));
+        assert_eq!(
+            std::fs::metadata(here("run")).unwrap().mode() & 0o7777,
+            0o755,
+            "no group or other write bit: a copy's open for writing fails EACCES, never ETXTBSY"
+        );
         assert_eq!(std::fs::read_dir(here("test")).unwrap().count(), 0, "a masked directory is left empty");
         let (host, copy) = (std::fs::metadata(pkg.join("a.py")).unwrap(), std::fs::metadata(here("a.py")).unwrap());
         assert_eq!(
@@ -1043,11 +1087,26 @@ mod tests {
         // SAFETY: statfs fills the struct.
         assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
         assert_eq!(fs.f_type, libc::TMPFS_MAGIC, "the tree is a tmpfs");
+        // A fill that finds nothing changed touches no directory: every copy binding one
+        // reads its ctime, which would otherwise tell when the last germline started.
+        let ctime = |p: &str| {
+            let m = std::fs::symlink_metadata(here(p)).unwrap();
+            (m.ctime(), m.ctime_nsec())
+        };
+        let (pkg_ctime, sub_ctime) = (ctime(""), ctime("sub"));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        tree.fill(&paths, &[]).unwrap();
+        assert_eq!((ctime(""), ctime("sub")), (pkg_ctime, sub_ctime), "an unchanged fill restamps nothing");
+        // What the check avoids (mechanism off): setting the same attributes again.
+        set_attributes(&here("sub"), &std::fs::symlink_metadata(pkg.join("sub")).unwrap()).unwrap();
+        assert_ne!(ctime("sub"), sub_ctime, "setting attributes gives a new ctime");
+        let sub_ctime = ctime("sub");
         let before = copy.ino();
         std::fs::write(pkg.join("a.py"), b"print(2)\n").unwrap();
         tree.fill(&paths, &[]).unwrap();
         assert_eq!(std::fs::read(here("a.py")).unwrap(), b"print(2)\n", "a changed host file is copied again");
         assert_ne!(std::fs::metadata(here("a.py")).unwrap().ino(), before, "into a new inode");
+        assert_eq!(ctime("sub"), sub_ctime, "a directory with nothing changed in it keeps its ctime");
     }
 
     /// A long-running broker's tree holds what its live germlines bind: what the last

@@ -116,3 +116,73 @@ fn a_copy_cannot_make_a_memfd_to_move_the_floor_with() {
     assert!(!on.leaked && on.right < 80, "on: {}/96 bits", on.right);
 }
 
+/// `tree-floor` (`tests/attacks/outputs/tree-floor`): a store that outlives the copies. A
+/// copy of release S holding the hr item stamps the floor at times that spell the item
+/// while a germline of an unrelated release T starts; T's fill of the resident tree set
+/// the attributes of every directory of its paths, each getting a new ctime raised to the
+/// floor, and every copy of every germline binding them (the standard library, the venv)
+/// read those ctimes. A public call of a third release R, made after S's copy is gone,
+/// decodes them. Up to eight rounds (a new T each); R's public slot adds up the votes.
+/// Closed twice over: the fill leaves a directory that did not change alone, and a copy
+/// cannot move the floor (ramfs scratch).
+fn tree_floor(rounds: usize) -> (bool, String, usize) {
+    let code = germline_tests::attacks::source("outputs", "tree-floor");
+    let w = World::new();
+    let mut oracle = Oracle::new();
+    let hr = oracle.plant(&["hr"]);
+    let secret = w.item("hr", "secret.txt", hr.as_str());
+    let s_rel = w.release("tf-send", "", &code);
+    let r_rel = w.release("tf-read", "", &code);
+    let mut sender = w.start(RuntimeKind::Germline, &s_rel, w.policy(&[], &[("agent", &["hr"])], "")).expect("s");
+    let mut reader = w.start(RuntimeKind::Germline, &r_rel, w.policy(&[], &[("public", &[])], "")).expect("r");
+    let mut text = String::new();
+    for round in 0..rounds {
+        let t_rel = w.release(&format!("tf-other-{round}"), "", &code);
+        std::thread::scope(|s| {
+            let a = s.spawn(|| {
+                let mut req = request("send", json!({"document": secret}), &[&secret]);
+                req.consumers = vec!["agent".into()];
+                sender.call(&req)
+            });
+            std::thread::sleep(Duration::from_millis(1500));
+            let _t = w.start(RuntimeKind::Germline, &t_rel, w.policy(&[], &[("public", &[])], "")).expect("t");
+            let o = a.join().unwrap();
+            assert!(o.error.is_none(), "{:?}", o.error);
+        });
+        let mut req = request("read", json!({}), &[]);
+        req.consumers = vec!["public".into()];
+        let o = reader.call(&req);
+        assert!(o.error.is_none(), "{:?}", o.error);
+        text = result_text(&o);
+        if !oracle.disclosures("public", &[], text.as_bytes()).is_empty() {
+            return (true, text, round + 1);
+        }
+    }
+    (false, text, rounds)
+}
+
+#[test]
+fn directory_ctimes_of_the_resident_tree_carry_the_canary_only_when_every_fill_restamps_them() {
+    use germline_executor::resident::RESTAMP_TREE_FOR_TESTS;
+    let (resident, why) = germline_executor::policy::resident_root_default();
+    if !germline_tests::prerequisite(
+        "directory_ctimes_of_the_resident_tree_carry_the_canary_only_when_every_fill_restamps_them",
+        &format!("a resident root ({why})"),
+        resident,
+    ) {
+        return;
+    }
+    let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    TMPFS_SCRATCH_FOR_TESTS.store(true, Ordering::SeqCst);
+    RESTAMP_TREE_FOR_TESTS.store(true, Ordering::SeqCst);
+    let t0 = Instant::now();
+    let off = tree_floor(8);
+    TMPFS_SCRATCH_FOR_TESTS.store(false, Ordering::SeqCst);
+    RESTAMP_TREE_FOR_TESTS.store(false, Ordering::SeqCst);
+    eprintln!("tree-floor off: leaked={} after {} round(s), {:?}: {}", off.0, off.2, t0.elapsed(), off.1);
+    assert!(off.0, "off (tmpfs scratch, every fill restamps): the canary reaches the public call: {}", off.1);
+    let t0 = Instant::now();
+    let on = tree_floor(3);
+    eprintln!("tree-floor on: leaked={} after {} round(s), {:?}: {}", on.0, on.2, t0.elapsed(), on.1);
+    assert!(!on.0, "on: the canary crossed: {}", on.1);
+}
