@@ -428,6 +428,12 @@ impl Front {
             Ok(s) => s,
             Err(e) => return (Err(e), Label::empty()),
         };
+        // A list made by a copy holding start-up data is that data's: which names it has
+        // decides whether a call runs or is an unknown tool, and how soon it is answered.
+        // A consumer not cleared for its label gets the same refusal for every name.
+        if listed_label_enforced() && !self.runner.tools_label(&bound.snapshot.release).flows_to(&self.clearance) {
+            return (Err((INTERNAL_ERROR, LIST_WITHHELD.to_owned())), Label::empty());
+        }
         if !bound.snapshot.tools.contains_key(&tool) {
             // What the server itself answers for a tool it does not have.
             return (Err((INVALID_PARAMS, format!("Unknown tool: {tool}"))), Label::empty());
@@ -657,6 +663,22 @@ fn tool_error(e: &str) -> (i64, String) {
 
 /// What a consumer gets instead of an answer its clearance does not cover.
 const WITHHELD: &str = "the tool's answer is withheld: its label is not covered by this consumer's clearance";
+
+/// What a consumer gets for every `tools/call` when the release's tool list is labelled
+/// beyond its clearance (listed by a copy holding start-up data).
+const LIST_WITHHELD: &str =
+    "tools/call: this release's tools are listed from data this consumer's clearance does not cover";
+
+/// Whether `tools/call` is refused to a consumer not cleared for the label of the tool list
+/// (see [`Front::tools_call`]): with [`labels_enforced`]; debug builds (tests) may turn it
+/// off alone with `GERMLINE_TEST_LISTED_LABEL_OFF=1` to show what it stops.
+fn listed_label_enforced() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_LISTED_LABEL_OFF").is_some_and(|v| v == "1") {
+        return false;
+    }
+    labels_enforced()
+}
 
 /// Whether answers carry labels and are held to the consumer's clearance: always in
 /// release builds; debug builds (tests) may turn it off with
