@@ -17,9 +17,10 @@ use serde_json::{json, Value};
 
 const OFF: &[(&str, &str)] = &[("GERMLINE_TEST_OUTPUT_REDUCTION_OFF", "1")];
 
-/// The replay-floor test keeps both cores busy for a minute; tests that read digits from
-/// timing must not run beside it (they may run beside each other, as before).
-static QUIET: std::sync::RwLock<()> = std::sync::RwLock::new(());
+/// Tests that read digits from timing, and the replay-floor test (which keeps both cores
+/// busy for a minute), take turns: on 2 shared cores one such test beside another moved a
+/// 0.45 s digit step by a third of a step (CI, 2026-12-06).
+static QUIET: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn python() -> PathBuf {
     std::env::var_os("GERMLINE_PYTHON")
@@ -257,7 +258,7 @@ fn a_serving_copys_hr_slot_spells_itself_in_a_trigger_position() {
 /// copy's `t_served`; on, only copies with an empty label have timing lines.
 #[test]
 fn copy_timings_in_the_log_spell_an_hr_digit() {
-    let _quiet = QUIET.read().unwrap_or_else(|p| p.into_inner());
+    let _quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
     const DIGIT: u32 = 7;
     let run = |env: &[(&str, &str)]| {
         let tmp = tempfile::tempdir().unwrap();
@@ -424,7 +425,7 @@ fn replay_outcome_lines_spell_an_hr_byte() {
 #[test]
 #[ignore = "open channel: see SECURITY.md"]
 fn call_durations_spell_an_hr_digit_to_the_caller_and_the_ledger() {
-    let _quiet = QUIET.read().unwrap_or_else(|p| p.into_inner());
+    let _quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
     const DIGIT: u32 = 7;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
@@ -597,7 +598,7 @@ impl Service {
 /// labelled copy adds no latency sample, counts as `ran`, and its span has no latency.
 #[test]
 fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
-    let _quiet = QUIET.read().unwrap_or_else(|p| p.into_inner());
+    let _quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
     const DIGIT: u32 = 7;
     let run = |env: &[(&str, &str)]| {
         let (_tmp, svc, hash, token, doc) = served("copy-timing", &format!("00{DIGIT}"), 100, env);
@@ -671,7 +672,7 @@ fn spell_digits(extra: &[f64], canary: &str, what: &str) -> (String, usize) {
 ///   call waits for them.
 #[test]
 fn replay_time_holding_the_lane_spells_hr_digits_to_the_next_public_caller() {
-    let _quiet = QUIET.read().unwrap_or_else(|p| p.into_inner());
+    let _quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
     const CANARY: &str = "c0ffee5a";
     let read = |env: &[(&str, &str)]| {
         let (_tmp, svc, hash, token, doc) = served("replay-lock", CANARY, 1000, env);
@@ -775,7 +776,7 @@ fn replay_tunnel_lines_spell_an_hr_document_to_a_log_reader() {
 /// - On: the session's calls do not wait for replays (it waits once, before it exits).
 #[test]
 fn session_stdout_timing_spells_hr_digits_a_public_session_reader_never_got() {
-    let _quiet = QUIET.read().unwrap_or_else(|p| p.into_inner());
+    let _quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
     const CANARY: &str = "c0ffee5a";
     let read = |env: &[(&str, &str)]| {
         let tmp = tempfile::tempdir().unwrap();
@@ -817,7 +818,8 @@ fn session_stdout_timing_spells_hr_digits_a_public_session_reader_never_got() {
         spell_digits(&extra, CANARY, "the next outcome came")
     };
     let (off, right) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
-    assert!(right >= 4, "off: the session's output timing spells the hr digits: {off}");
+    // 3 of 5 exact hex digits happen by chance with p < 0.003.
+    assert!(right >= 3, "off: the session's output timing spells the hr digits: {off}");
     let (on, right) = read(&[]);
     assert!(right <= 2, "on: no outcome waits for a replay: {on}");
 }
@@ -833,7 +835,7 @@ fn session_stdout_timing_spells_hr_digits_a_public_session_reader_never_got() {
 /// floor.
 #[test]
 fn replay_floor_a_probe_replay_spells_the_document_to_the_next_public_call_only_from_a_tmpfs() {
-    let _quiet = QUIET.write().unwrap_or_else(|p| p.into_inner());
+    let _quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
     const CANARY: &str = "GLC-hr-5a17c0ffee0b5e55ed9a3c21";
     let raw = u128::from_str_radix(CANARY.rsplit('-').next().unwrap(), 16).unwrap();
     let want: String = (0..96).map(|i| if (raw >> (95 - i)) & 1 == 1 { '1' } else { '0' }).collect();

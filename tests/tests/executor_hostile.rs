@@ -285,7 +285,12 @@ impl ChannelCase {
         let shared = w.dir.path().join("shared");
         std::fs::create_dir_all(&shared).unwrap();
         let rel = w.release("chan", "", CHANNELS);
-        let tag = format!("{:06x}", std::process::id() & 0xffffff);
+        // Unique per case: a sig-pin sender runs on the host as the test's user and signals
+        // every process named after its tag, so two cases of concurrent tests sharing one
+        // tag would signal each other's receivers (even a germline copy, from outside).
+        static CASES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let case = CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{:05x}{case:x}", std::process::id() & 0xfffff);
         ChannelCase { w, oracle, secret, shared, rel, tag }
     }
 
