@@ -368,7 +368,7 @@ impl Front {
         match self.list(session) {
             Ok((mut tools, s)) => {
                 s.attach_to(&mut tools);
-                (Ok(tools), self.runner.tools_label(&s.snapshot.release))
+                (Ok(tools), s.snapshot.label)
             }
             Err(e) => (Err((INTERNAL_ERROR, format!("tools/list: {e}"))), Label::empty()),
         }
@@ -431,7 +431,7 @@ impl Front {
         // A list made by a copy holding start-up data is that data's: which names it has
         // decides whether a call runs or is an unknown tool, and how soon it is answered.
         // A consumer not cleared for its label gets the same refusal for every name.
-        if listed_label_enforced() && !self.runner.tools_label(&bound.snapshot.release).flows_to(&self.clearance) {
+        if listed_label_enforced() && !bound.snapshot.label.flows_to(&self.clearance) {
             return (Err((INTERNAL_ERROR, LIST_WITHHELD.to_owned())), Label::empty());
         }
         if !bound.snapshot.tools.contains_key(&tool) {
@@ -585,10 +585,6 @@ impl FrontRunner {
         Ok(listed)
     }
 
-    fn tools_label(&self, release: &ReleaseHash) -> Label {
-        lock(&self.tools).get(release).map(|(_, l)| l.clone()).unwrap_or_default()
-    }
-
     fn wait_verified(&self) {
         let hosts: Vec<_> = lock(&self.hosts)
             .values()
@@ -615,14 +611,14 @@ impl FrontRunner {
 }
 
 impl ReleaseRunner for FrontRunner {
-    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError> {
-        if let Some((tools, _)) = lock(&self.tools).get(&release.release) {
-            return Ok(tools.clone());
+    fn list_tools(&self, release: &HostedRelease) -> Result<(Value, Label), ExecutorError> {
+        if let Some(listed) = lock(&self.tools).get(&release.release) {
+            return Ok(listed.clone());
         }
         let host = self.host(release)?;
         let listed = lock(&host).rt.list_tools_labelled()?;
         lock(&self.tools).insert(release.release, listed.clone());
-        Ok(listed.0)
+        Ok(listed)
     }
 
     fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {

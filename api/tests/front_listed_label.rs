@@ -58,24 +58,32 @@ fn world(dir: &Path) -> (PathBuf, PathBuf) {
 /// the list and the answers.
 fn session(consumer: &str, listed_label_off: bool, names: &[String]) -> (Value, Vec<Value>) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (rel, policy) = world(dir.path());
+    session_in(dir.path(), consumer, &[("GERMLINE_TEST_LISTED_LABEL_OFF", listed_label_off)], names)
+}
+
+/// [`session`] with its data directory under `dir` and test switches `switches` set or
+/// unset.
+fn session_in(dir: &Path, consumer: &str, switches: &[(&str, bool)], names: &[String]) -> (Value, Vec<Value>) {
+    let (rel, policy) = world(dir);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_germline"));
     cmd.arg("wrap")
         .args(["--consumer", consumer, "--policy"])
         .arg(&policy)
         .arg("--")
         .arg(&rel)
-        .env("GERMLINE_HOME", dir.path().join("home"))
-        .env("GERMLINE_DATA_DIR", dir.path().join("data"))
+        .env("GERMLINE_HOME", dir.join("home"))
+        .env("GERMLINE_DATA_DIR", dir.join("data"))
         .env("GERMLINE_PYTHON", python())
         .env_remove("GERMLINE_TEST_FRONT_LABELS_OFF")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    if listed_label_off {
-        cmd.env("GERMLINE_TEST_LISTED_LABEL_OFF", "1");
-    } else {
-        cmd.env_remove("GERMLINE_TEST_LISTED_LABEL_OFF");
+    for (switch, off) in switches {
+        if *off {
+            cmd.env(switch, "1");
+        } else {
+            cmd.env_remove(switch);
+        }
     }
     let mut child = cmd.spawn().expect("germline wrap");
     let mut input = child.stdin.take().expect("stdin");
@@ -135,4 +143,49 @@ fn a_consumer_not_cleared_for_the_tool_list_learns_no_tool_name_by_calling() {
     let (list, answers) = session("agent", false, &["lookup".to_owned()]);
     assert!(list.to_string().contains(SECRET), "the cleared consumer gets the list: {list}");
     assert!(answers[0].get("result").is_some(), "the cleared consumer's call runs: {}", answers[0]);
+}
+
+/// What the broker's ledger holds of the list: `germline ledger list` over the data
+/// directory a session left.
+fn ledger_text(dir: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_germline"))
+        .args(["ledger", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("list")
+        .output()
+        .expect("germline ledger list");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The rest of the same channel (the 2026-12-06 note): the front recorded the labelled
+/// list's formation snapshot, and each formed call's tool name, in the ledger in clear. A
+/// cleared consumer lists and calls the tool named after the secret; a reader of the
+/// broker's data directory then reads the ledger.
+/// - Off (`GERMLINE_TEST_LIST_SEAL_OFF=1`): the secret is in the ledger, as a tool name.
+/// - On: the snapshot is sealed (a keyed digest under a key the process never writes, no
+///   name and no count) and so is the formed tool's name; the calls run as before.
+#[test]
+fn the_ledger_holds_no_name_of_a_labelled_tool_list() {
+    let read = |seal_off: bool| {
+        // The attack names one tool after the whole secret.
+        let secret_tool = SECRET.to_owned();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (list, answers) = session_in(
+            dir.path(),
+            "agent",
+            &[("GERMLINE_TEST_LIST_SEAL_OFF", seal_off)],
+            &["lookup".to_owned(), secret_tool],
+        );
+        assert!(list.to_string().contains(SECRET), "the cleared consumer gets the list: {list}");
+        assert!(answers[0].get("result").is_some(), "the cleared consumer's call runs: {}", answers[0]);
+        let ledger = ledger_text(dir.path());
+        assert!(ledger.contains("\"snapshot\"") || ledger.contains("Snapshot"), "the snapshot is recorded: {ledger}");
+        ledger
+    };
+    let off = read(true);
+    assert!(off.contains(SECRET), "off: the ledger holds the secret as a tool name");
+    let on = read(false);
+    assert!(!on.contains(SECRET) && !on.contains("lookup"), "on: no name of the list in the ledger: {on}");
+    assert!(on.contains("sealed:"), "on: the formed calls are recorded, their tool sealed: {on}");
 }

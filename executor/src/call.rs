@@ -371,6 +371,10 @@ pub struct GermlineRuntime {
     /// A germline that died is started again at the next copy a call takes (off only in
     /// tests, to show what the restart does).
     restart: bool,
+    /// Set once the release's tools were listed by a copy holding start-up data (shared by
+    /// every lane): a call's tool name may then be one that copy chose, and the evidence
+    /// of its triggers publishes it only as a keyed commitment.
+    tools_labelled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A running release's refusal.
@@ -488,6 +492,7 @@ impl GermlineRuntime {
             evidence_switches: EvidenceSwitches::default(),
             refused: Arc::default(),
             restart: true,
+            tools_labelled: Arc::default(),
         })
     }
 
@@ -544,6 +549,7 @@ impl GermlineRuntime {
     pub fn lane_maker(&self) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
         let (spec, manifest, policy) = (self.spec.clone(), self.manifest.clone(), self.policy.clone());
         let (release, slots, refused) = (self.release, self.slots.clone(), self.refused.clone());
+        let tools_labelled = self.tools_labelled.clone();
         let (pool_size, splitting, trigger_log, evidence_switches) =
             (self.pool_size, self.splitting, self.trigger_log.clone(), self.evidence_switches);
         move || {
@@ -565,6 +571,7 @@ impl GermlineRuntime {
                 evidence_switches,
                 refused: refused.clone(),
                 restart: true,
+                tools_labelled: tools_labelled.clone(),
             })
         }
     }
@@ -687,6 +694,7 @@ impl GermlineRuntime {
                     trigger_requests: sh.records.copy_requests(t.group_index, &t.host).to_vec(),
                     copies: plan.groups.len(),
                     secret: fresh_secret()?,
+                    tool_sealed: self.tools_labelled.load(std::sync::atomic::Ordering::SeqCst),
                 });
             }
         }
@@ -771,6 +779,9 @@ impl GermlineRuntime {
                  start-up data (its error is withheld: it may carry that data)"
             ))
         })?;
+        if method == "tools/list" {
+            self.tools_labelled.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         Ok((listed, label))
     }
 

@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use germline_model::{
-    effect_fits, final_hop_fence, CapturedSuccessor, DispatchPolicy, DispatchRecord, FcdAudit, FcdRecord, FenceGrant,
-    FormationEntry, FormationLog, FormationRecord, FormationSnapshot, Lifecycle, LifecycleAction, ReleaseHash,
-    ReleaseName, Sha256Digest, SnapshotEntry,
+    canonical_json, effect_fits, final_hop_fence, CapturedSuccessor, DispatchPolicy, DispatchRecord, FcdAudit,
+    FcdRecord, FenceGrant, FormationEntry, FormationLog, FormationRecord, FormationSnapshot, Label, Lifecycle,
+    LifecycleAction, ReleaseHash, ReleaseName, Sha256Digest, SnapshotEntry,
 };
+use ring::hmac;
 use serde_json::Value;
 
 use crate::call::{release_dir_hash, CallOutcome, CallRequest};
@@ -72,8 +73,11 @@ pub type RunResult = Result<CallOutcome, ExecutorError>;
 /// `fence` with the release of the runtime that will run the call, immediately before
 /// `Runtime::call`, and run nothing when it fails.
 pub trait ReleaseRunner: Send + Sync {
-    /// `tools/list` of `release`.
-    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError>;
+    /// `tools/list` of `release` and its label: empty from a data-free copy, the start-up
+    /// data's from a copy holding it (see [`GermlineRuntime::list_tools_labelled`]).
+    ///
+    /// [`GermlineRuntime::list_tools_labelled`]: crate::call::GermlineRuntime::list_tools_labelled
+    fn list_tools(&self, release: &HostedRelease) -> Result<(Value, Label), ExecutorError>;
     /// Runs `req` on `release` behind `fence`.
     fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult;
     /// `release` was retired: stop its runtime.
@@ -115,8 +119,8 @@ impl LocalRunner {
 }
 
 impl ReleaseRunner for LocalRunner {
-    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError> {
-        self.with_runtime(release, |rt| rt.list_tools())
+    fn list_tools(&self, release: &HostedRelease) -> Result<(Value, Label), ExecutorError> {
+        self.with_runtime(release, |rt| Ok((rt.list_tools()?, Label::empty())))
     }
 
     fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
@@ -208,6 +212,11 @@ pub struct FormationHost {
     /// Formation id → log index of its dispatch record: a formation runs at most once.
     dispatched: Mutex<BTreeMap<Sha256Digest, u64>>,
     fence_off: std::sync::atomic::AtomicBool,
+    /// Seals what a labelled tool list named before it is logged (snapshots, formed tool
+    /// names): fresh for each process and never written, so nothing on disk opens it.
+    seal_key: hmac::Key,
+    /// The labelled snapshots this process listed, unsealed, by recorded id.
+    unsealed: Mutex<BTreeMap<Sha256Digest, FormationSnapshot>>,
 }
 
 impl FormationHost {
@@ -247,6 +256,8 @@ impl FormationHost {
             continuations: Mutex::new(None),
             dispatched: Mutex::new(audit.dispatches),
             fence_off: std::sync::atomic::AtomicBool::new(false),
+            seal_key: hmac::Key::new(hmac::HMAC_SHA256, &fresh_key()?),
+            unsealed: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -262,9 +273,11 @@ impl FormationHost {
         Ok(())
     }
 
-    fn store_pending(&self, id: &Sha256Digest, req: &CallRequest) -> Result<(), ExecutorError> {
+    /// A call formed from a labelled tool list (`durable` false) is kept in memory only: its
+    /// tool name is that list's, and only this process can check it against its record.
+    fn store_pending(&self, id: &Sha256Digest, req: &CallRequest, durable: bool) -> Result<(), ExecutorError> {
         lock(&self.pending).insert(*id, req.clone());
-        let Some(dir) = lock(&self.continuations).clone() else { return Ok(()) };
+        let Some(dir) = lock(&self.continuations).clone().filter(|_| durable) else { return Ok(()) };
         let path = dir.join(format!("{}.json", id.to_hex()));
         let tmp = dir.join(format!(".{}.tmp", id.to_hex()));
         let bytes = serde_json::to_vec(req).map_err(|e| ExecutorError::Formation(e.to_string()))?;
@@ -445,28 +458,64 @@ impl FormationHost {
     pub fn list_tools(&self, name: &ReleaseName) -> Result<(Value, Session), ExecutorError> {
         let st = self.read();
         let hosted = Self::current(&st, name)?;
-        let tools = self.runner.list_tools(&hosted)?;
-        let snapshot = FormationSnapshot::of_tools_list(name.clone(), &hosted.version, hosted.release, &tools)?;
+        let (tools, label) = self.runner.list_tools(&hosted)?;
+        let snapshot =
+            FormationSnapshot::of_tools_list(name.clone(), &hosted.version, hosted.release, &tools)?.labelled(label);
         Ok((tools, self.recorded(snapshot)?))
     }
 
-    /// Records what a `tools/list` answer showed as its own log entry, once per distinct
-    /// snapshot (the same snapshot again names the entry already there).
+    /// Records what a `tools/list` answer showed as its own log entry (sealed, for a
+    /// labelled list), once per distinct snapshot (the same snapshot again names the entry
+    /// already there).
     fn recorded(&self, snapshot: FormationSnapshot) -> Result<Session, ExecutorError> {
-        let id = snapshot.id();
+        let stored = self.as_recorded(&snapshot);
+        let id = stored.id();
         let mut snapshots = lock(&self.snapshots);
         let entry = match snapshots.get(&id) {
             Some(i) => *i,
             None => {
                 let i = self
                     .log
-                    .append(&FcdRecord::Snapshot(SnapshotEntry::new(snapshot.clone())))
+                    .append(&FcdRecord::Snapshot(SnapshotEntry::new(stored)))
                     .map_err(ExecutorError::Formation)?;
                 snapshots.insert(id, i);
                 i
             }
         };
+        if !snapshot.label.is_empty() {
+            lock(&self.unsealed).insert(id, snapshot.clone());
+        }
         Ok(Session { snapshot, id, entry })
+    }
+
+    /// `snapshot` as the log holds it: a labelled list's tools sealed
+    /// ([`FormationSnapshot::as_recorded`]).
+    fn as_recorded(&self, snapshot: &FormationSnapshot) -> FormationSnapshot {
+        if sealing_switched_off() {
+            return snapshot.clone();
+        }
+        snapshot.as_recorded(|tools| {
+            let tools = serde_json::to_value(tools).unwrap_or(Value::Null);
+            self.seal(b"germline formation tools\n", canonical_json(&tools).as_bytes())
+        })
+    }
+
+    /// The tool name a formation records: a name from a labelled list, sealed.
+    fn recorded_tool(&self, snapshot: &FormationSnapshot, tool: &str) -> String {
+        if snapshot.label.is_empty() || sealing_switched_off() {
+            tool.to_owned()
+        } else {
+            format!("sealed:{}", self.seal(b"germline formation tool\n", tool.as_bytes()))
+        }
+    }
+
+    fn seal(&self, domain: &[u8], bytes: &[u8]) -> Sha256Digest {
+        let mut ctx = hmac::Context::with_key(&self.seal_key);
+        ctx.update(domain);
+        ctx.update(bytes);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.sign().as_ref());
+        Sha256Digest(out)
     }
 
     /// Opens an MCP session on `name`: its calls bind to the snapshot it sees now.
@@ -475,14 +524,26 @@ impl FormationHost {
     }
 
     /// Resumes a session that names the snapshot it saw (a client reconnecting): the
-    /// snapshot is read back from the log and checked against its id.
+    /// snapshot is read back from the log and checked against its id. A sealed one (a
+    /// labelled list) resumes only in the process that listed it, which holds its names.
     pub fn resume_session(&self, id: &Sha256Digest) -> Result<Session, ExecutorError> {
         let entry = logged(&self.snapshots, "snapshot", id)?;
         let stored = self.log.snapshot_at(entry).map_err(ExecutorError::Formation)?;
         if !stored.is(id) {
             return Err(substituted("snapshot", id));
         }
-        Ok(Session { snapshot: stored.snapshot, id: *id, entry })
+        let snapshot = match stored.snapshot.sealed {
+            None => stored.snapshot,
+            Some(_) => lock(&self.unsealed).get(id).cloned().ok_or_else(|| {
+                ExecutorError::Formation(format!(
+                    "snapshot {} is of a tool list labelled {}, whose names only the process that listed them \
+                     holds: list the tools again",
+                    id.short(),
+                    stored.snapshot.label
+                ))
+            })?,
+        };
+        Ok(Session { snapshot, id: *id, entry })
     }
 
     fn current(st: &HostState, name: &ReleaseName) -> Result<Arc<HostedRelease>, ExecutorError> {
@@ -505,13 +566,20 @@ impl FormationHost {
             .ok_or_else(|| ExecutorError::Formation(format!("no release named {}", snapshot.name)))?;
         // A session may have seen a release retired since: its calls are still formed on
         // what it saw, and the fence decides where they may run.
-        let seen = lock(&self.snapshots).contains_key(&snapshot.id());
+        let recorded = self.as_recorded(snapshot);
+        let seen = lock(&self.snapshots).contains_key(&recorded.id());
         if l.version(&snapshot.release) != Some(snapshot.version.as_str()) || !(seen || l.is_live(&snapshot.release)) {
             return Err(ExecutorError::Formation(format!(
                 "snapshot of {} {} ({}): no tools/list of that release was answered here; list the tools again",
                 snapshot.name,
                 snapshot.version,
                 short(&snapshot.release)
+            )));
+        }
+        if snapshot.sealed.is_some() {
+            return Err(ExecutorError::Formation(format!(
+                "snapshot of {} {}: a sealed tool list (labelled {}) names no tool; list the tools again",
+                snapshot.name, snapshot.version, snapshot.label
             )));
         }
         if !snapshot.tools.contains_key(&req.tool) {
@@ -538,8 +606,8 @@ impl FormationHost {
             }
         }
         let record = FormationRecord {
-            snapshot: snapshot.clone(),
-            tool: req.tool.clone(),
+            tool: self.recorded_tool(snapshot, &req.tool),
+            snapshot: recorded,
             arguments: Sha256Digest::of_json(&Value::Object(req.arguments.clone())),
             policy,
             formed_at_ms: now_ms(),
@@ -550,7 +618,7 @@ impl FormationHost {
         };
         let entry = FormationEntry::new(record);
         self.recorded(snapshot.clone())?;
-        self.store_pending(&entry.id, req)?;
+        self.store_pending(&entry.id, req, snapshot.label.is_empty())?;
         let index = self.log.append_formation(&entry).map_err(ExecutorError::Formation)?;
         lock(&self.formations).insert(entry.id, index);
         Ok(entry)
@@ -573,7 +641,17 @@ impl FormationHost {
             .or(pending)
             .ok_or_else(|| ExecutorError::Formation(format!("formation {}: the call is not kept here", id.short())))?;
         let record = &entry.record;
-        if req.tool != record.tool || !record.binds(&Value::Object(req.arguments.clone())) {
+        if self.recorded_tool(&record.snapshot, &req.tool) != record.tool
+            || !record.binds(&Value::Object(req.arguments.clone()))
+        {
+            if record.snapshot.sealed.is_some() {
+                return Err(ExecutorError::Formation(format!(
+                    "formation {}: formed from a tool list labelled {}, whose names only the process that listed \
+                     them can check (form it again), or the call's tool or arguments differ",
+                    id.short(),
+                    record.snapshot.label
+                )));
+            }
             return Err(ExecutorError::Formation(format!(
                 "formation {}: the call's tool or arguments differ from the formed ones (form it again)",
                 id.short()
@@ -682,6 +760,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Debug builds (tests) may log labelled tool lists unsealed, as before 2026-12-06, with
+/// `GERMLINE_TEST_LIST_SEAL_OFF=1`, to show what sealing stops; release builds ignore it.
+fn sealing_switched_off() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("GERMLINE_TEST_LIST_SEAL_OFF").is_some_and(|v| v == "1")
+}
+
+fn fresh_key() -> Result<[u8; 32], ExecutorError> {
+    let mut k = [0u8; 32];
+    getrandom::fill(&mut k).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+    Ok(k)
+}
+
 fn fresh_nonce() -> Result<String, ExecutorError> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
@@ -708,8 +798,8 @@ mod tests {
     }
 
     impl ReleaseRunner for SlowRunner {
-        fn list_tools(&self, _: &HostedRelease) -> Result<Value, ExecutorError> {
-            Ok(serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}))
+        fn list_tools(&self, _: &HostedRelease) -> Result<(Value, Label), ExecutorError> {
+            Ok((serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}), Label::empty()))
         }
 
         fn run(&self, r: &HostedRelease, _: &CallRequest, fence: &mut Fence<'_>) -> Result<CallOutcome, ExecutorError> {
@@ -723,6 +813,78 @@ mod tests {
         }
 
         fn stop(&self, _: &HostedRelease) {}
+    }
+
+    /// A release whose tools only a copy holding hr data could list: one tool, named
+    /// after that data.
+    struct LabelledRunner;
+
+    const HR_NAME: &str = "GLC-hr-5a17c0ffee";
+
+    impl ReleaseRunner for LabelledRunner {
+        fn list_tools(&self, _: &HostedRelease) -> Result<(Value, Label), ExecutorError> {
+            let label = Label::parse(["hr"])?;
+            Ok((serde_json::json!({"tools": [{"name": HR_NAME, "description": "d", "inputSchema": {}}]}), label))
+        }
+
+        fn run(&self, r: &HostedRelease, _: &CallRequest, fence: &mut Fence<'_>) -> Result<CallOutcome, ExecutorError> {
+            fence(Some(r.release))?;
+            Ok(CallOutcome::default())
+        }
+
+        fn stop(&self, _: &HostedRelease) {}
+    }
+
+    #[test]
+    fn a_labelled_tool_list_is_logged_sealed_and_resumes_only_in_the_process_that_listed_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let python = PythonRuntime {
+            python: "/nonexistent".into(),
+            shim_dir: dir.path().into(),
+            read_paths: vec![],
+            layout: Default::default(),
+        };
+        let log = Arc::new(MemoryFormationLog::default());
+        let rel = release(dir.path(), "1");
+        let name = ReleaseName::new("fake").unwrap_or_else(|e| panic!("{e}"));
+        let req = CallRequest { tool: HR_NAME.into(), ..Default::default() };
+        let logged = |log: &MemoryFormationLog| format!("{:?}", log.replay().unwrap_or_default());
+        let (session, pending) = {
+            let host = FormationHost::open_with(log.clone(), Arc::new(LabelledRunner), python.clone())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let a = host.admit(&rel).unwrap_or_else(|e| panic!("{e}"));
+            host.promote(&a).unwrap_or_else(|e| panic!("{e}"));
+            let (tools, session) = host.open_session(&name).unwrap_or_else(|e| panic!("{e}"));
+            // The caller (cleared for the label: the front checks) gets the names.
+            assert!(tools.to_string().contains(HR_NAME) && session.snapshot.tools.contains_key(HR_NAME));
+            assert_eq!(session.snapshot.label, Label::parse(["hr"]).unwrap_or_else(|e| panic!("{e}")));
+            // In this process, the session resumes with its names and its calls run.
+            let resumed = host.resume_session(&session.id).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(resumed.snapshot, session.snapshot);
+            host.session_call(&resumed, &req).unwrap_or_else(|e| panic!("{e}"));
+            let pending = host.form(&session.snapshot, &req).unwrap_or_else(|e| panic!("{e}"));
+            // The log holds no name of the list: not in the snapshot, not as a formed tool.
+            let text = logged(&log);
+            assert!(!text.contains(HR_NAME), "{text}");
+            assert!(text.contains("sealed: Some(") && text.contains("\"sealed:"), "{text}");
+            // Mechanism off (sealing skipped): the log holds the name.
+            let off = MemoryFormationLog::default();
+            let unsealed = session.snapshot.clone().labelled(Label::empty());
+            off.append(&FcdRecord::Snapshot(SnapshotEntry::new(unsealed))).unwrap_or_else(|e| panic!("{e}"));
+            assert!(logged(&off).contains(HR_NAME));
+            (session, pending)
+        };
+        // Another process over the same log: the audit passes, but neither the snapshot nor
+        // the pending formation can be opened there.
+        let host = FormationHost::open_with(log, Arc::new(LabelledRunner), python).unwrap_or_else(|e| panic!("{e}"));
+        host.attach(&rel, None).unwrap_or_else(|e| panic!("{e}"));
+        let e = host.resume_session(&session.id).expect_err("sealed elsewhere").to_string();
+        assert!(e.contains("list the tools again") && e.contains("{hr}") && !e.contains(HR_NAME), "{e}");
+        let e = host.dispatch(&pending.id, Some(&req)).expect_err("sealed elsewhere").to_string();
+        assert!(e.contains("form it again") && !e.contains(HR_NAME), "{e}");
+        // Listed again, the calls run.
+        let (_, again) = host.open_session(&name).unwrap_or_else(|e| panic!("{e}"));
+        host.session_call(&again, &req).unwrap_or_else(|e| panic!("{e}"));
     }
 
     fn release(root: &Path, version: &str) -> PathBuf {
@@ -739,8 +901,8 @@ mod tests {
     struct CrashingRunner;
 
     impl ReleaseRunner for CrashingRunner {
-        fn list_tools(&self, _: &HostedRelease) -> Result<Value, ExecutorError> {
-            Ok(serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}))
+        fn list_tools(&self, _: &HostedRelease) -> Result<(Value, Label), ExecutorError> {
+            Ok((serde_json::json!({"tools": [{"name": "t", "description": "d", "inputSchema": {}}]}), Label::empty()))
         }
 
         fn run(&self, r: &HostedRelease, _: &CallRequest, fence: &mut Fence<'_>) -> Result<CallOutcome, ExecutorError> {

@@ -69,6 +69,8 @@ pub const EVIDENCE_VERSION: u32 = 2;
 
 /// Domain separation of the evidence commitment.
 const EVIDENCE_DOMAIN: &[u8] = b"germline-evidence v2\n";
+/// Domain of the keyed commitment that stands for a sealed tool name.
+const TOOL_DOMAIN: &[u8] = b"germline-evidence tool\n";
 
 /// Longest tool name published as is; longer or unusual names are published by hash.
 const MAX_PUBLIC_TOOL_NAME: usize = 128;
@@ -125,6 +127,11 @@ pub struct TriggerEvidence {
     /// commitment itself; present only in the opening.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub secret: String,
+    /// The release's tools were listed by a copy holding start-up data, so `tool` may be a
+    /// name that copy chose: it is published only as a keyed commitment
+    /// ([`PublicEvidence::tool`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool_sealed: bool,
 }
 
 /// What is published of a trigger: call metadata and a keyed commitment (module docs).
@@ -134,7 +141,9 @@ pub struct PublicEvidence {
     pub version: u32,
     /// The release.
     pub release: ReleaseHash,
-    /// The tool called, or `sha256:<hex>` of its name when that is not a short plain name.
+    /// The tool called, or `sha256:<hex>` of its name when that is not a short plain name,
+    /// or `hmac:<hex>` (keyed by the trigger's secret, so only an opening shows it) when
+    /// the release's tool list was made from start-up data and its names are that data's.
     pub tool: String,
     /// How many items the call had.
     pub items: u32,
@@ -221,7 +230,11 @@ impl TriggerEvidence {
         Ok(PublicEvidence {
             version: EVIDENCE_VERSION,
             release: self.release,
-            tool: public_tool_name(&self.tool),
+            tool: if self.tool_sealed {
+                format!("hmac:{}", keyed_commitment(&self.secret, TOOL_DOMAIN, self.tool.as_bytes())?)
+            } else {
+                public_tool_name(&self.tool)
+            },
             items: u32::try_from(self.items.len()).unwrap_or(u32::MAX),
             copies: u32::try_from(self.copies).unwrap_or(u32::MAX),
             commitment,
@@ -286,4 +299,60 @@ impl TriggerEvidence {
 pub fn encode_replies(replies: &BTreeMap<HostName, Vec<Vec<u8>>>) -> BTreeMap<HostName, Vec<String>> {
     let b64 = base64::engine::general_purpose::STANDARD;
     replies.iter().map(|(h, rs)| (h.clone(), rs.iter().map(|r| b64.encode(r)).collect())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use germline_model::TriggerKind;
+
+    fn evidence(tool: &str, tool_sealed: bool) -> TriggerEvidence {
+        TriggerEvidence {
+            version: EVIDENCE_VERSION,
+            release: ReleaseHash::of_bytes(b"r"),
+            tool: tool.into(),
+            arguments: Map::new(),
+            host: HostName::new("ocr.example").unwrap_or_else(|e| panic!("{e}")),
+            kind: TriggerKind::Extra,
+            position: 0,
+            serving_view: vec![],
+            trigger_view: vec![],
+            items: vec![],
+            twin: TwinInputs { clock: 0.0, seed: "00".into() },
+            slot: Map::new(),
+            slot_label: Label::empty(),
+            replies: BTreeMap::new(),
+            serving_requests: vec![],
+            trigger_requests: vec![],
+            copies: 2,
+            secret: fresh_secret().unwrap_or_else(|e| panic!("{e}")),
+            tool_sealed,
+        }
+    }
+
+    #[test]
+    fn a_tool_name_from_a_labelled_list_is_published_only_as_a_keyed_commitment() {
+        // Off (a data-free list): the name as is, or by unkeyed hash, which a reader who
+        // guesses the name can check.
+        let plain = evidence("GLC-hr-5a17c0ffee", false).public(true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(plain.tool, "GLC-hr-5a17c0ffee");
+        let long = "x".repeat(200);
+        assert_eq!(evidence(&long, false).public(true).unwrap_or_else(|e| panic!("{e}")).tool, public_tool_name(&long));
+        // On: a keyed commitment; two triggers of the same tool publish unrelated values.
+        let a = evidence("GLC-hr-5a17c0ffee", true);
+        let public = a.public(true).unwrap_or_else(|e| panic!("{e}"));
+        assert!(public.tool.starts_with("hmac:") && !public.tool.contains("GLC"), "{}", public.tool);
+        let text = serde_json::to_string(&public).unwrap_or_default();
+        assert!(!text.contains("GLC-hr") && !text.contains(&public_tool_name("GLC-hr-5a17c0ffee")[7..]), "{text}");
+        let b = evidence("GLC-hr-5a17c0ffee", true).public(true).unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(public.tool, b.tool);
+        // The opening checks it; an opening that unseals the name (flag cleared) does not.
+        a.opens(&public).unwrap_or_else(|e| panic!("{e}"));
+        let mut unsealed = a.clone();
+        unsealed.tool_sealed = false;
+        assert!(unsealed.opens(&public).is_err());
+        let mut other = a.clone();
+        other.tool = "lookup".into();
+        assert!(other.opens(&public).is_err());
+    }
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use crate::{ModelError, ReleaseHash};
+use crate::{Label, ModelError, ReleaseHash};
 
 /// A SHA-256 digest of canonical JSON (descriptors, arguments, snapshots, records).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -163,6 +163,13 @@ pub fn descriptor_digest(tool: &Value) -> Sha256Digest {
 
 /// What an agent saw when germline answered `tools/list`: the release behind it and the
 /// digest of every tool descriptor.
+///
+/// A list that only a copy holding start-up data could make (issue 16) carries that data's
+/// label, and its names are the data's: the copy chose them. Such a snapshot is recorded
+/// sealed ([`FormationSnapshot::as_recorded`]): the log holds its name, version, release
+/// and label, and in place of the tools a keyed digest of them under a key that only the
+/// process that listed them holds, so a reader of the log learns neither a name nor how
+/// many there are.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FormationSnapshot {
     /// Release name.
@@ -171,8 +178,14 @@ pub struct FormationSnapshot {
     pub version: String,
     /// The exact release.
     pub release: ReleaseHash,
-    /// Tool name → descriptor digest.
+    /// Tool name → descriptor digest (empty once sealed).
     pub tools: BTreeMap<String, Sha256Digest>,
+    /// The list's label: empty for a list a data-free copy made.
+    #[serde(default, skip_serializing_if = "Label::is_empty")]
+    pub label: Label,
+    /// As recorded, for a labelled list: the keyed digest that stands for `tools`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<Sha256Digest>,
 }
 
 impl FormationSnapshot {
@@ -191,7 +204,22 @@ impl FormationSnapshot {
                 return Err(ModelError::BadToolsList);
             }
         }
-        Ok(FormationSnapshot { name, version: version.to_owned(), release, tools })
+        Ok(FormationSnapshot { name, version: version.to_owned(), release, tools, label: Label::empty(), sealed: None })
+    }
+
+    /// The snapshot of a list made by a copy holding data labelled `label`.
+    pub fn labelled(mut self, label: Label) -> Self {
+        self.label = label;
+        self
+    }
+
+    /// The snapshot as the log records it: as it is when its list is data-free (or it is
+    /// sealed already), else sealed: no tools, and `seal(tools)` in their place.
+    pub fn as_recorded(&self, seal: impl FnOnce(&BTreeMap<String, Sha256Digest>) -> Sha256Digest) -> Self {
+        if self.label.is_empty() || self.sealed.is_some() {
+            return self.clone();
+        }
+        FormationSnapshot { tools: BTreeMap::new(), sealed: Some(seal(&self.tools)), ..self.clone() }
     }
 
     /// The snapshot's id (digest of its canonical JSON).
@@ -914,6 +942,30 @@ mod tests {
             effect: "read".into(),
         });
         assert!(e.check().is_err(), "an added successor changes the id");
+    }
+
+    #[test]
+    fn a_labelled_list_is_recorded_without_its_names_and_a_data_free_one_as_it_is() {
+        let tools = json!({"tools": [{"name": "GLC-hr-5a17c0ffee", "description": "d"}, {"name": "lookup"}]});
+        let free = FormationSnapshot::of_tools_list(name(), "2", h(b"n"), &tools).unwrap_or_else(|e| panic!("{e}"));
+        let seal = |t: &BTreeMap<String, Sha256Digest>| Sha256Digest::of(&(7, t));
+        // Data-free: recorded as it is, with the id it always had (no new fields).
+        let stored = free.as_recorded(seal);
+        assert_eq!(stored, free);
+        assert!(!serde_json::to_string(&stored).unwrap_or_default().contains("label"));
+        // Labelled: the log's copy names no tool and does not say how many there are.
+        let hr = free.clone().labelled(Label::parse(["hr"]).unwrap_or_else(|e| panic!("{e}")));
+        let stored = hr.as_recorded(seal);
+        let text = serde_json::to_string(&SnapshotEntry::new(stored.clone())).unwrap_or_default();
+        assert!(!text.contains("GLC-hr") && !text.contains("lookup"), "{text}");
+        assert!(stored.tools.is_empty() && stored.sealed == Some(seal(&hr.tools)), "{text}");
+        assert_eq!((stored.name, stored.release, stored.label), (hr.name.clone(), hr.release, hr.label.clone()));
+        assert_ne!(hr.as_recorded(seal).id(), free.id());
+        // Sealing twice changes nothing; another list seals to another digest.
+        assert_eq!(hr.as_recorded(seal).as_recorded(|_| Sha256Digest([0; 32])), hr.as_recorded(seal));
+        let mut other = hr.clone();
+        other.tools.remove("lookup");
+        assert_ne!(other.as_recorded(seal).id(), hr.as_recorded(seal).id());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use germline_executor::dispatch::{
     call_params, named_snapshot, Fence, FormationHost, HostedRelease, ReleaseRunner, RunResult, Session,
 };
 use germline_executor::ExecutorError;
-use germline_model::{FormationEntry, Lifecycle, ReleaseHash, ReleaseName, Sha256Digest};
+use germline_model::{FormationEntry, Label, Lifecycle, ReleaseHash, ReleaseName, Sha256Digest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -50,8 +50,9 @@ impl ServiceRunner {
 }
 
 impl ReleaseRunner for ServiceRunner {
-    fn list_tools(&self, release: &HostedRelease) -> Result<Value, ExecutorError> {
-        self.with_host(release, |h| h.rt.list_tools())
+    /// Data-free only: the service forms calls from no list a copy holding data made.
+    fn list_tools(&self, release: &HostedRelease) -> Result<(Value, Label), ExecutorError> {
+        self.with_host(release, |h| Ok((h.rt.list_tools()?, Label::empty())))
     }
 
     fn run(&self, release: &HostedRelease, req: &CallRequest, fence: &mut Fence<'_>) -> RunResult {
