@@ -643,9 +643,12 @@ fn metrics_latency_spells_an_hr_digit_to_a_metrics_reader() {
 }
 
 /// Hex digits read from how much longer than after a digit-0 trigger each wait took (the
-/// `replay-lock` probe sleeps 0.15 s per unit, 3 tries), and how many match the first
-/// digits of `canary`.
-fn spell_digits(extra: &[f64], canary: &str, what: &str) -> (String, usize) {
+/// `replay-lock` probe sleeps 0.15 s per unit, 3 tries), how many match the first digits
+/// of `canary`, and the largest distance, in units, between a wait and its digit of
+/// `canary`. On 2 shared cores a wait lands up to about 0.9 units off (CI, 2026-12-06), so
+/// exact digits are luck; a channel shows as every wait within 1.5 units of its digit
+/// (fewer than 4 of 16 values each), which waits that carry nothing are not.
+fn spell_digits(extra: &[f64], canary: &str, what: &str) -> (String, usize, f64) {
     let unit = 3.0 * 0.15;
     let spelled: String = extra
         .iter()
@@ -657,8 +660,17 @@ fn spell_digits(extra: &[f64], canary: &str, what: &str) -> (String, usize) {
         })
         .collect();
     let right = spelled.chars().zip(canary.chars()).filter(|(a, b)| a == b).count();
-    eprintln!("read {spelled}, the hr document begins {}: {right}/{} hex digits", &canary[..extra.len()], extra.len());
-    (spelled, right)
+    let off_by = extra
+        .iter()
+        .zip(canary.chars())
+        .map(|(w, c)| (w / unit - f64::from(c.to_digit(16).unwrap_or(0))).abs())
+        .fold(0.0, f64::max);
+    eprintln!(
+        "read {spelled}, the hr document begins {}: {right}/{} hex digits, every wait within {off_by:.2} units of its digit",
+        &canary[..extra.len()],
+        extra.len()
+    );
+    (spelled, right, off_by)
 }
 
 /// Found by the adversarial pass of 2026-12-04 (`tests/attacks/outputs/replay-lock`). An hr
@@ -697,10 +709,10 @@ fn replay_time_holding_the_lane_spells_hr_digits_to_the_next_public_caller() {
         let extra: Vec<f64> = (0..7).map(|i| round(i) - zero).collect();
         spell_digits(&extra, CANARY, "the next public call waited")
     };
-    let (off, right) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
-    assert!(right >= 6, "off: the replay time spells the canary: {off} against {CANARY}");
-    let (on, right) = read(&[]);
-    assert!(right <= 2, "on: no call waits for a replay: {on} against {CANARY}");
+    let (off, _, off_by) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
+    assert!(off_by <= 1.5, "off: the replay time spells the canary: {off} against {CANARY}, off by {off_by:.2}");
+    let (on, right, off_by) = read(&[]);
+    assert!(right <= 2 && off_by > 1.5, "on: no call waits for a replay: {on} against {CANARY}");
 }
 
 /// Found by the adversarial pass of 2026-12-05 (`tests/attacks/outputs/replay-tunnel`).
@@ -817,11 +829,10 @@ fn session_stdout_timing_spells_hr_digits_a_public_session_reader_never_got() {
         let extra: Vec<f64> = gaps[1..].iter().map(|g| g - gaps[0]).collect();
         spell_digits(&extra, CANARY, "the next outcome came")
     };
-    let (off, right) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
-    // 3 of 5 exact hex digits happen by chance with p < 0.003.
-    assert!(right >= 3, "off: the session's output timing spells the hr digits: {off}");
-    let (on, right) = read(&[]);
-    assert!(right <= 2, "on: no outcome waits for a replay: {on}");
+    let (off, _, off_by) = read(&[("GERMLINE_TEST_VERIFY_IN_LANE", "1")]);
+    assert!(off_by <= 1.5, "off: the session's output timing spells the hr digits: {off}, off by {off_by:.2}");
+    let (on, right, off_by) = read(&[]);
+    assert!(right <= 2 && off_by > 1.5, "on: no outcome waits for a replay: {on}");
 }
 
 /// `tests/attacks/outputs/replay-floor` (adversarial pass of 2026-12-06): the host's

@@ -838,12 +838,7 @@ mod tests {
     #[test]
     fn a_labelled_tool_list_is_logged_sealed_and_resumes_only_in_the_process_that_listed_it() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let python = PythonRuntime {
-            python: "/nonexistent".into(),
-            shim_dir: dir.path().into(),
-            read_paths: vec![],
-            layout: Default::default(),
-        };
+        let python = no_python(dir.path());
         let log = Arc::new(MemoryFormationLog::default());
         let rel = release(dir.path(), "1");
         let name = ReleaseName::new("fake").unwrap_or_else(|e| panic!("{e}"));
@@ -887,6 +882,16 @@ mod tests {
         host.session_call(&again, &req).unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// These hosts list and run through test runners: no interpreter runs.
+    fn no_python(dir: &Path) -> PythonRuntime {
+        PythonRuntime {
+            python: "/nonexistent".into(),
+            shim_dir: dir.into(),
+            read_paths: vec![],
+            layout: Default::default(),
+        }
+    }
+
     fn release(root: &Path, version: &str) -> PathBuf {
         let dir = root.join(version);
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
@@ -916,12 +921,7 @@ mod tests {
     #[test]
     fn a_formation_dispatched_before_a_crash_is_refused_after_the_restart() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let python = PythonRuntime {
-            python: "/nonexistent".into(),
-            shim_dir: dir.path().into(),
-            read_paths: vec![],
-            layout: Default::default(),
-        };
+        let python = no_python(dir.path());
         let log = Arc::new(MemoryFormationLog::default());
         let rel = release(dir.path(), "1");
         let req = CallRequest { tool: "t".into(), ..Default::default() };
@@ -964,12 +964,7 @@ mod tests {
             hold: Duration::from_millis(300),
             finished: Mutex::new(None),
         });
-        let python = PythonRuntime {
-            python: "/nonexistent".into(),
-            shim_dir: dir.path().into(),
-            read_paths: vec![],
-            layout: Default::default(),
-        };
+        let python = no_python(dir.path());
         let host = Arc::new(
             FormationHost::open_with(Arc::new(MemoryFormationLog::default()), runner.clone(), python)
                 .unwrap_or_else(|e| panic!("{e}")),
