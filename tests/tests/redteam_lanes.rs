@@ -112,7 +112,8 @@ fn futex_off_and_on(what: &str, variant: impl Fn() -> (usize, usize, String)) {
     let _one = serial();
     let off = futex_waits(true, &variant);
     eprintln!("{what}, shared waits on: {} of 96 bits equal, {} words woke ({})", off.0, off.1, off.2);
-    assert!(off.0 >= 90 && off.1 > 0, "{what}, off: the canary crosses ({} of 96 bits)", off.0);
+    // Chance is 48 ± 5 of 96; CI under load read 86 (2026-12-06).
+    assert!(off.0 >= 80 && off.1 > 0, "{what}, off: the canary crosses ({} of 96 bits)", off.0);
     let on = futex_waits(false, &variant);
     eprintln!("{what}, shared waits refused: {} of 96 bits equal, {} words woke ({})", on.0, on.1, on.2);
     assert_eq!(on.1, 0, "{what}, on: no word wakes");
