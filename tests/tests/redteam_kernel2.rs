@@ -598,14 +598,14 @@ fn statfs_decode(reads: &[String]) -> String {
 fn statfs_free_blocks_moved_by_trigger_openings_carry_the_canary_to_another_release() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
     // Another writer on the host can move the count by as much as an opening now and then,
-    // so the off run counts the bits it got right: 88 of 96 is a disclosure all the same
-    // (chance is 48).
+    // so the off run counts the bits it got right: 80 of 96 is a disclosure all the same
+    // (chance is 48 ± 5).
     let (oracle, canary, reads) = statfs_run(true, 96);
     let text = statfs_decode(&reads);
     let want = u128::from_str_radix(canary.rsplit('-').next().unwrap_or_default(), 16).unwrap();
     let got = u128::from_str_radix(text.rsplit('-').next().unwrap_or_default(), 16).unwrap();
     let right = 96 - (want ^ got).count_ones();
-    assert!(right >= 88, "statfs off: {right}/96 bits of {canary} reach a public call: {text} ({reads:?})");
+    assert!(right >= 80, "statfs off: {right}/96 bits of {canary} reach a public call: {text} ({reads:?})");
     let whole = !oracle.disclosures("public", &[], text.as_bytes()).is_empty();
     eprintln!("statfs off: {right}/96 bits in 96 hr calls and 97 public reads ({text}; the whole canary: {whole})");
     let (oracle, _, reads) = statfs_run(false, 4);

@@ -97,8 +97,9 @@ fn the_floor_carries_the_canary_between_live_copies_only_from_a_tmpfs_scratch() 
     TMPFS_SCRATCH_FOR_TESTS.store(true, Ordering::SeqCst);
     let off = mgfloor("scratch", "scratch", SeccompPolicy::germline());
     TMPFS_SCRATCH_FOR_TESTS.store(false, Ordering::SeqCst);
-    // 96 on a quiet host; a loaded one costs a bit or two.
-    assert!(off.right >= 88, "off (tmpfs scratch): {}/96 in {:?}", off.right, off.took);
+    // 96 on a quiet host; a loaded one costs a few frames. Chance is 48 ± 5, so 80 is a
+    // disclosure all the same.
+    assert!(off.right >= 80, "off (tmpfs scratch): {}/96 in {:?}", off.right, off.took);
     let on = mgfloor("scratch", "scratch", SeccompPolicy::germline());
     assert!(on.sent.contains("stamps"), "on: the sender ran: {}", on.sent);
     assert!(!on.leaked, "on (ramfs scratch): the canary crossed");
@@ -110,7 +111,7 @@ fn the_floor_carries_the_canary_between_live_copies_only_from_a_tmpfs_scratch() 
 fn a_copy_cannot_make_a_memfd_to_move_the_floor_with() {
     let _t = TURNS.lock().unwrap_or_else(|p| p.into_inner());
     let off = mgfloor("memfd", "scratch", SeccompPolicy::denylist_only());
-    assert!(off.right >= 88, "off (memfd allowed): {}/96 in {:?}", off.right, off.took);
+    assert!(off.right >= 80, "off (memfd allowed): {}/96 in {:?}", off.right, off.took);
     let on = mgfloor("memfd", "scratch", SeccompPolicy::germline());
     assert!(on.sent.contains("Operation not permitted"), "on: memfd_create is refused: {}", on.sent);
     assert!(!on.leaked && on.right < 80, "on: {}/96 bits", on.right);
