@@ -389,6 +389,12 @@ impl Drop for CopyPool {
             let mut st = self.shared.lock();
             st.closed = true;
             st.ready.clear();
+            // A copy being readied may be stopped by the last call and never let run on
+            // (the resuming thread stops too): killed, the refill thread's read of it ends
+            // at once rather than at its readying deadline.
+            for r in st.readying_copies.drain(..) {
+                r.killer.kill();
+            }
         }
         self.shared.changed.notify_all();
         for h in self.threads.drain(..) {

@@ -383,3 +383,24 @@ fn the_germline_warms_the_sdk_with_one_session_and_never_runs_a_releases_lifespa
         assert_eq!(result_text(&o), "[1]", "pool {pool}: the release's lifespan runs in the copy only ({:?})", o.error);
     }
 }
+
+/// Dropping a runtime right after its calls returns at once: a copy being readied that the
+/// last call stopped (it runs on only once no copy holds data) is killed with the pool, so
+/// the refill thread's read of it ends then, not at the readying deadline (30 s). Calls
+/// back to back leave such a copy most times; five rounds make it all but certain.
+#[test]
+fn a_runtime_dropped_right_after_calls_goes_at_once() {
+    let w = World::new();
+    let rel = w.release("counter", "", COUNTER);
+    for round in 0..5 {
+        let mut rt = pooled(&w, &rel, 2, "");
+        for i in 0..3 {
+            let o = rt.call(&request("count", json!({}), &[]));
+            assert_eq!(result_text(&o), "1", "round {round}, call {i} ({:?})", o.error);
+        }
+        let t = std::time::Instant::now();
+        drop(rt);
+        let took = t.elapsed();
+        assert!(took < Duration::from_secs(10), "round {round}: the drop took {took:?}");
+    }
+}
