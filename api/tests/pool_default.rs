@@ -79,8 +79,16 @@ fn paced(n: usize, stop_when_pooled: bool, mut call: impl FnMut() -> String) -> 
     seen
 }
 
-/// Pooled by default: some answer is 2 and every one is 1 or 2. `--pool 0`: every answer is 1.
-fn check(front: &str, default: &[String], pool_0: &[String]) {
+/// `--pool P`, when a pool size is given.
+fn pool_arg(pool: Option<&str>) -> Vec<OsString> {
+    pool.map(|p| vec!["--pool".into(), p.into()]).unwrap_or_default()
+}
+
+/// Runs `front` by default and with `--pool 0` (`run(pool, calls)` returns the answers).
+/// Pooled by default: some answer is 2 and every one is 1 or 2. `--pool 0`: every answer
+/// is 1.
+fn check(front: &str, run: impl Fn(Option<&str>, usize) -> Vec<String>) {
+    let (default, pool_0) = (run(None, DEFAULT_CALLS), run(Some("0"), POOL_0_CALLS));
     eprintln!("{front}: default {default:?}, --pool 0 {pool_0:?}");
     assert!(default.iter().all(|a| a == "1" || a == "2"), "{front}: each copy serves one call: {default:?}");
     assert!(default.iter().any(|a| a == "2"), "{front}: a call was served from the pool by default: {default:?}");
@@ -138,9 +146,7 @@ fn session_pools_by_default_and_pool_0_forks_per_call() {
     let run = |pool: Option<&str>, n: usize| {
         let mut args: Vec<OsString> = vec!["session".into(), "--release".into(), rel.clone().into()];
         args.extend(["--policy".into(), policy.clone().into(), "--calls".into(), "/dev/stdin".into()]);
-        if let Some(p) = pool {
-            args.extend(["--pool".into(), p.into()]);
-        }
+        args.extend(pool_arg(pool));
         let mut s = Lines::spawn(germline(dir, &args));
         paced(n, pool.is_none(), || {
             s.send(&json!({"tool": "look", "arguments": {}}));
@@ -149,7 +155,7 @@ fn session_pools_by_default_and_pool_0_forks_per_call() {
             text(&out["result"])
         })
     };
-    check("session", &run(None, DEFAULT_CALLS), &run(Some("0"), POOL_0_CALLS));
+    check("session", run);
 }
 
 #[test]
@@ -159,9 +165,7 @@ fn wrap_pools_by_default_and_pool_0_forks_per_call() {
     let rel = release(dir);
     let run = |pool: Option<&str>, n: usize| {
         let mut args: Vec<OsString> = vec!["wrap".into()];
-        if let Some(p) = pool {
-            args.extend(["--pool".into(), p.into()]);
-        }
+        args.extend(pool_arg(pool));
         args.extend(["--".into(), rel.clone().into()]);
         let mut w = Lines::spawn(germline(dir, &args));
         w.send(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -178,7 +182,7 @@ fn wrap_pools_by_default_and_pool_0_forks_per_call() {
             text(&out["result"])
         })
     };
-    check("wrap", &run(None, DEFAULT_CALLS), &run(Some("0"), POOL_0_CALLS));
+    check("wrap", run);
 }
 
 #[test]
@@ -206,5 +210,5 @@ fn serve_pools_by_default_and_pool_0_forks_per_call() {
             text(&r.json()["result"])
         })
     };
-    check("serve", &run(None, DEFAULT_CALLS), &run(Some("0"), POOL_0_CALLS));
+    check("serve", run);
 }
