@@ -1081,28 +1081,17 @@ impl PreparedSandbox {
             }
             None => GERMLINE_CONTROL_FD,
         };
-        // Nothing else the broker holds (or inherited) may reach the germline: close_range
-        // over descriptors above stdio (and the test's control socket), sparing only the
-        // close-on-exec report pipe, which exec closes, and the broker's pidfd for the
-        // first process, which exec keeps.
-        let report = self.report.as_raw_fd() as c_uint;
-        let mut keep = [report, self.broker_pidfd.map_or(report, |fd| fd as c_uint)];
-        if keep[0] > keep[1] {
-            keep.swap(0, 1);
-        }
-        let mut from = first_closed as c_uint;
-        for k in keep {
-            if k < from {
-                continue;
-            }
-            if k > from {
-                // SAFETY: close_range over a range of descriptor numbers.
-                check(unsafe { syscall(SYS_close_range, from, k - 1, 0) as c_int })?;
-            }
-            from = k + 1;
-        }
-        // SAFETY: as above.
-        check(unsafe { syscall(SYS_close_range, from, c_uint::MAX, 0) as c_int })?;
+        // Nothing else the broker holds (or inherited) may reach the germline: every
+        // descriptor above stdio (and the test's control socket) is marked close-on-exec,
+        // so exec closes it. Marked, not closed here: the standard library's own
+        // close-on-exec pipe, which tells the parent why an exec failed (an interpreter the
+        // root cannot run, say), stays open until exec, so that failure is an error the
+        // broker reads instead of an abort in the child. Only this pre-exec code runs in
+        // between. The broker's pidfd for the first process is kept across exec below.
+        // SAFETY: close_range over a range of descriptor numbers, marking only.
+        check(unsafe {
+            syscall(SYS_close_range, first_closed as c_uint, c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) as c_int
+        })?;
         if let Some(fd) = self.broker_pidfd {
             // SAFETY: clears close-on-exec on a descriptor the broker passed.
             self.step(Step::ControlFd as u32, check(unsafe { fcntl(fd, F_SETFD, 0) }))?;

@@ -94,6 +94,18 @@ impl PythonRuntime {
         }
         let paths: Vec<String> = serde_json::from_slice(&out.stdout)
             .map_err(|e| ExecutorError::Sandbox(format!("interpreter paths: {e}")))?;
+        // A launcher script (a pyenv or asdf shim: `#!/usr/bin/env bash`, then a version
+        // manager picks the interpreter) runs neither in the germline's root, which holds
+        // no version manager, nor as the interpreter it names: the germline runs what the
+        // script ran, `sys.executable`. (A venv's `python` is a symlink to a binary, not a
+        // script, and is kept as it is: only its own path makes it the venv's.)
+        let python = match paths.first().map(PathBuf::from) {
+            Some(real) if is_script(&python) && real.is_absolute() && real.is_file() => {
+                tracing::info!("{} is a launcher script; the germline runs {}", python.display(), real.display());
+                real
+            }
+            _ => python,
+        };
         let mut read: BTreeSet<PathBuf> = BTreeSet::new();
         for p in paths.iter().filter(|p| !p.is_empty()) {
             let pb = PathBuf::from(p);
@@ -148,6 +160,13 @@ impl PythonRuntime {
         };
         format!("Python {version} ({}), {heap}", self.python.display())
     }
+}
+
+/// Whether `path` is a script (starts with `#!`) rather than a binary.
+fn is_script(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok() && &head == b"#!"
 }
 
 fn which(name: &Path) -> Result<PathBuf, ExecutorError> {
@@ -987,7 +1006,12 @@ impl Germline {
         let report = sandbox.install(&mut cmd);
         let spawned = cmd.spawn();
         drop(broker_pidfd);
-        let mut child = spawned.map_err(|e| ExecutorError::refused("start", report.explain(&e)))?;
+        let mut child = spawned.map_err(|e| {
+            ExecutorError::refused(
+                "start",
+                format!("{} (the interpreter: {})", report.explain(&e), spec.runtime.python.display()),
+            )
+        })?;
         // The broker's copy of the stderr pipe's write end goes with the command, so the
         // reader sees the end of the file once the germline and its first processes close it.
         drop(cmd);

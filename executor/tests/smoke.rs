@@ -148,3 +148,48 @@ fn a_sandbox_that_fails_to_build_names_the_step() {
     let why = report.explain(&e);
     assert!(why.contains("entering the release directory failed"), "{why}");
 }
+
+/// Bad input: an interpreter that cannot be executed in the germline's root is refused
+/// with the exec's own error and the interpreter named, not an abort in the child. (With
+/// the child's descriptors closed before exec, the standard library's exec-error pipe was
+/// gone too, and the germline died of SIGABRT with "fatal runtime error: assertion
+/// failed: output.write(&bytes).is_ok()".)
+#[test]
+fn an_interpreter_the_root_cannot_run_is_refused_with_the_exec_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut spec = release(tmp.path(), "def create_server():\n    pass\n", &tmp.path().join("data"));
+    spec.runtime.python = tmp.path().join("no-such-python");
+    let e = match Germline::start(&spec) {
+        Ok(_) => panic!("a germline started with no interpreter"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("could not start the germline: No such file or directory"), "{e}");
+    assert!(e.contains("no-such-python"), "the interpreter is not named: {e}");
+    assert!(!e.contains("SIGABRT") && !e.contains("fatal runtime error"), "{e}");
+}
+
+/// A launcher script (the way pyenv and asdf put `python3` on PATH: a shell script that
+/// picks and runs an interpreter) is resolved to the interpreter it runs, which is what
+/// the germline's root holds; the germline starts and its copy answers.
+#[test]
+fn a_launcher_script_is_resolved_to_the_interpreter_it_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut spec = release(
+        tmp.path(),
+        "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    return FastMCP('s')\n",
+        &data,
+    );
+    let real = spec.runtime.python.clone();
+    let bin = tmp.path().join("shims");
+    std::fs::create_dir_all(&bin).unwrap();
+    let launcher = bin.join("python3");
+    std::fs::write(&launcher, format!("#!/bin/sh\nexec '{}' \"$@\"\n", real.display())).unwrap();
+    std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    spec.runtime = PythonRuntime::at(launcher.clone(), &tmp.path().join("shim")).unwrap();
+    assert_eq!(spec.runtime.python, real, "the launcher was not resolved");
+    let mut g = Germline::start(&spec).unwrap();
+    let copy = g.fork_copy().unwrap();
+    copy.kill().unwrap();
+}
