@@ -152,6 +152,12 @@ impl Taken {
 /// How long readying one copy may take (its server's start-up and `initialize`).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Copies in a row that must fail readying before the pool readies less (short of
+/// starting the server, then not at all): one failure may be the copy's own (killed from
+/// outside, out of memory for a moment) and says little about the release; two in a row,
+/// each a fresh copy of the same germline, say it of the release.
+const READY_ATTEMPTS: u32 = 2;
+
 struct State {
     source: Box<dyn CopySource>,
     ready: VecDeque<ReadyCopy>,
@@ -171,6 +177,8 @@ struct State {
     size: usize,
     /// How far copies are readied from now on.
     readiness: Readiness,
+    /// Copies that failed readying to `readiness` in a row, for no reason a call gave.
+    failures: u32,
     /// A failure of the source itself (a germline check): every later take returns it.
     failed: Option<ExecutorError>,
     closed: bool,
@@ -229,6 +237,7 @@ impl CopyPool {
                 readying_copies: Vec::new(),
                 size,
                 readiness,
+                failures: 0,
                 failed: None,
                 closed: false,
             }),
@@ -454,25 +463,35 @@ fn refill_loop(shared: &Shared) {
         // resuming thread letting it run, in between.
         let readied = readied.and_then(|r| r.copy.pause_idle(idle_checks()).map(|()| r));
         match readied {
-            Ok(r) if !st.closed && listed.is_some() => st.ready.push_back(r),
+            Ok(r) if !st.closed && listed.is_some() => {
+                st.failures = 0;
+                st.ready.push_back(r)
+            }
             Ok(_) => {}
             // Killed by a call that needed the germline quiet: nothing wrong with the copy.
             Err(_) if listed.is_none() => {}
             // Stopped by a call meanwhile (its readying may have run out of time).
             Err(e) if was_paused => tracing::debug!("a copy stopped while it was readied is dropped: {e}"),
+            Err(e) if st.failures + 1 < READY_ATTEMPTS => {
+                st.failures += 1;
+                tracing::info!("a data-free copy could not be readied ({e}); readying another");
+            }
             // The copy held nothing: its error names no item. A server that needs its data
             // to start is readied short of starting from now on; the server starts at the
             // call, once the view is in.
             Err(e) if readiness == Readiness::Initialized => {
-                if st.readiness == Readiness::Initialized {
-                    tracing::warn!(
-                        "pooled copies of this release start their server at the call: a data-free copy could not be readied past initialize and left idle ({e})"
-                    );
-                }
+                tracing::warn!(
+                    "pooled copies of this release start their server at the call: {READY_ATTEMPTS} data-free copies \
+                     in a row could not be readied past initialize and left idle (the last: {e})"
+                );
                 st.readiness = Readiness::Connected;
+                st.failures = 0;
             }
             Err(e) => {
-                tracing::warn!("copy pool off for this release: a data-free copy could not be readied ({e})");
+                tracing::warn!(
+                    "copy pool off for this release: {READY_ATTEMPTS} data-free copies in a row could not be readied \
+                     (the last: {e})"
+                );
                 st.size = 0;
             }
         }

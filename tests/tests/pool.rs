@@ -404,3 +404,75 @@ fn a_runtime_dropped_right_after_calls_goes_at_once() {
         assert!(took < Duration::from_secs(10), "round {round}: the drop took {took:?}");
     }
 }
+
+const SLOW_WARM_UP: &str = r#"
+def create_server():
+    m = FastMCP("slow")
+    @m.tool()
+    def slow() -> str:
+        time.sleep(3)
+        return "warm"
+    @m.tool()
+    def count() -> str:
+        return "1"
+    return m
+"#;
+
+/// The germline's children now (a copy is one while it lives), on every thread.
+fn children(germline: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{germline}/task")).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    }
+    out
+}
+
+/// Kills the next copy `germline` makes (a child not in `seen`), half a second into its
+/// readying.
+fn kill_next(germline: i32, seen: &mut Vec<i32>, what: &str) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let copy = loop {
+        if let Some(c) = children(germline).into_iter().find(|c| !seen.contains(c)) {
+            break c;
+        }
+        assert!(std::time::Instant::now() < until, "{what}: no copy made");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    seen.push(copy);
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: SIGKILL to a copy of a germline the test started.
+    assert_eq!(unsafe { libc::kill(copy, libc::SIGKILL) }, 0, "{what}: the copy is there to kill");
+    eprintln!("{what}: killed copy {copy}");
+}
+
+/// One copy that fails its readying (here killed from outside during its 3-second warm-up
+/// call) says little about the release: the pool readies the next copy past `initialize`
+/// as before. Two failures in a row do: copies are then readied short of starting their
+/// server. (Before, the first failure alone made every later copy of the release start its
+/// server inside the call, for the rest of the germline's life.)
+#[test]
+fn one_copy_that_fails_readying_does_not_make_the_pool_ready_less() {
+    use germline_executor::pool::Readiness;
+    let w = World::new();
+    let rel = w.release("slow", "[tools.slow]\nwarm_up = {}\n", SLOW_WARM_UP);
+    let policy = w.policy(&[], &[("agent", &[])], "[limits]\npool = 1\n");
+    let mut rt = w.start(RuntimeKind::Germline, &rel, policy).unwrap();
+    let g = germline(&mut rt);
+    let germ = g.germline_pid().unwrap().expect("a germline process");
+    let mut seen: Vec<i32> = Vec::new();
+    kill_next(germ, &mut seen, "the first copy");
+    assert_eq!(g.wait_pool_ready(1, Duration::from_secs(60)).unwrap(), 1, "the pool fills");
+    assert_eq!(g.readiness().unwrap(), Readiness::Initialized, "one failure: the next copy is readied as before");
+    // The ready copy: taken by the call (and dead after it), never a copy to kill.
+    seen.extend(children(germ));
+    let o = g.call(&request("count", json!({}), &[]));
+    assert_eq!(result_text(&o), "1", "a pooled call ({:?})", o.error);
+    // The copies readied after that call: two failures in a row.
+    kill_next(germ, &mut seen, "the first copy after the call");
+    kill_next(germ, &mut seen, "the second copy after the call");
+    assert_eq!(g.wait_pool_ready(1, Duration::from_secs(60)).unwrap(), 1, "the pool fills");
+    assert_eq!(g.readiness().unwrap(), Readiness::Connected, "two failures in a row: readied short of starting");
+    let o = g.call(&request("count", json!({}), &[]));
+    assert_eq!(result_text(&o), "1", "a call on a copy readied short of starting ({:?})", o.error);
+}
