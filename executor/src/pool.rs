@@ -152,10 +152,10 @@ impl Taken {
 /// How long readying one copy may take (its server's start-up and `initialize`).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Copies in a row that must fail readying before the pool readies less (short of
-/// starting the server, then not at all): one failure may be the copy's own (killed from
-/// outside, out of memory for a moment) and says little about the release; two in a row,
-/// each a fresh copy of the same germline, say it of the release.
+/// Copies in a row that must fail to be made or readied before the pool readies less
+/// (short of starting the server, then not at all): one failure may be the copy's own
+/// (killed from outside, out of memory for a moment) and says little about the release;
+/// two in a row, each a fresh copy of the same germline, say it of the release.
 const READY_ATTEMPTS: u32 = 2;
 
 struct State {
@@ -177,7 +177,8 @@ struct State {
     size: usize,
     /// How far copies are readied from now on.
     readiness: Readiness,
-    /// Copies that failed readying to `readiness` in a row, for no reason a call gave.
+    /// Copies in a row that could not be made, or readied to `readiness`, for no reason a
+    /// call gave.
     failures: u32,
     /// A failure of the source itself (a germline check): every later take returns it.
     failed: Option<ExecutorError>,
@@ -443,8 +444,15 @@ fn refill_loop(shared: &Shared) {
                 Err(e) => {
                     if matches!(e, ExecutorError::GermlineRefused { .. } | ExecutorError::GermlineGone(_)) {
                         st.failed = Some(e);
+                    } else if st.failures + 1 < READY_ATTEMPTS {
+                        // Counted with the readying failures: a copy was not readied.
+                        st.failures += 1;
+                        tracing::info!("a data-free copy could not be made ({e}); making another");
                     } else {
-                        tracing::warn!("copy pool off for this release: a copy could not be made ({e})");
+                        tracing::warn!(
+                            "copy pool off for this release: {READY_ATTEMPTS} data-free copies in a row could not be \
+                             made or readied (the last could not be made: {e})"
+                        );
                         st.size = 0;
                     }
                     shared.changed.notify_all();

@@ -193,3 +193,49 @@ fn a_launcher_script_is_resolved_to_the_interpreter_it_runs() {
     let copy = g.fork_copy().unwrap();
     copy.kill().unwrap();
 }
+
+/// A germline whose next `fail` copies cannot be made (as when a host limit refuses a fork
+/// for a moment), then made as usual.
+struct Flaky {
+    germline: Germline,
+    fail: u32,
+}
+
+impl germline_executor::pool::CopySource for Flaky {
+    fn make(&mut self) -> Result<CopyProcess, germline_executor::ExecutorError> {
+        if self.fail > 0 {
+            self.fail -= 1;
+            return Err(germline_executor::ExecutorError::Copy("no copy this time".into()));
+        }
+        germline_executor::pool::CopySource::make(&mut self.germline)
+    }
+
+    fn retire(&mut self, copy: CopyProcess) {
+        germline_executor::pool::CopySource::retire(&mut self.germline, copy)
+    }
+
+    fn settle(&mut self) -> Result<(), germline_executor::ExecutorError> {
+        germline_executor::pool::CopySource::settle(&mut self.germline)
+    }
+}
+
+/// One copy that cannot be made leaves the pool on: the next one is made and readied. Two
+/// in a row turn it off for the germline (its calls then fork their copies as they come).
+/// (Before, the first failure turned the pool off for good.)
+#[test]
+fn a_copy_that_cannot_be_made_once_leaves_the_pool_on() {
+    use germline_executor::pool::{CopyPool, Readiness};
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = release(
+        tmp.path(),
+        "from mcp.server.fastmcp import FastMCP\ndef create_server():\n    return FastMCP('s')\n",
+        &tmp.path().join("data"),
+    );
+    for (fail, pooling) in [(1, true), (2, false)] {
+        let source = Flaky { germline: Germline::start(&spec).unwrap(), fail };
+        let pool = CopyPool::new(Box::new(source), 1, Readiness::Initialized, 1 << 20, Vec::new());
+        let ready = pool.wait_ready(1, Duration::from_secs(60));
+        assert_eq!(pool.pooling(), pooling, "{fail} failures in a row");
+        assert_eq!(ready, usize::from(pooling), "{fail} failures in a row: ready copies");
+    }
+}
