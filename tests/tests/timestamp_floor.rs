@@ -100,8 +100,17 @@ fn the_floor_carries_the_canary_between_live_copies_only_from_a_tmpfs_scratch() 
     // 96 on a quiet host; a loaded one costs a few frames. Chance is 48 ± 5, so 80 is a
     // disclosure all the same.
     assert!(off.right >= 80, "off (tmpfs scratch): {}/96 in {:?}", off.right, off.took);
+    assert!(off.sent.contains("\"fine\": true"), "off: the sender's stamps are fine-grained: {}", off.sent);
     let on = mgfloor("scratch", "scratch", SeccompPolicy::germline());
     assert!(on.sent.contains("stamps"), "on: the sender ran: {}", on.sent);
+    // Fine-grained stamps here mean a tmpfs scratch, which `scratch_kind` gives (with a
+    // warning) to a germline that has no memory limit: told apart from a channel of
+    // another kind.
+    assert!(
+        on.sent.contains("\"fine\": false"),
+        "on: the sender's stamps are fine-grained (a tmpfs scratch: the germline had no memory limit?): {}",
+        on.sent
+    );
     assert!(!on.leaked, "on (ramfs scratch): the canary crossed");
     // Chance is 48; a reader that saw the frames would have them all.
     assert!(on.right < 80, "on (ramfs scratch): {}/96 bits", on.right);

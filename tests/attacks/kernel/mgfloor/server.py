@@ -72,6 +72,14 @@ def create_server():
         frames = _frames(_bits(open(document).read()))
         f = _own("s")
         os.write(f, b"x")
+        # Whether this file takes fine-grained stamps (a multigrain file system: tmpfs, or
+        # a memfd): 50 stamps in well under a tick are then nearly all different; on ramfs
+        # they share the tick's coarse time.
+        seen = set()
+        for _ in range(50):
+            os.pwrite(f, b"x", 0)
+            seen.add(os.fstat(f).st_ctime_ns)
+        fine = len(seen) > 10
         start = ((_clk(1) // FRAME + 2) // ALIGN + 1) * ALIGN * FRAME
         stamps = 0
         for i, b in enumerate(frames):
@@ -85,7 +93,7 @@ def create_server():
                         os.pwrite(f, b"x", 0)
                         os.fstat(f)
                         stamps += 1
-        return json.dumps({"frames": len(frames), "stamps": stamps})
+        return json.dumps({"frames": len(frames), "stamps": stamps, "fine": fine})
 
     @m.tool()
     def receive(seconds: float) -> str:
