@@ -185,6 +185,19 @@ struct State {
     closed: bool,
 }
 
+impl State {
+    /// Counts one more copy that could not be made or readied; whether the pool tries
+    /// another the same way (fewer than [`READY_ATTEMPTS`] in a row so far).
+    fn try_again(&mut self) -> bool {
+        self.failures += 1;
+        if self.failures < READY_ATTEMPTS {
+            return true;
+        }
+        self.failures = 0;
+        false
+    }
+}
+
 /// A copy being readied.
 struct Readying {
     pid: i32,
@@ -444,9 +457,8 @@ fn refill_loop(shared: &Shared) {
                 Err(e) => {
                     if matches!(e, ExecutorError::GermlineRefused { .. } | ExecutorError::GermlineGone(_)) {
                         st.failed = Some(e);
-                    } else if st.failures + 1 < READY_ATTEMPTS {
+                    } else if st.try_again() {
                         // Counted with the readying failures: a copy was not readied.
-                        st.failures += 1;
                         tracing::info!("a data-free copy could not be made ({e}); making another");
                     } else {
                         tracing::warn!(
@@ -480,8 +492,7 @@ fn refill_loop(shared: &Shared) {
             Err(_) if listed.is_none() => {}
             // Stopped by a call meanwhile (its readying may have run out of time).
             Err(e) if was_paused => tracing::debug!("a copy stopped while it was readied is dropped: {e}"),
-            Err(e) if st.failures + 1 < READY_ATTEMPTS => {
-                st.failures += 1;
+            Err(e) if st.try_again() => {
                 tracing::info!("a data-free copy could not be readied ({e}); readying another");
             }
             // The copy held nothing: its error names no item. A server that needs its data
@@ -493,7 +504,6 @@ fn refill_loop(shared: &Shared) {
                      in a row could not be readied past initialize and left idle (the last: {e})"
                 );
                 st.readiness = Readiness::Connected;
-                st.failures = 0;
             }
             Err(e) => {
                 tracing::warn!(
