@@ -9,7 +9,7 @@
 #     tmpfs, or a memfd), and
 #   - a reader sees it by writing a file of its own whose times it has not queried since
 #     the last tick, then `fstat`: the ctime is the floor (a few microseconds old) when
-#     someone took a fine stamp this tick, else the coarse tick time (3-7 ms old here).
+#     someone took a fine stamp this tick, else the coarse tick time (0.6-4.6 ms old here).
 # Nothing is shared but the kernel variable: different germlines, user, PID, mount and
 # network namespaces, host uids; no timing measurement, the value is read exactly.
 #
@@ -17,7 +17,11 @@
 # twin): a frame of FRAME ns is "1" when it stamps throughout it, "0" when it sleeps. The
 # 96 bits go Manchester-coded after a preamble of eight 1s and a 0 0. `receive` (public
 # consumer, another germline, another release) records per frame the fraction of its
-# reads that were fresh (< 1 ms behind CLOCK_REALTIME), then decodes.
+# reads that were fresh (< 1 ms behind CLOCK_REALTIME) floor values, then decodes. A read
+# that got the tick's own time is no floor value. Its age is timing: it tells how the
+# receiver's reads fell against the ticks, as reading CLOCK_REALTIME_COARSE does. The
+# receiver reports both series per frame for the test to compare: `tr` (the ages of tick
+# stamps) and `cr` (the coarse clock's own).
 import ctypes
 
 _libc = ctypes.CDLL(None)
@@ -64,6 +68,27 @@ def _own(tag):
     return fd
 
 
+def _decode(fr, f0):
+    # The sender starts on a frame number that is a multiple of ALIGN; pick the one whose
+    # PASSES preambles (eight 1s, then 0 0) score best, then read each bit as the sum over
+    # passes of (first frame - second frame) of its Manchester pair.
+    plen = 10 + 192
+    best, p = None, -1
+    for j in range(len(fr) - PASSES * plen):
+        if (f0 + j) % ALIGN:
+            continue
+        sc = sum(sum(fr[j + k * plen:j + k * plen + 8]) - 4 * sum(fr[j + k * plen + 8:j + k * plen + 10])
+                 for k in range(PASSES))
+        if best is None or sc > best:
+            best, p = sc, j
+    bits = ""
+    if p >= 0:
+        for i in range(96):
+            d = sum(fr[p + k * plen + 10 + 2 * i] - fr[p + k * plen + 11 + 2 * i] for k in range(PASSES))
+            bits += "1" if d > 0 else "0"
+    return bits, p
+
+
 def create_server():
     m = FastMCP("mgfloor")
 
@@ -93,7 +118,7 @@ def create_server():
                         os.pwrite(f, b"x", 0)
                         os.fstat(f)
                         stamps += 1
-        return json.dumps({"frames": len(frames), "stamps": stamps, "fine": fine})
+        return json.dumps({"frames": len(frames), "stamps": stamps, "fine": fine, "start": start // FRAME})
 
     @m.tool()
     def receive(seconds: float) -> str:
@@ -104,12 +129,12 @@ def create_server():
         k = 0
         start = (_clk(1) // FRAME + 1) * FRAME
         nframes = int(seconds * 1e9 / FRAME)
-        fr = []
+        fr, tr, cr = [], [], []
         for i in range(nframes):
             t0 = start + i * FRAME
             while _clk(1) < t0 + FRAME // 5:
                 pass
-            fresh = n = 0
+            fresh = n = ticks = tfresh = cfresh = 0
             while True:
                 now = _clk(1)
                 if now >= t0 + FRAME * 4 // 5:
@@ -117,36 +142,28 @@ def create_server():
                 if now - last[k] < REUSE:
                     continue
                 last[k] = now
+                c = _clk(5)
+                cfresh += _clk(0) - c < FRESH
                 os.pwrite(ring[k], b"y", 0)
                 v = os.fstat(ring[k]).st_ctime_ns
                 r = _clk(0)
+                c2 = _clk(5)
                 k = (k + 1) % RING
                 n += 1
-                if r - v < FRESH and v % SIG_P < SIG_W + 5_000:
-                    fresh += 1
+                # A stamp above the coarse clock (its value before the write, and after it
+                # when a tick came between) is the floor. A stamp the coarse clock gave
+                # is only the tick's time: how old it looks when read says when this copy
+                # ran, as CLOCK_REALTIME_COARSE itself does (`cr`), which is timing.
+                if v > c and v != c2:
+                    fresh += r - v < FRESH and v % SIG_P < SIG_W + 5_000
+                else:
+                    ticks += 1
+                    tfresh += r - v < FRESH
             fr.append(round(fresh / n, 2) if n else -1)
-        s = "".join("1" if x > 0.5 else "0" for x in fr)
-        # The sender starts on a frame number that is a multiple of ALIGN; pick the one
-        # whose PASSES preambles (eight 1s, then 0 0) score best, then read each bit as
-        # the sum over passes of (first frame - second frame) of its Manchester pair.
-        plen = 10 + 192
-        f0 = start // FRAME
-        best, p = None, -1
-        for j in range(len(fr) - PASSES * plen):
-            if (f0 + j) % ALIGN:
-                continue
-            sc = sum(sum(fr[j + k * plen:j + k * plen + 8]) - 4 * sum(fr[j + k * plen + 8:j + k * plen + 10])
-                     for k in range(PASSES))
-            if best is None or sc > best:
-                best, p = sc, j
-        bits = ""
-        if p >= 0:
-            for i in range(96):
-                d = sum(fr[p + k * plen + 10 + 2 * i] - fr[p + k * plen + 11 + 2 * i] for k in range(PASSES))
-                bits += "1" if d > 0 else "0"
-        got = ""
-        if len(bits) == 96:
-            got = "GLC-hr-%024x" % int(bits, 2)
-        return json.dumps({"bits": bits, "got": got, "frames": s, "p": p, "fr": fr})
+            tr.append(round(tfresh / ticks, 3) if ticks else -1)
+            cr.append(round(cfresh / n, 3) if n else -1)
+        bits, p = _decode(fr, start // FRAME)
+        got = "GLC-hr-%024x" % int(bits, 2) if len(bits) == 96 else ""
+        return json.dumps({"bits": bits, "got": got, "p": p, "p_start": start // FRAME, "fr": fr, "tr": tr, "cr": cr})
 
     return m
