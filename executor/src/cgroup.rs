@@ -37,6 +37,13 @@ const V1_ROOT: &str = "/sys/fs/cgroup";
 
 /// Test-only switch: behave as on a host with no writable cgroup hierarchy.
 pub static NO_CGROUPS_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+/// Test-only switch: a germline's cgroup directory is made under a name with a newline in
+/// it, which cgroupfs refuses (EINVAL): a real `mkdir` failure on a host that offers
+/// cgroups. Never set outside tests.
+pub static MKDIR_FAILS_FOR_TESTS: AtomicBool = AtomicBool::new(false);
+/// Test-only switch ("mechanism off"): a germline whose cgroups could not be made starts
+/// without them, with a warning, as before. Never set outside tests.
+pub static CREATE_FALLBACK_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// Test-only switch: use the cgroup v2 hierarchy even where v1 is available.
 pub static PREFER_V2_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// Test-only switch ("mechanism off"): the germline stays in a copy's cgroups after the
@@ -153,39 +160,88 @@ fn v2_controllers(base: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Passes the memory and pids controllers down `levels`, top first: whether they reach the
+/// last. The kernel refuses them below the top level when it holds processes (EBUSY: the
+/// broker's own cgroup, unless it is the hierarchy's root) or is threaded (EOPNOTSUPP): a
+/// property of where the broker runs, so copies get accounting without limits, as
+/// [`HostSupport::describe`] says. Any other refusal is an error.
+fn enable_controllers(levels: &[&Path]) -> Result<bool, ExecutorError> {
+    for (i, d) in levels.iter().enumerate() {
+        if let Err(e) = fs::write(d.join("cgroup.subtree_control"), "+memory +pids") {
+            if i == 0 && matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EOPNOTSUPP)) {
+                return Ok(false);
+            }
+            return Err(ExecutorError::Sandbox(format!(
+                "the host offers cgroup v2 memory and pids controllers, but they could not be enabled in {} ({e}): \
+                 the germline is not started without them",
+                d.display()
+            )));
+        }
+    }
+    Ok(true)
+}
+
 impl CgroupSet {
-    /// Creates `germline/<name>` under the hierarchy [`host_support`] finds, or `None`
-    /// where there is none.
-    pub fn create(name: &str, limits: Option<CgroupLimits>) -> Option<CgroupSet> {
+    /// Creates `germline/<name>` under the hierarchy [`host_support`] finds: `Ok(None)`
+    /// where the host offers none (the documented rlimits-only case, which the caller warns
+    /// of). Where it offers one, a germline that cannot have its cgroups is refused with
+    /// the kernel's error, never started without them: that would take its process
+    /// accounting and its copies' limits (and so their ramfs scratch) away on a failure of
+    /// the moment, with `/readyz` still saying the host has them.
+    pub fn create(name: &str, limits: Option<CgroupLimits>) -> Result<Option<CgroupSet>, ExecutorError> {
         static REAPED: std::sync::Once = std::sync::Once::new();
         REAPED.call_once(|| {
             for parent in germline_parents() {
                 reap_abandoned(&parent);
             }
         });
+        let name = if MKDIR_FAILS_FOR_TESTS.load(Ordering::SeqCst) { format!("{name}\n") } else { name.to_owned() };
+        let mkdir = |d: &Path| {
+            fs::create_dir_all(d).map_err(|e| {
+                ExecutorError::Sandbox(format!(
+                    "the host offers cgroups, but the germline's cgroup {:?} could not be made ({e}): it is not \
+                     started without one",
+                    d
+                ))
+            })
+        };
         let backend = match host_support() {
             HostSupport::V1 => {
-                let memory = Path::new(V1_ROOT).join("memory").join("germline").join(name);
-                let pids = Path::new(V1_ROOT).join("pids").join("germline").join(name);
-                fs::create_dir_all(&memory).ok()?;
-                fs::create_dir_all(&pids).ok()?;
+                let memory = Path::new(V1_ROOT).join("memory").join("germline").join(&name);
+                let pids = Path::new(V1_ROOT).join("pids").join("germline").join(&name);
+                mkdir(&memory)?;
+                if let Err(e) = mkdir(&pids) {
+                    let _ = fs::remove_dir(&memory);
+                    return Err(e);
+                }
                 Backend::V1 { memory, pids }
             }
             HostSupport::V2 { limits: wanted } => {
-                let base = v2_base()?;
+                let base = v2_base().ok_or_else(|| {
+                    ExecutorError::Sandbox("the broker's own cgroup v2 directory is no longer found".into())
+                })?;
                 let parent = base.join("germline");
-                fs::create_dir_all(&parent).ok()?;
-                let root = parent.join(name);
-                fs::create_dir_all(root.join("germline")).ok()?;
-                // Controllers pass down level by level; our own cgroup may hold processes
-                // (then the kernel refuses, and copies get accounting without limits).
-                let enable = |d: &Path| fs::write(d.join("cgroup.subtree_control"), "+memory +pids").is_ok();
-                let limits = wanted && enable(&base) && enable(&parent) && enable(&root);
-                Backend::V2 { root, limits }
+                mkdir(&parent)?;
+                let root = parent.join(&name);
+                if let Err(e) = mkdir(&root.join("germline")) {
+                    let _ = fs::remove_dir(&root);
+                    return Err(e);
+                }
+                // Dropped (and so removed) if the controllers below refuse it.
+                let mut set = CgroupSet {
+                    backend: Backend::V2 { root: root.clone(), limits: false },
+                    limits,
+                    next: AtomicU64::new(0),
+                    staged: std::sync::Mutex::new(None),
+                };
+                if wanted {
+                    set.backend = Backend::V2 { limits: enable_controllers(&[&base, &parent, &root])?, root };
+                }
+                return Ok(Some(set));
             }
-            HostSupport::None => return None,
+            HostSupport::None => return Ok(None),
         };
-        Some(CgroupSet { backend, limits, next: AtomicU64::new(0), staged: std::sync::Mutex::new(None) })
+        Ok(Some(CgroupSet { backend, limits, next: AtomicU64::new(0), staged: std::sync::Mutex::new(None) }))
     }
 
     /// Whether this set holds copies to memory and process limits.
@@ -603,8 +659,8 @@ mod tests {
         child.wait().expect("wait");
         // What a broker killed outright leaves: its sets, never dropped (as `Drop` never
         // runs), each with a copy's cgroup staged inside.
-        let abandoned = CgroupSet::create(&format!("{gone}-990001"), None).expect("set");
-        let live = CgroupSet::create(&format!("{}-990002", std::process::id()), None).expect("set");
+        let abandoned = CgroupSet::create(&format!("{gone}-990001"), None).expect("made").expect("set");
+        let live = CgroupSet::create(&format!("{}-990002", std::process::id()), None).expect("made").expect("set");
         let dirs = |set: &CgroupSet| -> Vec<PathBuf> {
             set.own_dirs().iter().map(|d| d.join("copy-1")).chain(set.own_dirs()).collect()
         };

@@ -13,7 +13,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use germline_executor::cgroup::{host_support, HostSupport, NO_CGROUPS_FOR_TESTS, PREFER_V2_FOR_TESTS};
+use germline_executor::cgroup::{
+    host_support, HostSupport, CREATE_FALLBACK_FOR_TESTS, MKDIR_FAILS_FOR_TESTS, NO_CGROUPS_FOR_TESTS,
+    PREFER_V2_FOR_TESTS,
+};
 use germline_executor::confine::{SandboxSwitches, SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS};
 use germline_executor::germline::PROCESS_ACCOUNTING_OFF_FOR_TESTS;
 use germline_executor::runtime::{Runtime, RuntimeKind};
@@ -103,6 +106,8 @@ impl Drop for Reset {
         SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS.store(false, Ordering::SeqCst);
         PREFER_V2_FOR_TESTS.store(false, Ordering::SeqCst);
         NO_CGROUPS_FOR_TESTS.store(false, Ordering::SeqCst);
+        MKDIR_FAILS_FOR_TESTS.store(false, Ordering::SeqCst);
+        CREATE_FALLBACK_FOR_TESTS.store(false, Ordering::SeqCst);
     }
 }
 
@@ -276,6 +281,74 @@ fn require_limits_refuses_a_host_without_cgroups() {
                 assert!(!starts, "no_cgroups={no_cgroups} require={require}: {e}");
                 assert!(e.contains("require_limits = true") && e.contains("NO per-copy cgroup limits"), "{e}");
             }
+        }
+    }
+}
+
+/// Whether the copy's scratch takes fine-grained stamps: 50 changes, each `fstat`ed, in well
+/// under a tick are then nearly all different (a multigrain file system, tmpfs, whose
+/// stamps move the host's timestamp floor); on ramfs they share the tick's coarse time.
+const STAMPS: &str = r#"
+import tempfile
+
+def create_server():
+    m = FastMCP("stamps")
+    @m.tool()
+    def stamps() -> str:
+        fd, _ = tempfile.mkstemp()
+        os.write(fd, b"x")
+        seen = set()
+        for _ in range(50):
+            os.pwrite(fd, b"x", 0)
+            seen.add(os.fstat(fd).st_ctime_ns)
+        return "fine" if len(seen) > 10 else "coarse"
+    return m
+"#;
+
+/// On a host that offers cgroups, a germline whose own cgroups cannot be made (here the
+/// kernel's EINVAL for a name cgroupfs refuses, from the real `mkdir`) is refused at start,
+/// saying why, on cgroup v1 and v2. With the old fallback (mechanism off) it started
+/// without them: no process accounting, no limit for its copies, and so a tmpfs scratch
+/// whose stamps move the host's timestamp floor (SECURITY.md) — on a failure of the moment,
+/// with the host still reporting limits.
+#[test]
+fn a_germline_whose_cgroups_cannot_be_made_is_refused_where_the_host_offers_them() {
+    let _turn = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(host_support(), HostSupport::V1, "this test expects a host with writable cgroup v1 memory and pids");
+    // (make fails?, fallback?, prefer v2?) and what the copy's scratch is, if it starts.
+    let cases = [
+        (false, false, false, Some("coarse")),
+        (true, true, false, Some("fine")),
+        (true, false, false, None),
+        (true, false, true, None),
+    ];
+    for (fails, fallback, v2, scratch) in cases {
+        let case = format!("mkdir fails={fails} fallback={fallback} v2={v2}");
+        let w = World::new();
+        let rel = w.release("stamps", "", STAMPS);
+        let policy = w.policy(&[], &[("agent", &[])], "[limits]\npool = 0\n");
+        MKDIR_FAILS_FOR_TESTS.store(fails, Ordering::SeqCst);
+        CREATE_FALLBACK_FOR_TESTS.store(fallback, Ordering::SeqCst);
+        PREFER_V2_FOR_TESTS.store(v2, Ordering::SeqCst);
+        let reset = Reset;
+        let started = w.start(RuntimeKind::Germline, &rel, policy);
+        drop(reset);
+        match (started, scratch) {
+            (Ok(mut rt), Some(want)) => {
+                let o = rt.call(&request("stamps", json!({}), &[]));
+                eprintln!("{case}: started; the copy's scratch stamps are {}", result_text(&o));
+                assert_eq!(result_text(&o), want, "{case}: the copy's scratch stamps ({:?})", o.error);
+            }
+            (Err(e), None) => {
+                let e = e.to_string();
+                eprintln!("{case}: refused: {e}");
+                assert!(
+                    e.contains("could not be made") && e.contains("Invalid argument") && e.contains("not started"),
+                    "{case}: {e}"
+                );
+            }
+            (Ok(_), None) => panic!("{case}: must be refused"),
+            (Err(e), Some(_)) => panic!("{case}: must start: {e}"),
         }
     }
 }
