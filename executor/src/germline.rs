@@ -1415,6 +1415,19 @@ impl Germline {
         if let Some(cg) = &copy.cgroup {
             cg.kill_members();
         }
+        // Its memory is unmapped from a worker on the other core (`process_mrelease`,
+        // Linux 5.15+) while its own exit does the rest: the next copy of a call waits for
+        // its death, and a forked copy's exit was mostly unmapping what it shares with the
+        // germline. The copy's own exit still takes the address space down under the
+        // mmap lock, after the worker is done with it, so it is all gone once its pidfd
+        // says it exited, as before. Errors (an older kernel, a copy already gone) leave
+        // the exit to do it all.
+        if let Ok(fd) = copy.pidfd.try_clone() {
+            crate::workers::run(move || {
+                // SAFETY: on a pidfd we own; the call reads nothing of ours.
+                unsafe { libc::syscall(libc::SYS_process_mrelease, fd.as_raw_fd(), 0) };
+            });
+        }
         self.retired.push(copy);
     }
 
