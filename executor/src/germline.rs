@@ -1161,6 +1161,11 @@ impl Germline {
     /// lives. With its own PID namespace the germline is not the broker's child: the first
     /// process, which exits right after it, reports its end (128 + signal for a signal).
     pub fn gone(&mut self) -> Option<String> {
+        // A germline whose resident root is no longer locked is as good as gone: no copy is
+        // taken from it or forked from it, and it is started again (with a new lock).
+        if let Some(Err(e)) = self._resident.as_ref().map(|r| r.check()) {
+            return Some(e.to_string());
+        }
         if !pidfd_exited(&self.pidfd).unwrap_or(false) {
             return None;
         }
@@ -1271,6 +1276,10 @@ impl Germline {
         self.reap_retired()?;
         let t1 = Instant::now();
         inspect::check_germline(self.pid, &self.allowed)?;
+        if let Some(r) = &self._resident {
+            // Reported as the germline gone ([`Germline::gone`]).
+            r.check()?;
+        }
         self.account_processes()?;
         // The germline's live children before the fork: copies it made earlier that are
         // still alive (pooled ones), and nothing else.

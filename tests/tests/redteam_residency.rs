@@ -444,3 +444,71 @@ fn negdentry2_through_the_default_root() {
     assert_eq!(v["right"], v["bits"], "off: every bit read back: {v}");
     assert!(bits() < 96 || leaked, "off: the whole canary reaches the public consumer");
 }
+
+/// Children of this process that hold locked memory: the lockers of resident roots.
+fn lockers() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.trim().to_owned());
+        let locked = field("VmLck:").and_then(|v| v.trim_end_matches(" kB").trim().parse::<u64>().ok());
+        if field("PPid:").as_deref() == Some(me.as_str()) && locked.is_some_and(|k| k > 0) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A resident root's files are locked by a process of their own, not in the broker's
+/// address space (which every set-up helper of a copy shares, and which the kernel walks at
+/// each helper's exit). A germline whose locker is gone is treated as gone: no copy is taken
+/// or forked from it, and the next call starts it again with a new lock. Off
+/// (`LOCKER_CHECK_OFF_FOR_TESTS`): the call is served by the same germline, from a root
+/// nothing holds.
+#[test]
+fn a_germline_whose_resident_locks_are_gone_is_started_again() {
+    let _g = SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let code = "def create_server():\n    m = FastMCP('echo')\n\n    @m.tool()\n    def echo() -> str:\n        return 'ok'\n    return m\n";
+    for check in [false, true] {
+        let _off = Hold::set(&germline_executor::resident::LOCKER_CHECK_OFF_FOR_TESTS, !check);
+        let w = World::new();
+        let release = w.release("echo", "", code);
+        let policy = w.policy(&[], &[("public", &[])], "[limits]\npool = 0\n[sandbox]\nresident_root = true\n");
+        let before = lockers();
+        let mut rt: Runtime = w.start(RuntimeKind::Germline, &release, policy).expect("germline starts");
+        let mine: Vec<i32> = lockers().into_iter().filter(|p| !before.contains(p)).collect();
+        assert_eq!(mine.len(), 1, "one locker holds the germline's root: {mine:?}");
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap().lines().count();
+        assert!(maps < 2000, "the broker maps none of the root's files itself: {maps} mappings");
+        let call = |rt: &mut Runtime| {
+            let mut req = request("echo", json!({}), &[]);
+            req.consumers = vec!["public".into()];
+            rt.call(&req)
+        };
+        let o = call(&mut rt);
+        assert!(o.error.is_none(), "served while the root is locked: {:?}", o.error);
+        // SAFETY: kills the locker found above, a child of this process.
+        unsafe { libc::kill(mine[0], libc::SIGKILL) };
+        let t0 = Instant::now();
+        // Dead once it is a zombie (its parent, the broker, reaps it only when the lock goes).
+        let dead = || {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", mine[0])).unwrap_or_default();
+            stat.rsplit_once(") ").is_none_or(|(_, rest)| rest.starts_with('Z'))
+        };
+        while !dead() && t0.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = call(&mut rt);
+        eprintln!("locker check {check}: after the locker's death: {:?}", o.error);
+        assert!(o.error.is_none(), "served: {:?}", o.error);
+        let now: Vec<i32> = lockers().into_iter().filter(|p| !before.contains(p) && *p != mine[0]).collect();
+        if check {
+            // The germline was started again with a new lock, and served the call.
+            assert_eq!(now.len(), 1, "on: a new locker holds the new germline's root: {now:?}");
+        } else {
+            assert!(now.is_empty(), "off: the same germline served it, its root held by nothing: {now:?}");
+        }
+    }
+}
