@@ -480,7 +480,7 @@ impl ResidentLock {
         match &self.locker {
             Some(l) if !l.alive() && !LOCKER_CHECK_OFF_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst) => {
                 Err(ExecutorError::Sandbox(
-                    "resident root: the process holding its files locked is gone; the germline is not used further"
+                    "resident root: its files are no longer locked in memory (the process holding the locks is gone)"
                         .into(),
                 ))
             }
@@ -562,9 +562,12 @@ impl Locker {
         let (hold_r, hold_w) = pipe()?;
         use std::os::fd::AsRawFd;
         let (rw, hr) = (report_w.as_raw_fd(), hold_r.as_raw_fd());
-        // SAFETY: the child makes only raw syscalls on buffers prepared above (no
-        // allocation, no lock: the broker has other threads) and ends with `_exit`.
-        let pid = unsafe { libc::fork() };
+        // A raw clone with no exit signal and no fork handlers: the child makes only raw
+        // syscalls on buffers prepared above (no allocation, no lock: the broker has other
+        // threads) and ends with `_exit`; with no exit signal it is waited for only with
+        // `__WALL`, so no other wait in the broker can reap it and leave its pid to be reused.
+        // SAFETY: as above; a null stack makes the child run on a copy of this one, as fork.
+        let pid = unsafe { libc::syscall(libc::SYS_clone, 0 as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) } as i32;
         if pid < 0 {
             return Err(ExecutorError::io("resident root: forking its locker")(std::io::Error::last_os_error()));
         }
@@ -642,7 +645,7 @@ impl Drop for Locker {
 fn reap(pid: i32) {
     let mut status = 0;
     // SAFETY: waits for our own child.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+    while unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } < 0
         && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
     {}
 }
