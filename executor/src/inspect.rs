@@ -500,6 +500,16 @@ mod maps {
     }
 }
 
+/// The ranges of `pid`'s private, writable, anonymous mappings (its heap and anonymous
+/// `mmap`s, not its stack), read from `/proc/PID/maps`.
+pub fn private_anonymous_ranges(pid: i32) -> Result<Vec<(u64, u64)>, ExecutorError> {
+    Ok(maps::by_text(pid)?
+        .into_iter()
+        .filter(|m| m.writable && !m.shared && m.dev == (0, 0) && (m.name.is_empty() || m.name == "[heap]"))
+        .map(|m| (m.start, m.end))
+        .collect())
+}
+
 /// Test-only switch ("mechanism off"): skip [`check_children_end_unseen`] and
 /// [`check_exit_signal`]. Never set outside tests.
 pub static CHILD_EXIT_CHECK_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);

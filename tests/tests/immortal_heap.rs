@@ -5,6 +5,11 @@
 //! every page with it off), that copies serve calls from the immortal heap, and that it is
 //! inert on an interpreter without immortal objects (3.11, the suite's default).
 //!
+//! Before its first fork the broker also backs the germline's heap with huge pages
+//! (`MADV_COLLAPSE` from outside), on any interpreter: a fork shares each 2 MiB with one
+//! page-table entry and a copy's exit drops one. The last test shows that it does so (and
+//! not with it off), and that a copy's write into such a page stays the copy's.
+//!
 //! The 3.12/3.13 interpreter is `GERMLINE_PYTHON_IMMORTAL`, a venv `scripts/setup.sh` makes
 //! where the machine has such a CPython; without one, the tests that need it say so and
 //! return.
@@ -13,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
 
-use germline_executor::germline::{PythonRuntime, IMMORTAL_HEAP_OFF};
+use germline_executor::germline::{PythonRuntime, HUGE_HEAP_OFF, IMMORTAL_HEAP_OFF};
 use germline_executor::runtime::{Runtime, RuntimeKind};
 use germline_tests::world::{request, result_text, World};
 use serde_json::json;
@@ -136,4 +141,66 @@ fn copies_serve_calls_from_the_germlines_immortal_objects() {
     eprintln!("reference count of FastMCP in copies: off {off:?}, on {on:?}");
     assert!(off.iter().all(|&c| c < 1_000), "mechanism off: {off:?}");
     assert!(on.iter().all(|&c| c >= u32::MAX as u64), "mechanism on: {on:?}");
+}
+
+/// A module-level buffer of 8 MiB made at import, in the germline: each copy reads one byte
+/// of each page it is asked about, then writes it.
+const POKE: &str = r#"
+BUF = bytearray(b"\x01" * (8 << 20))
+
+def create_server():
+    m = FastMCP("poke")
+    @m.tool()
+    def poke(pages: list[int]) -> str:
+        seen = [BUF[p * 4096] for p in pages]
+        for p in pages:
+            BUF[p * 4096] = 2
+        return json.dumps(seen)
+    return m
+"#;
+
+/// The germline's heap in huge pages (`AnonHugePages` of the stopped germline, with the
+/// switch off: none), and every copy, forked from it, reads what the germline made, never
+/// what an earlier copy wrote into the same huge page.
+#[test]
+fn the_germlines_heap_is_in_huge_pages_and_a_copys_writes_stay_its_own() {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if thp.is_empty() || thp.contains("[never]") {
+        eprintln!("transparent huge pages are off on this host ({}): nothing to run", thp.trim());
+        return;
+    }
+    let w = World::new();
+    let rel = w.release("poke", "", POKE);
+    let huge_kib = |pid: i32| -> u64 {
+        let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).expect("the germline's smaps");
+        let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:")).expect("AnonHugePages");
+        line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("a size")
+    };
+    for off in [true, false] {
+        HUGE_HEAP_OFF.store(off, Ordering::SeqCst);
+        let policy = w.policy(&[], &[("agent", &[])], "[limits]\npool = 0\n");
+        let mut rt = w.start(RuntimeKind::Germline, &rel, policy).expect("start");
+        HUGE_HEAP_OFF.store(false, Ordering::SeqCst);
+        let Runtime::Germline(g) = &mut rt else { panic!("not a germline runtime") };
+        let pid = g.germline_pid().unwrap().expect("a germline process");
+        let kib = huge_kib(pid);
+        let seen: Vec<String> = (0..4)
+            .map(|k| {
+                let pages: Vec<u64> = (0..2048).step_by(97).map(|p| (p + k) % 2048).collect();
+                let o = rt.call(&request("poke", json!({"pages": pages}), &[]));
+                assert!(o.error.is_none(), "{:?}", o.error);
+                result_text(&o)
+            })
+            .collect();
+        eprintln!("huge heap off={off}: the germline holds {kib} KiB in huge pages");
+        for s in &seen {
+            let v: Vec<u8> = serde_json::from_str(s).expect("a list");
+            assert!(v.iter().all(|&b| b == 1), "a copy read an earlier copy's write (off={off}): {s}");
+        }
+        if off {
+            assert_eq!(kib, 0, "off: the germline's heap stays in small pages");
+        } else {
+            assert!(kib >= 4096, "on: at least two huge pages of the 8 MiB buffer: {kib} KiB");
+        }
+    }
 }
