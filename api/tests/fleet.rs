@@ -160,28 +160,9 @@ impl Scene {
     }
 
     fn call(&self, release: &str, data: &Path) -> Value {
-        let args =
-            format!("{{\"document\": \"{}\", \"extra\": \"{}\"}}", self.invoice.display(), self.payslip.display());
-        let (_, out, err) = germline(
-            &[
-                "call",
-                "--release",
-                release,
-                "--policy",
-                "policy.toml",
-                "--tool",
-                "scan",
-                "--args",
-                &args,
-                "--item",
-                &self.invoice.to_string_lossy(),
-                "--item",
-                &self.payslip.to_string_lossy(),
-            ],
-            &self.root,
-            data,
-            &self.home,
-        );
+        let args = common::mixer_call_args(release, &self.invoice, &self.payslip);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (_, out, err) = germline(&args, &self.root, data, &self.home);
         json_lines(&out).into_iter().next().unwrap_or_else(|| panic!("no outcome: {err}"))
     }
 }

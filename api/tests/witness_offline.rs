@@ -1,7 +1,8 @@
 //! Offline check: the witness file, its opening, the release archive and the items,
 //! copied to another directory and checked there by `germline verify` alone, reproduce
 //! the verdict; an edited witness, a missing or edited opening, or a different release is
-//! rejected.
+//! rejected; a release whose request follows a set's order of strings replays as it ran
+//! (one hash seed for every germline).
 
 mod common;
 
@@ -9,15 +10,54 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn germline(args: &[&str], cwd: &Path, data: &Path) -> (bool, String) {
+    let (ok, _, all) = germline_env(args, cwd, data, &[]);
+    (ok, all)
+}
+
+/// `germline` with `env` added: whether it succeeded, its stdout, and stdout and stderr.
+fn germline_env(args: &[&str], cwd: &Path, data: &Path, env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_germline"))
         .args(args)
         .current_dir(cwd)
         .env("RUST_BACKTRACE", "0")
         .env("GERMLINE_HOME", data.join("home"))
         .env("GERMLINE_DATA_DIR", data)
+        .envs(env.iter().copied())
         .output()
         .expect("run germline");
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), stdout, all)
+}
+
+/// Runs the mixer's leaking call on `here/rel` and builds its archive `here/rel.tar.gz`;
+/// returns the witness file the call's verification wrote.
+fn call_to_witness(here: &Path, data: &Path, invoice: &Path, payslip: &Path, env: &[(&str, &str)]) -> PathBuf {
+    let args = common::mixer_call_args("rel", invoice, payslip);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, _, out) = germline_env(&args, here, data, env);
+    assert!(ok, "{out}");
+    let witness = walk(&data.join("witnesses"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "witness"))
+        .unwrap_or_else(|| panic!("no witness: {out}"));
+    assert!(germline(&["release", "build", "rel", "--out", "rel.tar.gz"], here, data).0);
+    witness
+}
+
+/// A third party's directory `there`: the witness as `w.witness`, the archive as
+/// `rel.tar.gz` and the items under `items`, laid out by name (not the opening).
+fn third_party(there: &Path, here: &Path, witness: &Path, invoice: &Path, payslip: &Path) -> PathBuf {
+    let items = here.join("items");
+    let their_items = there.join("items");
+    for (src, name) in [(invoice, "finance/invoice.txt"), (payslip, "hr/payslip.txt")] {
+        let dst = their_items.join(items.strip_prefix("/").unwrap()).join(name);
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(src, dst).unwrap();
+    }
+    std::fs::copy(witness, there.join("w.witness")).unwrap();
+    std::fs::copy(here.join("rel.tar.gz"), there.join("rel.tar.gz")).unwrap();
+    their_items
 }
 
 #[test]
@@ -27,46 +67,16 @@ fn a_witness_reproduces_offline_and_edits_are_rejected() {
     let data = here.join("data");
     common::mixer_release(&here.join("rel"), "mixer", true);
     let (invoice, payslip, _) = common::mixer_world(&here, 64, "");
+    let witness = call_to_witness(&here, &data, &invoice, &payslip, &[]);
     let items = here.join("items");
-    let args = format!("{{\"document\": \"{}\", \"extra\": \"{}\"}}", invoice.display(), payslip.display());
-    let (ok, out) = germline(
-        &[
-            "call",
-            "--release",
-            "rel",
-            "--policy",
-            "policy.toml",
-            "--tool",
-            "scan",
-            "--args",
-            &args,
-            "--item",
-            &invoice.to_string_lossy(),
-            "--item",
-            &payslip.to_string_lossy(),
-        ],
-        &here,
-        &data,
-    );
-    assert!(ok, "{out}");
-    let witness =
-        walk(&data.join("witnesses")).into_iter().find(|p| p.extension().is_some_and(|e| e == "witness")).expect(&out);
-    assert!(germline(&["release", "build", "rel", "--out", "rel.tar.gz"], &here, &data).0);
 
     // Another directory holds only the witness, the archive and the items.
     let there = tmp.path().join("third-party");
-    let their_items = there.join("items");
-    for (src, name) in [(&invoice, "finance/invoice.txt"), (&payslip, "hr/payslip.txt")] {
-        let dst = their_items.join(items.strip_prefix("/").unwrap()).join(name);
-        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        std::fs::copy(src, dst).unwrap();
-    }
+    let their_items = third_party(&there, &here, &witness, &invoice, &payslip);
     // The opening (full evidence) is kept beside the witness, readable by its owner only.
     let opening = PathBuf::from(format!("{}.opening", witness.display()));
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&opening).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "{}", opening.display());
-    std::fs::copy(&witness, there.join("w.witness")).unwrap();
-    std::fs::copy(here.join("rel.tar.gz"), there.join("rel.tar.gz")).unwrap();
     let verify = |w: &str, release: &str| {
         germline(&["verify", w, "--release", release, "--items", "items"], &there, &there.join("d"))
     };
@@ -117,4 +127,54 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// The mixer whose request also lists a set of strings, iterated in the order of the
+/// germline's hash seed.
+fn set_ordering_release(rel: &Path) {
+    common::mixer_release(rel, "sorter", true);
+    let server = std::fs::read_to_string(rel.join("server.py")).unwrap();
+    let server = server
+        .replace(
+            "def create_server():\n",
+            "TAGS = {'alpha', 'bravo', 'charlie', 'delta', 'echo', 'foxtrot', 'golf', 'hotel', 'india', 'juliett', 'kilo', 'lima', 'mike', 'november', 'oscar', 'papa'}\ndef create_server():\n",
+        )
+        .replace("body = (open(document)", "body = (','.join(TAGS) + open(document)");
+    assert!(server.contains("','.join(TAGS)"), "{server}");
+    std::fs::write(rel.join("server.py"), server).unwrap();
+}
+
+/// A release that declared determinism and builds its request from a set of strings:
+/// every germline hashes with one seed (on), so the verifier's control replay and a third
+/// party's reproduce the call's requests and its leak is an item witness; with a seed per
+/// germline (off) the control replay orders the set otherwise and the verdict is
+/// `declared_broken`, blaming the release for germline's own difference.
+#[test]
+fn a_release_iterating_a_set_of_strings_replays_as_it_ran() {
+    for pinned in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let here = tmp.path().join("host");
+        let data = here.join("data");
+        set_ordering_release(&here.join("rel"));
+        let (invoice, payslip, _) = common::mixer_world(&here, 64, "");
+        let env: &[(&str, &str)] = if pinned { &[] } else { &[("GERMLINE_TEST_HASH_SEED_OFF", "1")] };
+        let witness = call_to_witness(&here, &data, &invoice, &payslip, env);
+        let there = tmp.path().join("third-party");
+        third_party(&there, &here, &witness, &invoice, &payslip);
+        std::fs::copy(format!("{}.opening", witness.display()), there.join("w.witness.opening")).unwrap();
+        let (_, stdout, out) = germline_env(
+            &["verify", "w.witness", "--release", "rel.tar.gz", "--items", "items"],
+            &there,
+            &there.join("d"),
+            env,
+        );
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+        if pinned {
+            assert_eq!(v["recorded"], "item_witness", "{v}");
+            assert_eq!(v["reproduced"], "item_witness", "{v}");
+            assert_eq!(v["control_differs"], serde_json::json!([false, false, false]), "{v}");
+        } else {
+            assert_eq!(v["recorded"], "declared_broken", "a seed per germline: {v}");
+        }
+    }
 }

@@ -324,6 +324,17 @@ fn scratch_kind(limited: bool) -> crate::outside::ScratchKind {
     ScratchKind::Tmpfs
 }
 
+/// Debug builds only: `GERMLINE_TEST_HASH_SEED_OFF=1` starts each germline with a hash
+/// seed of its own, as when `python -I` ignored `PYTHONHASHSEED`, so a test can show a
+/// replay on another germline ordering a set of strings differently from the call.
+fn hash_seed_off_for_tests() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_HASH_SEED_OFF").is_some_and(|v| v == "1") {
+        return true;
+    }
+    false
+}
+
 /// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold
 /// only the germline and its live copies. Never set outside tests.
 pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
@@ -889,15 +900,22 @@ impl Germline {
         // Held until the germline is spawned (the child keeps its own copy).
         let mut broker_pidfd: Option<OwnedFd> = None;
         let mut cmd = Command::new(&spec.runtime.python);
-        cmd.arg("-I")
+        // Not `-I`: it ignores every `PYTHON*` variable, the hash seed among them, and each
+        // germline then hashed `str` and `bytes` with a seed of its own, so a set of strings
+        // iterated in another order in the verifier's replay, or a third party's, than in
+        // the call it replays. The environment is cleared and every `PYTHON*` variable in it
+        // is set here (a release may name none, see [`germline_environment`]), so `-E` adds nothing; `-s` keeps
+        // the user's site-packages out and `PYTHONSAFEPATH` (3.11 and later) the script's
+        // directory out of `sys.path`, the rest of what `-I` does.
+        cmd.arg("-s")
             .arg(spec.runtime.shim_dir.join("germline_host.py"))
             .arg("germline")
             .arg(&release_dir)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("LANG", "C.UTF-8")
+            .env("PYTHONSAFEPATH", "1")
             .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("PYTHONHASHSEED", "0")
             .envs(SINGLE_THREADED_POOLS.iter().copied())
             .env(MALLOC_ARENAS.0, MALLOC_ARENAS.1)
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -913,6 +931,9 @@ impl Germline {
                 None if debug_stderr => Stdio::inherit(),
                 None => Stdio::null(),
             });
+        if !hash_seed_off_for_tests() {
+            cmd.env("PYTHONHASHSEED", "0");
+        }
         if debug_stderr {
             cmd.env("GERMLINE_KEEP_STDERR", "1");
         }

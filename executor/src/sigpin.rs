@@ -108,12 +108,13 @@ impl Drop for SigPinRuntime {
 /// germline (the benchmarks' bare server).
 pub fn serve_command(runtime: &PythonRuntime, release_dir: &Path) -> Command {
     let mut cmd = Command::new(&runtime.python);
-    cmd.arg("-I")
+    // `-B`, not `PYTHONDONTWRITEBYTECODE`, which `-I` ignores: the server writes no
+    // bytecode into the release directory.
+    cmd.args(["-I", "-B"])
         .arg(runtime.shim_dir.join("germline_host.py"))
         .arg("serve")
         .arg(release_dir)
         .current_dir(release_dir)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());

@@ -95,6 +95,18 @@ pub fn mixer_world_at(
     (invoice, payslip, policy)
 }
 
+/// `germline call` arguments of the mixer's `scan` of `invoice` and `payslip` (both as
+/// items) on the release directory `release`, under `policy.toml`.
+pub fn mixer_call_args(release: &str, invoice: &std::path::Path, payslip: &std::path::Path) -> Vec<String> {
+    let args = format!("{{\"document\": \"{}\", \"extra\": \"{}\"}}", invoice.display(), payslip.display());
+    let (invoice, payslip) = (invoice.to_string_lossy(), payslip.to_string_lossy());
+    ["call", "--release", release, "--policy", "policy.toml", "--tool", "scan", "--args", &args]
+        .into_iter()
+        .chain(["--item", &invoice, "--item", &payslip])
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Waits until a spawned `germline wrap --listen` (stderr piped) prints the URL of its
 /// HTTP front, then keeps draining its stderr so it never blocks; returns the URL.
 pub fn front_url(child: &mut std::process::Child) -> String {
