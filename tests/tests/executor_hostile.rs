@@ -462,8 +462,8 @@ fn copies_over_budget_with(pool: usize) {
         let t0 = Instant::now();
         let o = rt.call(&request(tool, json!({}), &[]));
         let took = t0.elapsed();
-        let err = o.error.unwrap_or_default();
-        assert!(err.contains("deadline of 2000 ms"), "pool {pool} {tool}: {err}");
+        let err = o.error.clone().unwrap_or_default();
+        assert!(err.contains("deadline of 2000 ms"), "pool {pool} {tool} (after {:?}): {o:?}", t0.elapsed());
         assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(10), "{tool}: took {took:?}");
         let next = rt.call(&request("ok", json!({}), &[]));
         assert_eq!(result_text(&next), "ok", "pool {pool} {tool}: the next call succeeds ({:?})", next.error);
