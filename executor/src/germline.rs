@@ -904,9 +904,9 @@ impl Germline {
         // germline then hashed `str` and `bytes` with a seed of its own, so a set of strings
         // iterated in another order in the verifier's replay, or a third party's, than in
         // the call it replays. The environment is cleared and every `PYTHON*` variable in it
-        // is set here (a release may name none, see [`germline_environment`]), so `-E` adds nothing; `-s` keeps
-        // the user's site-packages out and `PYTHONSAFEPATH` (3.11 and later) the script's
-        // directory out of `sys.path`, the rest of what `-I` does.
+        // is set here (a release may name none, see [`germline_environment`]), so `-E` adds
+        // nothing; `-s` keeps the user's site-packages out and `PYTHONSAFEPATH` (3.11 and
+        // later) the script's directory out of `sys.path`, the rest of what `-I` does.
         cmd.arg("-s")
             .arg(spec.runtime.shim_dir.join("germline_host.py"))
             .arg("germline")
