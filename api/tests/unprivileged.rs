@@ -3,6 +3,7 @@
 //! runs as root (to switch to `nobody`) and `scripts/setup.sh` made the world-readable
 //! venv; fails otherwise, unless `GERMLINE_ALLOW_SKIP` names it outside CI.
 
+use germline_executor::confine::RELEASE_IN_ROOT;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -87,7 +88,8 @@ fn nobody_runs_a_germline_call() {
 /// Germline's own files (the ledger and its checkpoint key, the trigger log, witnesses and
 /// their openings) must stay out of every path a copy reads. A broker without root runs
 /// its copies as itself, so file modes do not keep them out: here the data directory is
-/// inside the release directory, and a copy of a call reads the ledger's signing key.
+/// inside the release directory, and a copy of a call reads the ledger's signing key
+/// where its root holds the release ([`RELEASE_IN_ROOT`]).
 /// - Off (`GERMLINE_TEST_PRIVATE_CHECK_OFF=1`): the key comes back in the call's answer.
 /// - On: the call is refused before anything runs, naming both paths.
 #[test]
@@ -124,7 +126,8 @@ fn a_data_directory_that_copies_can_read_is_refused() {
             .arg(env!("CARGO_BIN_EXE_germline"))
             .args(["call", "--release", "rel", "--policy", "policy.toml", "--tool", "read"])
             .arg("--args")
-            .arg(format!("{{\"path\": \"{}\"}}", key.display()))
+            // Where the key is in a copy's root: beneath the release, at its fixed place.
+            .arg(format!("{{\"path\": \"{}/germline-data/ledger/checkpoint.key\"}}", RELEASE_IN_ROOT))
             .current_dir(dir)
             .output()
             .unwrap();

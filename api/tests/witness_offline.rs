@@ -2,8 +2,8 @@
 //! copied to another directory and checked there by `germline verify` alone, reproduce
 //! the verdict; an edited witness, a missing or edited opening, or a different release is
 //! rejected; a release whose request follows a set's order of strings replays as it ran
-//! (one hash seed for every germline); one whose request carries its own paths does not
-//! yet (ignored, open in SECURITY.md).
+//! (one hash seed for every germline), and so does one whose request carries its own
+//! paths (one layout for every germline's root).
 
 mod common;
 
@@ -192,39 +192,38 @@ fn a_release_iterating_a_set_of_strings_replays_as_it_ran() {
     }
 }
 
-/// A release that declared determinism and puts something of its own layout into its
-/// request: the working directory, `__file__`, `sys.path`, or its environment (which names
-/// the deployment CA's file). A third party unpacks the release elsewhere, so each of these
-/// is another path there; the witness must still reproduce. Open (SECURITY.md, "Twin
-/// inputs"): germlines see the host's paths, so the third party's control replay differs
-/// and it reproduces `declared_broken` where the host recorded `item_witness`; the host's
-/// own verifier replays on the same paths and agrees.
+/// A release that declared determinism and puts its own paths into its request: the
+/// working directory, `__file__`, `sys.path` and its environment (which names the
+/// deployment CA's file). A third party unpacks the release elsewhere (`germline verify`
+/// uses a temporary directory) and its data directory is another. With the fixed layout
+/// (on) every germline sees the release, the shim and the CA at the same paths, and the
+/// third party reproduces the item witness; with the host's paths (off) its control
+/// replay differs and it reproduces `declared_broken`, where the host recorded
+/// `item_witness` (its own verifier replays on the same paths).
 #[test]
-#[ignore = "open: a germline sees the host's paths (SECURITY.md, twin inputs); fixed layout not built yet"]
 fn a_release_putting_its_own_paths_in_a_request_replays_as_it_ran_offline() {
-    let mut differ = Vec::new();
-    for expr in [
-        "__import__('os').getcwd()",
-        "__file__",
-        "str(__import__('sys').path)",
-        "str(sorted(__import__('os').environ.items()))",
-    ] {
+    let paths = "__import__('os').getcwd() + __file__ + str(__import__('sys').path) + \
+                 str(sorted(__import__('os').environ.items()))";
+    for fixed in [true, false] {
         let tmp = tempfile::tempdir().unwrap();
         let here = tmp.path().join("host");
         let data = here.join("data");
         let rel = here.join("rel");
         common::mixer_release(&rel, "layout", true);
         let server = std::fs::read_to_string(rel.join("server.py")).unwrap();
-        let server = server.replace("body = (open(document)", &format!("body = ({expr} + open(document)"));
-        assert!(server.contains(expr), "{server}");
+        let server = server.replace("body = (open(document)", &format!("body = ({paths} + open(document)"));
+        assert!(server.contains(paths), "{server}");
         std::fs::write(rel.join("server.py"), server).unwrap();
         let (invoice, payslip, _) = common::mixer_world(&here, 64, "");
-        let witness = call_to_witness(&here, &data, &invoice, &payslip, &[]);
-        let v = offline_verdict(&tmp.path().join("third-party"), &here, &witness, &invoice, &payslip, &[]);
-        assert_eq!(v["recorded"], "item_witness", "{expr}: {v}");
-        if v["reproduced"] != "item_witness" {
-            differ.push(format!("{expr}: {v}"));
+        let env: &[(&str, &str)] = if fixed { &[] } else { &[("GERMLINE_TEST_HOST_PATHS", "1")] };
+        let witness = call_to_witness(&here, &data, &invoice, &payslip, env);
+        let v = offline_verdict(&tmp.path().join("third-party"), &here, &witness, &invoice, &payslip, env);
+        assert_eq!(v["recorded"], "item_witness", "{v}");
+        if fixed {
+            assert_eq!(v["reproduced"], "item_witness", "{v}");
+            assert_eq!(v["control_differs"], serde_json::json!([false, false, false]), "{v}");
+        } else {
+            assert_eq!(v["reproduced"], "declared_broken", "the host's paths: {v}");
         }
     }
-    assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
 }

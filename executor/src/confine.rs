@@ -70,6 +70,65 @@ pub struct Confinement {
     /// A resident root's in-memory tree: the read-only paths and the host `/etc` entries
     /// are bound from it rather than from the host ([`crate::resident::Tree`]).
     pub tree: Option<crate::resident::TreeSource>,
+    /// Read-only paths bound at a place of [`LAYOUT_DIR`] rather than where the host keeps
+    /// them (the release, the shim, the deployment CA's certificate).
+    pub relocate: Relocations,
+}
+
+/// Where the root holds what germline itself provides: the release at [`RELEASE_IN_ROOT`],
+/// the tool host's shim at [`SHIM_IN_ROOT`], the deployment CA's certificate beneath
+/// [`CA_IN_ROOT`]. Each is at the same path on every host, whatever directory the host
+/// unpacked or wrote it to, so a request built from a path (the working directory,
+/// `__file__`, `sys.path`, the CA variables) is the same in the call's copies, the
+/// verifier's replay and a third party's `germline verify`, which unpacks the release into
+/// a temporary directory.
+pub const LAYOUT_DIR: &str = "/.germline";
+/// The release's directory in the root, the germline's working directory.
+pub const RELEASE_IN_ROOT: &str = "/.germline/release";
+/// The shim's directory (`germline_host.py`, `germline_slot.py`) in the root.
+pub const SHIM_IN_ROOT: &str = "/.germline/shim";
+/// The directory of the deployment CA's certificate in the root.
+pub const CA_IN_ROOT: &str = "/.germline/ca";
+
+/// Host paths bound at another path of the root: each host path, and where it is in the
+/// root (beneath [`LAYOUT_DIR`]); what lies beneath a host path lies beneath its place.
+#[derive(Clone, Debug, Default)]
+pub struct Relocations(Vec<(PathBuf, PathBuf)>);
+
+impl Relocations {
+    /// Binds host path `host` (canonical: no link on the way, as a resident root binds the
+    /// end of every link chain) at `in_root`.
+    pub fn add(&mut self, host: &Path, in_root: &Path) {
+        self.0.retain(|(from, _)| from != host);
+        self.0.push((host.to_path_buf(), in_root.to_path_buf()));
+        // The deepest host path first, so a nested one wins.
+        self.0.sort_by_key(|(from, _)| std::cmp::Reverse(from.components().count()));
+    }
+
+    /// Where host path `p` is in the root.
+    pub fn in_root(&self, p: &Path) -> PathBuf {
+        for (from, to) in &self.0 {
+            if let Ok(rest) = p.strip_prefix(from) {
+                return if rest.as_os_str().is_empty() { to.clone() } else { to.join(rest) };
+            }
+        }
+        p.to_path_buf()
+    }
+
+    /// The host path a path of the root is bound from (itself unless relocated).
+    fn on_host(&self, p: &Path) -> PathBuf {
+        for (from, to) in &self.0 {
+            if let Ok(rest) = p.strip_prefix(to) {
+                return if rest.as_os_str().is_empty() { from.clone() } else { from.join(rest) };
+            }
+        }
+        p.to_path_buf()
+    }
+
+    /// Whether a host path is relocated (it, or a directory above it).
+    pub fn covers(&self, p: &Path) -> bool {
+        self.0.iter().any(|(from, _)| p.starts_with(from))
+    }
 }
 
 /// Where a declared scratch path leads: beneath [`SCRATCH_DIR`], in `.germline/`.
@@ -104,6 +163,27 @@ const TEMP_LINKS: [&str; 2] = ["/tmp", "/var/tmp"];
 /// above [`SCRATCH_PARENT`] (then copies have none).
 pub fn scratch_dir(read_only: &[PathBuf], data_roots: &[PathBuf]) -> Option<PathBuf> {
     free(Path::new(SCRATCH_PARENT), read_only, data_roots).then(|| PathBuf::from(SCRATCH_DIR))
+}
+
+/// Refuses a root where anything but the relocated paths would lie at, beneath or above
+/// [`LAYOUT_DIR`].
+fn layout_free(
+    read_only: &[PathBuf],
+    relocate: &Relocations,
+    data_roots: &[PathBuf],
+    scratch_paths: &[PathBuf],
+) -> Result<(), ExecutorError> {
+    let others: Vec<PathBuf> = read_only.iter().filter(|p| !relocate.covers(p)).cloned().collect();
+    let layout = Path::new(LAYOUT_DIR);
+    if free(layout, &others, data_roots)
+        && scratch_paths.iter().all(|p| !p.starts_with(layout) && !layout.starts_with(p))
+    {
+        return Ok(());
+    }
+    Err(sandbox_err(format!(
+        "{LAYOUT_DIR} is where the germline's root holds the release and germline's own files: no other read-only \
+         path, data root or scratch path may lie at, beneath or above it"
+    )))
 }
 
 fn free(c: &Path, read_only: &[PathBuf], data_roots: &[PathBuf]) -> bool {
@@ -293,6 +373,8 @@ struct RootPlan<'a> {
     binds: Vec<PathBuf>,
     /// Where read-only paths and host `/etc` entries are bound from, if not the host.
     tree: Option<crate::resident::TreeSource>,
+    /// Host paths bound beneath [`LAYOUT_DIR`].
+    relocate: Relocations,
 }
 
 /// The Landlock ABI germline needs: V6 brings signal and abstract-socket scoping, without
@@ -340,7 +422,15 @@ impl<'a> RootPlan<'a> {
     fn new(stage: &'a Path) -> RootPlan<'a> {
         let mut nodes = BTreeMap::new();
         nodes.insert(PathBuf::from("/"), Node::Dir);
-        RootPlan { stage, ops: Vec::new(), what: Vec::new(), nodes, binds: Vec::new(), tree: None }
+        RootPlan {
+            stage,
+            ops: Vec::new(),
+            what: Vec::new(),
+            nodes,
+            binds: Vec::new(),
+            tree: None,
+            relocate: Relocations::default(),
+        }
     }
 
     fn staged(&self, p: &Path) -> Result<CString, ExecutorError> {
@@ -384,7 +474,7 @@ impl<'a> RootPlan<'a> {
                 }
                 None => match &host {
                     Some(mount) => {
-                        let meta = std::fs::symlink_metadata(&acc).map_err(|e| {
+                        let meta = std::fs::symlink_metadata(self.relocate.on_host(&acc)).map_err(|e| {
                             sandbox_err(format!(
                                 "{what} {}: {} cannot be used ({e}); it lies under {}, which is mounted from the \
                                  host, and germline never creates anything on the host",
@@ -465,9 +555,9 @@ impl<'a> RootPlan<'a> {
         Ok(Some(dir))
     }
 
-    /// Binds host path `p` (read-only later) at the same place in the root, from the
-    /// resident tree if the root has one; a symbolic link is recreated as a link (it
-    /// resolves inside the root).
+    /// Binds host path `p` (read-only later) at the same place in the root, or at its place
+    /// beneath [`LAYOUT_DIR`] if relocated, from the resident tree if the root has one; a
+    /// symbolic link is recreated as a link (it resolves inside the root).
     fn bind(&mut self, p: &Path, what: &str) -> Result<(), ExecutorError> {
         self.bind_from(p, what, true)
     }
@@ -478,34 +568,37 @@ impl<'a> RootPlan<'a> {
             return Err(sandbox_err(format!("{what} {} is not a plain absolute path", p.display())));
         }
         let meta = std::fs::symlink_metadata(p).map_err(|e| sandbox_err(format!("{what} {}: {e}", p.display())))?;
-        if let Some(parent) = p.parent() {
+        // Where `p` is in the root.
+        let q = self.relocate.in_root(p);
+        if let Some(parent) = q.parent() {
             if self.host_mount_above(parent).is_some() {
                 // Already visible, as it is on the host, through a bind above it.
                 return Ok(());
             }
-            self.ensure_dir(parent, what, p)?;
+            self.ensure_dir(parent, what, &q)?;
         }
-        if self.nodes.contains_key(p) {
+        if self.nodes.contains_key(&q) {
             return Ok(());
         }
-        let at = self.staged(p)?;
+        let at = self.staged(&q)?;
         let source = match &self.tree {
             Some(t) if from_tree => t.source_of(p),
             _ => p.to_path_buf(),
         };
+        let shown = if q == p { p.display().to_string() } else { format!("{} at {}", p.display(), q.display()) };
         if meta.file_type().is_symlink() {
             let target = std::fs::read_link(p).map_err(ExecutorError::io(format!("reading link {}", p.display())))?;
-            self.push(RootOp::Symlink(cstring(&target)?, at), format!("linking {} in the root", p.display()));
-            self.nodes.insert(p.to_path_buf(), Node::Symlink);
+            self.push(RootOp::Symlink(cstring(&target)?, at), format!("linking {shown} in the root"));
+            self.nodes.insert(q, Node::Symlink);
         } else if meta.is_dir() {
-            self.push(RootOp::Mkdir(at.clone()), format!("creating directory {} in the root", p.display()));
-            self.push(RootOp::Bind(cstring(&source)?, at), format!("binding {} into the root", p.display()));
-            self.nodes.insert(p.to_path_buf(), Node::HostDir);
+            self.push(RootOp::Mkdir(at.clone()), format!("creating directory {} in the root", q.display()));
+            self.push(RootOp::Bind(cstring(&source)?, at), format!("binding {shown} into the root"));
+            self.nodes.insert(q, Node::HostDir);
             self.binds.push(p.to_path_buf());
         } else {
-            self.push(RootOp::Touch(at.clone()), format!("creating file {} in the root", p.display()));
-            self.push(RootOp::Bind(cstring(&source)?, at), format!("binding {} into the root", p.display()));
-            self.nodes.insert(p.to_path_buf(), Node::HostFile);
+            self.push(RootOp::Touch(at.clone()), format!("creating file {} in the root", q.display()));
+            self.push(RootOp::Bind(cstring(&source)?, at), format!("binding {shown} into the root"));
+            self.nodes.insert(q, Node::HostFile);
             self.binds.push(p.to_path_buf());
         }
         Ok(())
@@ -530,14 +623,15 @@ impl<'a> RootPlan<'a> {
         let plain = p.is_absolute() && p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
         let meta =
             std::fs::symlink_metadata(p).map_err(|e| sandbox_err(format!("hidden directory {}: {e}", p.display())))?;
-        if !plain || !meta.is_dir() || p.parent().and_then(|d| self.host_mount_above(d)).is_none() {
+        let q = self.relocate.in_root(p);
+        if !plain || !meta.is_dir() || q.parent().and_then(|d| self.host_mount_above(d)).is_none() {
             return Err(sandbox_err(format!(
                 "hidden directory {}: it must be a plain path of a directory beneath one bound from the host",
                 p.display()
             )));
         }
-        let op = RootOp::Empty(self.staged(p)?);
-        self.push(op, format!("hiding {} under an empty tmpfs", p.display()));
+        let op = RootOp::Empty(self.staged(&q)?);
+        self.push(op, format!("hiding {} under an empty tmpfs", q.display()));
         Ok(())
     }
 
@@ -597,6 +691,11 @@ impl<'a> RootPlan<'a> {
 }
 
 impl Confinement {
+    /// Where the read-only paths are in the root.
+    pub fn read_only_in_root(&self) -> Vec<PathBuf> {
+        self.read_only.iter().map(|p| self.relocate.in_root(p)).collect()
+    }
+
     /// Plans the germline's root filesystem and compiles seccomp in the parent.
     ///
     /// The germline gets a fresh tmpfs root holding only the read-only paths (bound
@@ -626,6 +725,8 @@ impl Confinement {
             return Err(sandbox_err("a resident root's tree needs the minimal root (its own /etc)".into()));
         }
         plan.tree = self.tree.clone();
+        plan.relocate = self.relocate.clone();
+        layout_free(&self.read_only, &self.relocate, &self.data_roots, &self.scratch_paths)?;
         let mut paths: Vec<PathBuf> = self.read_only.clone();
         if !self.switches.minimal_root {
             paths.push(PathBuf::from("/etc"));
@@ -652,7 +753,7 @@ impl Confinement {
                 plan.plain_data_root(r)?;
             }
         }
-        let scratch = plan.scratch(&self.read_only, &self.data_roots, &self.scratch_paths)?;
+        let scratch = plan.scratch(&self.read_only_in_root(), &self.data_roots, &self.scratch_paths)?;
         // The declared paths' directories, parents first, made in the import scratch (and
         // so in every copy's, which starts as a copy of it).
         let mut import_dirs: Vec<CString> = Vec::new();
@@ -1445,6 +1546,49 @@ mod tests {
             let e = plan.scratch(&usr, &[], &[PathBuf::from(bad)]).unwrap_err().to_string();
             assert!(e.contains("scratch path"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn relocated_paths_are_bound_beneath_the_layout_directory_only() {
+        let host = tempfile::tempdir().unwrap();
+        let release = host.path().join("unpacked").join("rel");
+        std::fs::create_dir_all(release.join("pkg")).unwrap();
+        std::fs::write(release.join("server.py"), "").unwrap();
+        let release = release.canonicalize().unwrap();
+        let mut relocate = Relocations::default();
+        relocate.add(&release, Path::new(RELEASE_IN_ROOT));
+        assert_eq!(relocate.in_root(&release.join("pkg/m.py")), Path::new("/.germline/release/pkg/m.py"));
+        assert_eq!(relocate.on_host(Path::new("/.germline/release/pkg")), release.join("pkg"));
+        assert_eq!(relocate.in_root(Path::new("/usr/lib")), Path::new("/usr/lib"));
+        let mut plan = RootPlan::new(Path::new("/stage"));
+        plan.relocate = relocate.clone();
+        for p in [&release, &release.join("pkg"), &release.join("server.py")] {
+            plan.bind(p, "read-only path").unwrap();
+        }
+        plan.bind(Path::new("/usr"), "read-only path").unwrap();
+        assert_eq!(plan.nodes.get(Path::new(RELEASE_IN_ROOT)), Some(&Node::HostDir));
+        assert_eq!(plan.nodes.get(Path::new(LAYOUT_DIR)), Some(&Node::Dir));
+        assert!(!plan.nodes.keys().any(|n| n.starts_with(host.path())), "the host path is not in the root");
+        let binds: Vec<(String, String)> = plan
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                RootOp::Bind(from, to) => {
+                    Some((from.to_string_lossy().into_owned(), to.to_string_lossy().into_owned()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(binds.contains(&(release.display().to_string(), "/stage/.germline/release".to_owned())), "{binds:?}");
+        assert!(binds.iter().all(|(_, to)| !to.contains("unpacked")), "{binds:?}");
+        // Nothing else may lie at, beneath or above the layout directory.
+        let ro = [release.clone(), PathBuf::from("/usr")];
+        assert!(layout_free(&ro, &relocate, &[], &[]).is_ok());
+        let e = layout_free(&ro, &relocate, &[PathBuf::from("/.germline/data")], &[]).unwrap_err().to_string();
+        assert!(e.contains(LAYOUT_DIR), "{e}");
+        assert!(layout_free(&[PathBuf::from("/.germline")], &relocate, &[], &[]).is_err());
+        assert!(layout_free(&ro, &relocate, &[], &[PathBuf::from("/.germline/x")]).is_err());
+        assert!(layout_free(&ro, &relocate, &[PathBuf::from("/")], &[]).is_err());
     }
 
     fn err(r: Result<RootPlan<'static>, ExecutorError>) -> String {

@@ -335,6 +335,17 @@ fn hash_seed_off_for_tests() -> bool {
     false
 }
 
+/// Debug builds only: `GERMLINE_TEST_HOST_PATHS=1` binds the release, the shim and the CA
+/// certificate at the host's paths, as before the fixed layout, so a test can show a
+/// request carrying a path replaying otherwise at a third party.
+fn host_paths_for_tests() -> bool {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("GERMLINE_TEST_HOST_PATHS").is_some_and(|v| v == "1") {
+        return true;
+    }
+    false
+}
+
 /// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold
 /// only the germline and its live copies. Never set outside tests.
 pub static PROCESS_ACCOUNTING_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
@@ -874,10 +885,54 @@ impl Germline {
             read_only.extend(system);
             (read_only, Vec::new(), None)
         };
-        let scratch = crate::confine::scratch_dir(&read_only, &spec.data_roots);
+        // The release, the shim and the CA certificate at the same paths in every root
+        // ([`crate::confine::LAYOUT_DIR`]), wherever this host keeps them.
+        let fixed = !host_paths_for_tests();
+        let mut relocate = crate::confine::Relocations::default();
+        let shim = spec
+            .runtime
+            .shim_dir
+            .canonicalize()
+            .map_err(ExecutorError::io(format!("shim directory {}", spec.runtime.shim_dir.display())))?;
+        let (release_at, shim_at) = if fixed {
+            relocate.add(&release_dir, Path::new(crate::confine::RELEASE_IN_ROOT));
+            relocate.add(&shim, Path::new(crate::confine::SHIM_IN_ROOT));
+            (PathBuf::from(crate::confine::RELEASE_IN_ROOT), PathBuf::from(crate::confine::SHIM_IN_ROOT))
+        } else {
+            (release_dir.clone(), shim.clone())
+        };
+        let ca = match spec.extra_read.iter().find(|p| p.file_name().is_some_and(|n| n == crate::ca::CA_CERT_FILE)) {
+            Some(p) => {
+                let host = p.canonicalize().map_err(ExecutorError::io(format!("CA certificate {}", p.display())))?;
+                let at = if fixed {
+                    Path::new(crate::confine::CA_IN_ROOT).join(crate::ca::CA_CERT_FILE)
+                } else {
+                    host.clone()
+                };
+                if fixed {
+                    relocate.add(&host, &at);
+                }
+                Some((host, at))
+            }
+            None => None,
+        };
+        // Each relocated path by its canonical name only (another name for it would bind
+        // it at the host's path as well).
+        let mut read_only = read_only;
+        if fixed {
+            read_only.retain(|p| relocate.covers(p) || !p.canonicalize().is_ok_and(|c| relocate.covers(&c)));
+            for p in [Some(&release_dir), Some(&shim), ca.as_ref().map(|(host, _)| host)].into_iter().flatten() {
+                if !read_only.contains(p) {
+                    read_only.push(p.clone());
+                }
+            }
+        }
+        let in_root: Vec<PathBuf> = read_only.iter().map(|p| relocate.in_root(p)).collect();
+        let scratch = crate::confine::scratch_dir(&in_root, &spec.data_roots);
         let confinement = Confinement {
             tree: resident.as_ref().and_then(|l| l.source()),
             masks,
+            relocate,
             read_only,
             data_roots: spec.data_roots.clone(),
             limits: spec.limits.clone(),
@@ -888,7 +943,7 @@ impl Germline {
         let stage = spec.runtime.shim_dir.with_file_name("stage");
         std::fs::create_dir_all(&stage).map_err(ExecutorError::io(format!("creating {}", stage.display())))?;
         let mut sandbox = confinement
-            .prepare(&stage, &release_dir, theirs.as_ref().map(AsRawFd::as_raw_fd))
+            .prepare(&stage, &release_at, theirs.as_ref().map(AsRawFd::as_raw_fd))
             .map_err(|e| ExecutorError::refused("start", format!("the germline's sandbox cannot be built: {e}")))?;
         let debug_stderr = std::env::var_os("GERMLINE_DEBUG_GERMLINE").is_some();
         if debug_stderr {
@@ -908,9 +963,9 @@ impl Germline {
         // nothing; `-s` keeps the user's site-packages out and `PYTHONSAFEPATH` (3.11 and
         // later) the script's directory out of `sys.path`, the rest of what `-I` does.
         cmd.arg("-s")
-            .arg(spec.runtime.shim_dir.join("germline_host.py"))
+            .arg(shim_at.join("germline_host.py"))
             .arg("germline")
-            .arg(&release_dir)
+            .arg(&release_at)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("LANG", "C.UTF-8")
@@ -971,9 +1026,9 @@ impl Germline {
             cmd.env(var, &proxy);
         }
         // Copies trust the deployment CA (its certificate only) for HTTPS through the broker.
-        if let Some(ca) = spec.extra_read.iter().find(|p| p.file_name().is_some_and(|n| n == crate::ca::CA_CERT_FILE)) {
+        if let Some((_, at)) = &ca {
             for var in crate::tls::CA_TRUST_VARS {
-                cmd.env(var, ca);
+                cmd.env(var, at);
             }
         }
         let cgroups = match CgroupSet::create(

@@ -3,8 +3,9 @@
 //! germline stays, stopped, holding its release; on, every process of it is gone.
 //!
 //! The test runs this binary again as the broker (`broker_for_the_kill_test`, ignored
-//! unless the test starts it), kills it, and looks in `/proc` for any process whose command
-//! line names the release directory.
+//! unless the test starts it), notes in `/proc` the tool host's processes beneath it
+//! (keeper, germline, copies: their command line names `germline_host.py`), kills it, and
+//! looks for any of them still there.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -28,17 +29,58 @@ def create_server():
     return m
 "#;
 
-/// Processes whose command line contains `needle`.
-fn processes_naming(needle: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        if String::from_utf8_lossy(&cmd).contains(needle) {
-            out.push(pid);
+/// A process's parent and start time (`/proc/<pid>/stat` fields 4 and 22), if it exists.
+fn parent_and_start(pid: i32) -> Option<(i32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: fields count from its end.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+/// The tool host's processes beneath `root` (each with its start time, so a pid used
+/// again later is not taken for it).
+fn tool_host_processes_under(root: i32) -> Vec<(i32, u64)> {
+    let all: Vec<(i32, i32, u64)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter_map(|pid| parent_and_start(pid).map(|(ppid, start)| (pid, ppid, start)))
+        .collect();
+    let mut under = vec![root];
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (pid, ppid, _) in &all {
+            if under.contains(ppid) && !under.contains(pid) {
+                under.push(*pid);
+                grew = true;
+            }
         }
     }
-    out
+    all.into_iter()
+        .filter(|(pid, _, _)| *pid != root && under.contains(pid))
+        .filter(|(pid, _, _)| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("germline_host.py"))
+        })
+        .map(|(pid, _, start)| (pid, start))
+        .collect()
+}
+
+/// Those of `procs` still running (a zombie has been reaped by no one yet, but runs no code).
+fn still_there(procs: &[(i32, u64)]) -> Vec<i32> {
+    procs
+        .iter()
+        .filter(|(pid, start)| parent_and_start(*pid).is_some_and(|(_, s)| s == *start))
+        .filter(|(pid, _)| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+                == Some(false)
+        })
+        .map(|(pid, _)| *pid)
+        .collect()
 }
 
 /// Starts a broker in a child process, waits until its germline has served a call, kills
@@ -61,13 +103,14 @@ fn kill_broker(watch_off: bool, grace: Duration) -> (String, Vec<i32>) {
             break r.trim().to_owned();
         }
     };
-    assert!(!processes_naming(&release).is_empty(), "the germline runs before the kill");
+    let watched = tool_host_processes_under(child.id() as i32);
+    assert!(!watched.is_empty(), "the germline runs before the kill");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     let _ = child.wait();
     let until = Instant::now() + grace;
     loop {
-        let left = processes_naming(&release);
+        let left = still_there(&watched);
         if left.is_empty() || Instant::now() > until {
             // The killed broker's world (its temporary directory) is ours to remove.
             if let Some(world) = std::path::Path::new(&release).parent() {

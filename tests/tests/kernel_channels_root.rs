@@ -273,12 +273,19 @@ fn a_root_that_cannot_be_built_is_refused_with_the_path_named() {
     assert_root();
     let w = World::new();
     let rel = w.release("plain", "", "def create_server():\n    return FastMCP('x')\n");
-    // The data root holds the release directory itself.
-    let top = w.dir.path().display().to_string();
+    // The data root holds the interpreter's directory (the release is at its own place,
+    // `/.germline/release`, whatever holds it on the host).
+    let python = w.python().python;
+    let top = python.parent().and_then(|d| d.parent()).unwrap().display().to_string();
     let hide = format!("tags = [\"finance\"]\n[[items]]\npath = \"{top}/**\"\nlabel = [\"finance\"]\n[consumers.agent]\nclearance = []\n");
     let policy = germline_executor::policy::Policy::parse(&hide).unwrap();
     let e = w.start_with(RuntimeKind::Germline, &rel, policy, ON).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.contains("germline refused (start)") && e.contains(&format!("data root {top} would hide {top}/")), "{e}");
+    assert!(e.contains("germline refused (start)") && e.contains(&format!("data root {top} would hide {top}")), "{e}");
+    // A data root holding the release's directory on the host hides nothing of the root.
+    let top = w.dir.path().display().to_string();
+    let over = format!("tags = [\"finance\"]\n[[items]]\npath = \"{top}/**\"\nlabel = [\"finance\"]\n[consumers.agent]\nclearance = []\n");
+    let policy = germline_executor::policy::Policy::parse(&over).unwrap();
+    assert!(w.start_with(RuntimeKind::Germline, &rel, policy, ON).is_ok(), "the release is at its own place");
     let ids = germline_executor::confine::SandboxIds::parse("0:65534").unwrap_err().to_string();
     assert!(ids.contains("GERMLINE_SANDBOX_IDS") && ids.contains("host root"), "{ids}");
 }
