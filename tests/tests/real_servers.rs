@@ -929,11 +929,11 @@ fn start_calendar_site() -> std::net::SocketAddr {
 /// expanded), one day, one event.
 #[test]
 fn webcal_mcp_matches_unprotected_over_https() {
-    // The configuration ships with the deployment, in the release directory.
-    let config = |dir: &Path| dir.join("release-webcal").join("webcal.toml").to_string_lossy().into_owned();
-    let case = HttpsCase::new("webcal", "cal.example", start_calendar_site(), config);
+    // The configuration ships in the release directory, named relative to it (the working
+    // directory, wherever a germline's root or the host holds it).
+    let case = HttpsCase::new("webcal", "cal.example", start_calendar_site(), |_| "webcal.toml".to_owned());
     std::fs::write(
-        config(case.dir.path()),
+        case.rel.join("webcal.toml"),
         "[calendars.team]\nurl = \"https://cal.example/team.ics\"\ndescription = \"Team calendar\"\n",
     )
     .expect("config");
