@@ -641,7 +641,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Debug builds (tests) may dispatch without the final-hop fence with
 /// `GERMLINE_TEST_FENCE_OFF=1`, to show what it stops; release builds ignore it.
 fn fence_switched_off() -> bool {
-    cfg!(debug_assertions) && std::env::var_os("GERMLINE_TEST_FENCE_OFF").is_some_and(|v| v == "1")
+    germline_executor::test_switch("GERMLINE_TEST_FENCE_OFF")
 }
 
 /// Recovers the server's own JSON-RPC error (code and message) from a failed call, so a
@@ -669,22 +669,14 @@ const LIST_WITHHELD: &str =
 /// (see [`Front::tools_call`]): with [`labels_enforced`]; debug builds (tests) may turn it
 /// off alone with `GERMLINE_TEST_LISTED_LABEL_OFF=1` to show what it stops.
 fn listed_label_enforced() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_LISTED_LABEL_OFF").is_some_and(|v| v == "1") {
-        return false;
-    }
-    labels_enforced()
+    !germline_executor::test_switch("GERMLINE_TEST_LISTED_LABEL_OFF") && labels_enforced()
 }
 
 /// Whether answers carry labels and are held to the consumer's clearance: always in
 /// release builds; debug builds (tests) may turn it off with
 /// `GERMLINE_TEST_FRONT_LABELS_OFF=1` to show what it stops.
 fn labels_enforced() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_FRONT_LABELS_OFF").is_some_and(|v| v == "1") {
-        return false;
-    }
-    true
+    !germline_executor::test_switch("GERMLINE_TEST_FRONT_LABELS_OFF")
 }
 
 /// A JSON-RPC error the front itself raises: it holds no data, so its label is empty.

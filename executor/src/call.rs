@@ -112,22 +112,14 @@ pub struct CallOutcome {
 /// lets log lines and metrics carry what labelled copies did (their timings, whether
 /// their slot writes or tunnels failed), to show what the reduction stops.
 pub fn output_reduction_off() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_OUTPUT_REDUCTION_OFF").is_some_and(|v| v == "1") {
-        return true;
-    }
-    false
+    crate::test_switch("GERMLINE_TEST_OUTPUT_REDUCTION_OFF")
 }
 
 /// Debug builds only: `GERMLINE_TEST_REPLAY_LABELS_OFF=1` runs probe and control replays
 /// with an empty label, as they once ran, so a test can show what the broker's log lines
 /// then say about a probe that holds the trigger's items.
 fn replay_labels_off() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_REPLAY_LABELS_OFF").is_some_and(|v| v == "1") {
-        return true;
-    }
-    false
+    crate::test_switch("GERMLINE_TEST_REPLAY_LABELS_OFF")
 }
 
 /// Whether a log line or metric may carry a fact that depends on a copy with `label`:
@@ -201,11 +193,7 @@ pub struct TriggerOut {
 /// hr slot when its horizon is hr) sets it by the length of its record, whatever the
 /// diverging copy holds (`redteam_outputs::a_serving_copys_hr_slot_spells_itself_in_a_trigger_position`).
 pub fn reduce_triggers(triggers: &[Trigger], copy_labels: &[Label], consumers: &[Clearance]) -> Vec<TriggerOut> {
-    #[cfg(debug_assertions)]
-    let off =
-        std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1") || output_reduction_off();
-    #[cfg(not(debug_assertions))]
-    let off = false;
+    let off = crate::test_switch("GERMLINE_TEST_EGRESS_REDUCTION_OFF") || output_reduction_off();
     triggers
         .iter()
         .map(|t| {
@@ -252,8 +240,7 @@ pub fn reduce_egress(
     declared: &[HostName],
     consumers: &[Clearance],
 ) -> Vec<EgressEventOut> {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_EGRESS_REDUCTION_OFF").is_some_and(|v| v == "1") {
+    if crate::test_switch("GERMLINE_TEST_EGRESS_REDUCTION_OFF") {
         return events;
     }
     let mut shown = Vec::new();

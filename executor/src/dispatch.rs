@@ -763,7 +763,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Debug builds (tests) may log labelled tool lists unsealed, as before 2026-12-06, with
 /// `GERMLINE_TEST_LIST_SEAL_OFF=1`, to show what sealing stops; release builds ignore it.
 fn sealing_switched_off() -> bool {
-    cfg!(debug_assertions) && std::env::var_os("GERMLINE_TEST_LIST_SEAL_OFF").is_some_and(|v| v == "1")
+    crate::test_switch("GERMLINE_TEST_LIST_SEAL_OFF")
 }
 
 fn fresh_key() -> Result<[u8; 32], ExecutorError> {

@@ -298,11 +298,7 @@ pub static SHARED_CONTROL_SOCKET_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 pub static TMPFS_SCRATCH_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 
 fn tmpfs_scratch_for_tests() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_TMPFS_SCRATCH").is_some_and(|v| v == "1") {
-        return true;
-    }
-    TMPFS_SCRATCH_FOR_TESTS.load(Ordering::SeqCst)
+    crate::test_switch("GERMLINE_TEST_TMPFS_SCRATCH") || TMPFS_SCRATCH_FOR_TESTS.load(Ordering::SeqCst)
 }
 
 /// The file system of a copy's scratch: ramfs where the copy's cgroup holds it to a memory
@@ -328,22 +324,14 @@ fn scratch_kind(limited: bool) -> crate::outside::ScratchKind {
 /// seed of its own, as when `python -I` ignored `PYTHONHASHSEED`, so a test can show a
 /// replay on another germline ordering a set of strings differently from the call.
 fn hash_seed_off_for_tests() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_HASH_SEED_OFF").is_some_and(|v| v == "1") {
-        return true;
-    }
-    false
+    crate::test_switch("GERMLINE_TEST_HASH_SEED_OFF")
 }
 
 /// Debug builds only: `GERMLINE_TEST_HOST_PATHS=1` binds the release, the shim and the CA
 /// certificate at the host's paths, as before the fixed layout, so a test can show a
 /// request carrying a path replaying otherwise at a third party.
 fn host_paths_for_tests() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_HOST_PATHS").is_some_and(|v| v == "1") {
-        return true;
-    }
-    false
+    crate::test_switch("GERMLINE_TEST_HOST_PATHS")
 }
 
 /// Test-only switch ("mechanism off"): skip the check that the germline's cgroups hold

@@ -8,6 +8,13 @@
 //! pure functions in `germline-model`; this crate is the thin shell of processes and
 //! sockets around them.
 
+/// Debug builds only: whether the test switch `var` (a `GERMLINE_TEST_*` variable that
+/// turns a mechanism off for a test run through the CLI or a service) is `1`. Release
+/// builds never read it.
+pub fn test_switch(var: &str) -> bool {
+    cfg!(debug_assertions) && std::env::var_os(var).is_some_and(|v| v == "1")
+}
+
 pub mod baselines;
 pub mod broker;
 pub mod ca;

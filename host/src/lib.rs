@@ -215,8 +215,7 @@ pub struct AfterCall {
 /// what a copy then reads.
 pub fn check_private(rt: &Runtime, data_dir: &Path) -> anyhow::Result<()> {
     let Runtime::Germline(g) = rt else { return Ok(()) };
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_PRIVATE_CHECK_OFF").is_some_and(|v| v == "1") {
+    if germline_executor::test_switch("GERMLINE_TEST_PRIVATE_CHECK_OFF") {
         return Ok(());
     }
     g.check_private(data_dir, "the data directory")?;
@@ -230,11 +229,7 @@ pub fn check_private(rt: &Runtime, data_dir: &Path) -> anyhow::Result<()> {
 /// the call's verification, holding the release's lane as the service once did, so a test
 /// can show what the next caller of the release then reads.
 fn verify_in_lane() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_VERIFY_IN_LANE").is_some_and(|v| v == "1") {
-        return true;
-    }
-    false
+    germline_executor::test_switch("GERMLINE_TEST_VERIFY_IN_LANE")
 }
 
 /// Whether the host refused the call because the release is suppressed: the status the
@@ -243,8 +238,7 @@ fn verify_in_lane() -> bool {
 /// Debug builds only: `GERMLINE_TEST_TYPED_OUTCOMES_OFF=1` decides by the text match this
 /// replaced, so a test can show the release that dodges it.
 pub fn refused_as_suppressed(outcome: &CallOutcome) -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_TYPED_OUTCOMES_OFF").is_some_and(|v| v == "1") {
+    if germline_executor::test_switch("GERMLINE_TEST_TYPED_OUTCOMES_OFF") {
         return outcome.error.as_deref().is_some_and(|e| e.contains("is suppressed"));
     }
     outcome.status == CallStatus::Suppressed

@@ -166,8 +166,7 @@ pub(crate) fn random_id() -> std::io::Result<String> {
 /// The guard is always on in release builds; debug builds (tests) may turn it off with
 /// `GERMLINE_TEST_FRONT_GUARD_OFF=1` to show what it stops.
 fn guard_enforced() -> bool {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("GERMLINE_TEST_FRONT_GUARD_OFF").is_some_and(|v| v == "1") {
+    if germline_executor::test_switch("GERMLINE_TEST_FRONT_GUARD_OFF") {
         tracing::warn!("GERMLINE_TEST_FRONT_GUARD_OFF=1: the HTTP front's guard is off (test builds only)");
         return false;
     }
