@@ -19,7 +19,9 @@
 //! release on the witnessing host. We thus trust the peer's signature for the replay
 //! having happened, and re-check everything else; a host that signs false witnesses
 //! is caught by anyone who holds the items (`germline verify`), and its key can be
-//! dropped from the configuration.
+//! dropped from the configuration. A re-check outside the witnessing host's deployment
+//! can fail for an honest host too: a release can carry what its deployment shows a
+//! copy into its request (SECURITY.md, "What a third party's re-check reproduces").
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
