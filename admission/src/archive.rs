@@ -549,7 +549,11 @@ pub fn extract_release(archive: &Path, dest: &Path, limits: &ArchiveLimits) -> R
     let manifest = manifest.ok_or_else(|| AdmissionError::BadManifest(format!("archive has no {MANIFEST_FILE}")))?;
     let info = ReleaseInfo::from_manifest(&manifest)?;
 
-    fs::create_dir(dest).map_err(|e| AdmissionError::io(format!("creating {}", dest.display()), e))?;
+    // Modes are set, not left to the umask: a release unpacked by a process with umask 077
+    // would be unreadable by the sandbox ids its germline runs as.
+    let made = |e| AdmissionError::io(format!("creating {}", dest.display()), e);
+    fs::create_dir(dest).map_err(made)?;
+    fs::set_permissions(dest, fs::Permissions::from_mode(0o755)).map_err(made)?;
     let written = write_planned(archive, dest, limits, &planned);
     if written.is_err() {
         let _ = fs::remove_dir_all(dest);
@@ -596,6 +600,8 @@ fn write_planned(archive_path: &Path, dest: &Path, limits: &ArchiveLimits, plann
                     .mode(if *executable { 0o755 } else { 0o644 })
                     .open(&path)
                     .map_err(ctx)?;
+                out.set_permissions(fs::Permissions::from_mode(if *executable { 0o755 } else { 0o644 }))
+                    .map_err(ctx)?;
                 let copied = io::copy(&mut (&mut entry).take(*size), &mut out).map_err(ctx)?;
                 if copied != *size {
                     return Err(AdmissionError::ArchiveMalformed(format!("{} is truncated", plan.rel.display())));
@@ -628,7 +634,9 @@ fn ensure_parents(dest: &Path, rel: &Path) -> Result<()> {
                     )))
                 }
                 Err(_) => {
-                    fs::create_dir(&cur).map_err(|e| AdmissionError::io(format!("creating {}", cur.display()), e))?;
+                    let made = |e| AdmissionError::io(format!("creating {}", cur.display()), e);
+                    fs::create_dir(&cur).map_err(made)?;
+                    fs::set_permissions(&cur, fs::Permissions::from_mode(0o755)).map_err(made)?;
                 }
             }
         }

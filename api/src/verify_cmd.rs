@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use germline_executor::call::{GermlineRuntime, Splitting};
-use germline_executor::evidence::TriggerEvidence;
+use germline_executor::evidence::{Machine, TriggerEvidence};
 use germline_executor::germline::PythonRuntime;
 use germline_executor::policy::Policy;
 use germline_host::opening_path;
@@ -56,22 +56,75 @@ fn load_items(ev: &TriggerEvidence, dir: &Path) -> anyhow::Result<BTreeMap<ItemN
     Ok(out)
 }
 
-/// A policy that only places the evidence's file items (their directories as data roots).
+/// The policy `germline verify` starts its germline with: the deployment the opening
+/// records (its `[environment]`, `[limits]`, `[startup_items]` and every data root), or,
+/// for an opening from a host that did not record one, the items' own directories as the
+/// only data roots.
 fn replay_policy(ev: &TriggerEvidence) -> anyhow::Result<Policy> {
-    let mut text = String::from("tags = [\"witness\"]\n");
+    use toml::{Table, Value};
     let mut roots: Vec<String> = ev
         .items
         .iter()
         .filter(|i| !i.name.as_str().starts_with("arg:"))
         .filter_map(|i| Path::new(i.name.as_str()).parent().map(|p| p.display().to_string()))
         .collect();
+    let mut doc = Table::new();
+    doc.insert("tags".into(), Value::Array(vec!["witness".into()]));
+    if let Some(d) = &ev.deployment {
+        roots.extend(d.data_roots.iter().map(|r| r.display().to_string()));
+        let environment = d.environment.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+        doc.insert("environment".into(), Value::Table(environment));
+        if d.memory_bytes % (1 << 20) != 0 {
+            bail!("the opening's memory limit ({} bytes) is not a whole number of MiB", d.memory_bytes);
+        }
+        let int = |v: u64| i64::try_from(v).map(Value::Integer).context("a limit in the opening is out of range");
+        let mut limits = Table::new();
+        limits.insert("memory_mb".into(), int(d.memory_bytes >> 20)?);
+        limits.insert("processes".into(), int(d.processes)?);
+        limits.insert("cpu_seconds".into(), int(d.cpu_seconds)?);
+        limits.insert("deadline_ms".into(), int(d.deadline_ms)?);
+        limits.insert("max_message_bytes".into(), int(d.max_message_bytes as u64)?);
+        limits.insert("pool".into(), int(d.pool as u64)?);
+        limits.insert("copy_source".into(), Value::try_from(d.copy_source)?);
+        doc.insert("limits".into(), Value::Table(limits));
+        let startup = d.startup_items.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+        doc.insert("startup_items".into(), Value::Table(startup));
+    }
     roots.sort();
     roots.dedup();
-    for r in roots {
-        text.push_str(&format!("[[items]]\npath = \"{r}/**\"\nlabel = [\"witness\"]\n"));
-    }
-    Ok(Policy::parse(&text)?)
+    let rule = |r: &String| {
+        let mut t = Table::new();
+        t.insert("path".into(), Value::from(format!("{r}/**")));
+        t.insert("label".into(), Value::Array(vec!["witness".into()]));
+        Value::Table(t)
+    };
+    doc.insert("items".into(), Value::Array(roots.iter().map(rule).collect()));
+    Ok(Policy::parse(&toml::to_string(&doc)?)?)
 }
+
+/// How this machine differs from the one the call ran on, as far as the opening records
+/// it: a verdict not reproduced here then says nothing about the host.
+fn machine_differences(ev: &TriggerEvidence, python: &Path) -> Vec<String> {
+    // A host that did not record its deployment gets no excuse from it: its verdict is
+    // held against it as before.
+    let Some(d) = &ev.deployment else {
+        eprintln!(
+            "germline verify: the opening records no deployment (a host before it was recorded): the replay places \
+             only the items' own directories"
+        );
+        return Vec::new();
+    };
+    let mut out = d.machine.differences(&Machine::here(python));
+    let resident = germline_executor::policy::default_resident_root();
+    if d.resident_root != resident {
+        out.push(format!("resident root: recorded {}, here {resident}", d.resident_root));
+    }
+    out
+}
+
+/// Exit status of a verdict not reproduced on a machine unlike the host's: inconclusive,
+/// not evidence against the host.
+pub const EXIT_INCONCLUSIVE: i32 = 3;
 
 /// Runs `germline verify`; exit 0 only when the recorded verdict is reproduced.
 pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
@@ -115,6 +168,12 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     }
     let contents = load_items(ev, &args.items)?;
     let python = PythonRuntime::discover(&germline_host::home())?;
+    let differs = machine_differences(ev, &python.python);
+    if ev.deployment.as_ref().is_some_and(|d| !d.immortal_heap) {
+        germline_executor::germline::IMMORTAL_HEAP_OFF.store(true, std::sync::atomic::Ordering::SeqCst);
+    } else if ev.deployment.is_some() && germline_executor::germline::immortal_heap_off() {
+        bail!("the host's germline made its heap immortal: unset GERMLINE_IMMORTAL_HEAP to replay as it ran");
+    }
     let mut rt = GermlineRuntime::start(&release_dir, replay_policy(ev)?, python, Splitting::Plan)?;
     rt.release = hash;
     let report = verify_trigger(&mut rt, ev, &contents, args.tries, w.body.declared_deterministic)?;
@@ -125,9 +184,21 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
             "reproduced": report.verdict,
             "probe_differs": report.probe_differs,
             "control_differs": report.control_differs,
+            "machine_differs": differs,
             "signed_by": w.key_name,
             "key": hex::encode(w.public_key),
         })
     );
-    Ok(if report.verdict == w.body.report.verdict { 0 } else { 1 })
+    if report.verdict == w.body.report.verdict {
+        return Ok(0);
+    }
+    if !differs.is_empty() {
+        eprintln!(
+            "germline verify: not reproduced, on a machine unlike the host's ({}): inconclusive, not evidence \
+             against the host; re-check on a machine like the one the opening records",
+            differs.join("; ")
+        );
+        return Ok(EXIT_INCONCLUSIVE);
+    }
+    Ok(1)
 }

@@ -3,10 +3,13 @@
 //! the verdict; an edited witness, a missing or edited opening, or a different release is
 //! rejected; a release whose request follows a set's order of strings replays as it ran
 //! (one hash seed for every germline), and so does one whose request carries its own
-//! paths (one layout for every germline's root). A host's other configuration and a
-//! third party's other machine change nothing for a request that carries neither; one
-//! that carries them is not reproduced (open, ignored: SECURITY.md, "What a third
-//! party's re-check reproduces").
+//! paths (one layout for every germline's root), the host's configuration and start-up
+//! items (recorded in the opening) or its host name, time zone, limits, umask or signal
+//! actions (the same in every root). One that carries the machine's CPU set or kernel is
+//! not reproduced on another machine, which says so (inconclusive) instead of holding it
+//! against the host. One that carries what the host's root shows under `/.germline` (file
+//! times, inode numbers, the CA) is not reproduced (open, ignored: SECURITY.md, "What a
+//! third party's re-check reproduces").
 
 mod common;
 
@@ -32,6 +35,18 @@ fn germline_under(
     data: &Path,
     env: &[(&str, &str)],
 ) -> (bool, String, String) {
+    let (code, stdout, all) = germline_status(wrap, args, cwd, data, env);
+    (code == Some(0), stdout, all)
+}
+
+/// [`germline_under`] with the exit status.
+fn germline_status(
+    wrap: &[&str],
+    args: &[&str],
+    cwd: &Path,
+    data: &Path,
+    env: &[(&str, &str)],
+) -> (Option<i32>, String, String) {
     let bin = env!("CARGO_BIN_EXE_germline");
     let mut cmd = match wrap.split_first() {
         Some((first, rest)) => {
@@ -52,7 +67,7 @@ fn germline_under(
         .expect("run germline");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let all = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), stdout, all)
+    (out.status.code(), stdout, all)
 }
 
 /// Runs the mixer's leaking call on `here/rel` and builds its archive `here/rel.tar.gz`;
@@ -86,7 +101,8 @@ fn third_party(there: &Path, here: &Path, witness: &Path, invoice: &Path, paysli
 }
 
 /// `germline verify` by a third party in `there` holding the witness, its opening, the
-/// archive and the items (with `env` added, under the command prefix `wrap`): its verdict.
+/// archive and the items (with `env` added, under the command prefix `wrap`): its verdict,
+/// with its exit status added as `exit`.
 fn offline_verdict(
     there: &Path,
     here: &Path,
@@ -97,14 +113,16 @@ fn offline_verdict(
 ) -> serde_json::Value {
     third_party(there, here, witness, invoice, payslip);
     std::fs::copy(format!("{}.opening", witness.display()), there.join("w.witness.opening")).unwrap();
-    let (_, stdout, out) = germline_under(
+    let (code, stdout, out) = germline_status(
         wrap,
         &["verify", "w.witness", "--release", "rel.tar.gz", "--items", "items"],
         there,
         &there.join("d"),
         env,
     );
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    let mut v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    v["exit"] = serde_json::json!(code);
+    v
 }
 
 #[test]
@@ -254,7 +272,10 @@ fn mixer_carrying(rel: &Path, expr: &str) {
     common::mixer_release(rel, "layout", true);
     let server = std::fs::read_to_string(rel.join("server.py")).unwrap();
     let server = server
-        .replace("import urllib.request\n", "import urllib.request, os, sys, resource, datetime\n")
+        .replace(
+            "import urllib.request\n",
+            "import urllib.request, os, sys, resource, datetime, socket, time, signal\n",
+        )
         .replace("body = (open(document)", &format!("body = (str({expr}) + open(document)"));
     assert!(server.contains(expr), "{server}");
     std::fs::write(rel.join("server.py"), server).unwrap();
@@ -286,24 +307,28 @@ const OTHER_ZONE: &[&str] = &[
     "mount --bind /usr/share/zoneinfo/Asia/Tokyo \"$(readlink -f /etc/localtime)\" && exec \"$0\" \"$@\"",
 ];
 const OTHER_KERNEL: &[&str] = &["setarch", "x86_64", "--uname-2.6"];
+const OTHER_UMASK: &[&str] = &["sh", "-c", "umask 077; exec \"$0\" \"$@\""];
+const OTHER_SIGNALS: &[&str] = &["sh", "-c", "trap '' HUP; exec \"$0\" \"$@\""];
 const ENVIRONMENT: &str = "[environment]\nREGION = \"eu-west-1\"\n";
 const LIMITS: &str = "[limits]\nmemory_mb = 900\n";
 const ANOTHER_ROOT: &str = "[[items]]\npath = \"{items}/legal/**\"\nlabel = [\"hr\"]\n";
 const HEAP_SWITCH: &[(&str, &str)] = &[("GERMLINE_IMMORTAL_HEAP", "0")];
 
-/// Each case on a fresh host and a fresh third party, three at a time; the cases whose
-/// third party does not reproduce the host's `item_witness`, with both answers.
-fn not_reproduced(cases: &[Case]) -> Vec<String> {
+/// Each case on a fresh host and a fresh third party, both with `both_env` added, three at
+/// a time: each case's third-party verdict (`name` added).
+fn offline_verdicts(cases: &[Case], both_env: &[(&str, &str)]) -> Vec<serde_json::Value> {
     let run = |case: &Case| {
         let tmp = tempfile::tempdir().unwrap();
         let here = tmp.path().join("host");
         mixer_carrying(&here.join("rel"), case.expr);
         let items = here.join("items").display().to_string();
         let (invoice, payslip, _) = common::mixer_world(&here, 64, &case.host_policy.replace("{items}", &items));
-        let witness = call_to_witness(&here, &here.join("data"), &invoice, &payslip, case.host_env);
+        let host_env: Vec<(&str, &str)> = case.host_env.iter().chain(both_env).copied().collect();
+        let witness = call_to_witness(&here, &here.join("data"), &invoice, &payslip, &host_env);
         let there = tmp.path().join("third-party");
-        let v = offline_verdict(&there, &here, &witness, (&invoice, &payslip), &[], case.third_wrap);
-        (v["recorded"] != "item_witness" || v["reproduced"] != "item_witness").then(|| format!("{}: {v}", case.name))
+        let mut v = offline_verdict(&there, &here, &witness, (&invoice, &payslip), both_env, case.third_wrap);
+        v["name"] = serde_json::json!(case.name);
+        v
     };
     cases
         .chunks(3)
@@ -313,92 +338,160 @@ fn not_reproduced(cases: &[Case]) -> Vec<String> {
                 runs.into_iter().map(|r| r.join().expect("case panicked")).collect::<Vec<_>>()
             })
         })
-        .flatten()
         .collect()
 }
 
-/// The controls of the open cases below: the hosts' policies and broker environment and
-/// the third parties' machines differ, the request carries none of it, and the third
-/// party reproduces `item_witness`.
+/// The cases whose third party does not reproduce the host's `item_witness`.
+fn not_reproduced(cases: &[Case], both_env: &[(&str, &str)]) -> Vec<String> {
+    let verdicts = offline_verdicts(cases, both_env);
+    let differ = |v: &serde_json::Value| v["recorded"] != "item_witness" || v["reproduced"] != "item_witness";
+    verdicts.iter().filter(|v| differ(v)).map(|v| format!("{}: {v}", v["name"])).collect()
+}
+
+/// The controls of the cases below: the hosts' policies and broker environment and the
+/// third parties' machines differ, the request carries none of it, and the third party
+/// reproduces `item_witness`.
 #[test]
 fn a_third_party_with_another_configuration_and_machine_reproduces_a_request_carrying_neither() {
     let n = "'neutral'";
-    let differ = not_reproduced(&[
-        Case { name: "policy environment", expr: n, host_policy: ENVIRONMENT, ..CASE },
-        Case { name: "policy limits", expr: n, host_policy: LIMITS, ..CASE },
-        Case { name: "another data root", expr: n, host_policy: ANOTHER_ROOT, ..CASE },
-        Case { name: "broker environment", expr: n, host_env: HEAP_SWITCH, ..CASE },
-        Case { name: "CPU set", expr: n, third_wrap: OTHER_CPUS, ..CASE },
-        Case { name: "stack limit", expr: n, third_wrap: OTHER_STACK, ..CASE },
-        Case { name: "host name", expr: n, third_wrap: OTHER_NAME, ..CASE },
-        Case { name: "time zone", expr: n, third_wrap: OTHER_ZONE, ..CASE },
-        Case { name: "kernel release", expr: n, third_wrap: OTHER_KERNEL, ..CASE },
-    ]);
+    let differ = not_reproduced(
+        &[
+            Case { name: "policy environment", expr: n, host_policy: ENVIRONMENT, ..CASE },
+            Case { name: "policy limits", expr: n, host_policy: LIMITS, ..CASE },
+            Case { name: "another data root", expr: n, host_policy: ANOTHER_ROOT, ..CASE },
+            Case { name: "broker environment", expr: n, host_env: HEAP_SWITCH, ..CASE },
+            Case { name: "CPU set", expr: n, third_wrap: OTHER_CPUS, ..CASE },
+            Case { name: "stack limit", expr: n, third_wrap: OTHER_STACK, ..CASE },
+            Case { name: "host name", expr: n, third_wrap: OTHER_NAME, ..CASE },
+            Case { name: "time zone", expr: n, third_wrap: OTHER_ZONE, ..CASE },
+            Case { name: "kernel release", expr: n, third_wrap: OTHER_KERNEL, ..CASE },
+            Case { name: "umask", expr: n, third_wrap: OTHER_UMASK, ..CASE },
+            Case { name: "ignored signal", expr: n, third_wrap: OTHER_SIGNALS, ..CASE },
+        ],
+        &[],
+    );
     assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
+}
+
+/// What the host's configuration and machine show a copy, carried in a request, where the
+/// opening records the configuration (its `[environment]`, `[limits]`, every data root, the
+/// immortal-heap switch) and germline makes the rest the same everywhere (host name, time
+/// zone, stack limit, umask, signal actions).
+const CONFIGURATION_AND_FIXED: [Case; 9] = [
+    Case { name: "policy environment", expr: "sorted(os.environ.items())", host_policy: ENVIRONMENT, ..CASE },
+    Case { name: "policy limits", expr: "resource.getrlimit(resource.RLIMIT_AS)", host_policy: LIMITS, ..CASE },
+    Case {
+        name: "another data root",
+        expr: "sorted(os.listdir(os.path.dirname(os.path.dirname(document))))",
+        host_policy: ANOTHER_ROOT,
+        ..CASE
+    },
+    Case { name: "broker environment", expr: "sorted(os.environ.items())", host_env: HEAP_SWITCH, ..CASE },
+    Case { name: "stack limit", expr: "resource.getrlimit(resource.RLIMIT_STACK)", third_wrap: OTHER_STACK, ..CASE },
+    Case { name: "host name", expr: "(os.uname().nodename, socket.gethostname())", third_wrap: OTHER_NAME, ..CASE },
+    Case {
+        name: "time zone",
+        expr: "(datetime.datetime.now().isoformat(), time.strftime('%Z'))",
+        third_wrap: OTHER_ZONE,
+        ..CASE
+    },
+    Case { name: "umask", expr: "(os.umask(0o22), os.umask(0o22))", third_wrap: OTHER_UMASK, ..CASE },
+    Case { name: "ignored signal", expr: "signal.getsignal(signal.SIGHUP)", third_wrap: OTHER_SIGNALS, ..CASE },
+];
+
+/// A request carrying the host's configuration or what germline fixes replays as it ran
+/// at a third party. Off (`GERMLINE_TEST_HOST_MACHINE=1` at both: no deployment in the
+/// opening, the broker's host name, zone and limits in the root), every case is recorded
+/// `item_witness` and reproduced `declared_broken`; on, every case is reproduced.
+#[test]
+fn a_request_carrying_the_hosts_configuration_or_what_germline_fixes_replays_as_it_ran_offline() {
+    let off = not_reproduced(&CONFIGURATION_AND_FIXED, &[("GERMLINE_TEST_HOST_MACHINE", "1")]);
+    assert_eq!(off.len(), CONFIGURATION_AND_FIXED.len(), "off, reproduced anyway:\n{}", off.join("\n"));
+    let differ = not_reproduced(&CONFIGURATION_AND_FIXED, &[]);
+    assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
+}
+
+/// A request carrying what only the machine shows (its CPU set, its kernel): a third party
+/// on another machine does not reproduce the verdict, and says it is inconclusive (exit
+/// 3), naming where its machine differs from the one the opening records. Off (no
+/// deployment in the opening), the same disagreement is exit 1, held against the host.
+#[test]
+fn a_third_party_on_another_machine_says_its_check_is_inconclusive() {
+    let cases = [
+        Case { name: "CPU set", expr: "sorted(os.sched_getaffinity(0))", third_wrap: OTHER_CPUS, ..CASE },
+        Case { name: "kernel release", expr: "os.uname().release", third_wrap: OTHER_KERNEL, ..CASE },
+    ];
+    for (v, named) in offline_verdicts(&cases, &[]).iter().zip(["CPUs", "kernel"]) {
+        assert_eq!(v["recorded"], "item_witness", "{v}");
+        assert_ne!(v["reproduced"], "item_witness", "{v}");
+        assert_eq!(v["exit"], 3, "{v}");
+        let differs = v["machine_differs"].as_array().unwrap();
+        assert!(differs.len() == 1 && differs[0].as_str().unwrap().starts_with(named), "{v}");
+    }
+    for v in offline_verdicts(&cases, &[("GERMLINE_TEST_HOST_MACHINE", "1")]) {
+        assert_eq!((v["recorded"].as_str(), v["exit"].as_i64()), (Some("item_witness"), Some(1)), "{v}");
+        assert_eq!(v["machine_differs"], serde_json::json!([]), "{v}");
+    }
 }
 
 /// Open (SECURITY.md, "What a third party's re-check reproduces"): a request carrying
-/// what the host's root, configuration or machine shows a copy, none of which the
-/// witness or its opening names, replays otherwise at a third party. The host records
-/// `item_witness` (its own replays see the same values), the third party
-/// `declared_broken`. Each case fails today; the test lists them.
+/// what the host's root shows a copy under `/.germline` (the deployment CA, the times and
+/// inode numbers the host gave the release's and the shim's files), none of which the
+/// opening names, replays otherwise at a third party. The host records `item_witness`
+/// (its own replays run on the same root), the third party `declared_broken`. Each case
+/// fails today; the test lists them.
 #[test]
-#[ignore = "open: a request carrying the host's file times, CA, configuration or machine is not reproduced offline"]
-fn a_request_carrying_what_the_host_shows_a_copy_replays_as_it_ran_offline() {
-    let differ = not_reproduced(&[
-        Case { name: "CA certificate", expr: "open('/.germline/ca/germline-ca.pem').read()", ..CASE },
-        Case { name: "CA time", expr: "os.stat('/.germline/ca/germline-ca.pem').st_mtime_ns", ..CASE },
-        Case { name: "release mtime", expr: "os.stat(__file__).st_mtime_ns", ..CASE },
-        Case { name: "release ctime", expr: "os.stat(__file__).st_ctime_ns", ..CASE },
-        Case { name: "release atime", expr: "os.stat('/.germline/release/germline.toml').st_atime_ns", ..CASE },
-        Case { name: "shim mtime", expr: "os.stat('/.germline/shim/germline_host.py').st_mtime_ns", ..CASE },
-        Case {
-            name: "inode numbers",
-            expr: "(os.stat(__file__).st_ino, os.stat('/.germline/release').st_ino)",
-            ..CASE
-        },
-        Case { name: "policy environment", expr: "sorted(os.environ.items())", host_policy: ENVIRONMENT, ..CASE },
-        Case { name: "policy limits", expr: "resource.getrlimit(resource.RLIMIT_AS)", host_policy: LIMITS, ..CASE },
-        Case {
-            name: "another data root",
-            expr: "sorted(os.listdir(os.path.dirname(os.path.dirname(document))))",
-            host_policy: ANOTHER_ROOT,
-            ..CASE
-        },
-        Case { name: "broker environment", expr: "sorted(os.environ.items())", host_env: HEAP_SWITCH, ..CASE },
-        Case { name: "CPU set", expr: "sorted(os.sched_getaffinity(0))", third_wrap: OTHER_CPUS, ..CASE },
-        Case {
-            name: "stack limit",
-            expr: "resource.getrlimit(resource.RLIMIT_STACK)",
-            third_wrap: OTHER_STACK,
-            ..CASE
-        },
-        Case { name: "host name", expr: "os.uname().nodename", third_wrap: OTHER_NAME, ..CASE },
-        Case { name: "time zone", expr: "datetime.datetime.now().isoformat()", third_wrap: OTHER_ZONE, ..CASE },
-        Case { name: "kernel release", expr: "os.uname().release", third_wrap: OTHER_KERNEL, ..CASE },
-    ]);
+#[ignore = "open: a request carrying the host's file times, inode numbers or CA is not reproduced offline"]
+fn a_request_carrying_what_the_hosts_root_shows_a_copy_replays_as_it_ran_offline() {
+    let differ = not_reproduced(
+        &[
+            Case { name: "CA certificate", expr: "open('/.germline/ca/germline-ca.pem').read()", ..CASE },
+            Case { name: "CA time", expr: "os.stat('/.germline/ca/germline-ca.pem').st_mtime_ns", ..CASE },
+            Case { name: "release mtime", expr: "os.stat(__file__).st_mtime_ns", ..CASE },
+            Case { name: "release ctime", expr: "os.stat(__file__).st_ctime_ns", ..CASE },
+            Case { name: "release atime", expr: "os.stat('/.germline/release/germline.toml').st_atime_ns", ..CASE },
+            Case { name: "shim mtime", expr: "os.stat('/.germline/shim/germline_host.py').st_mtime_ns", ..CASE },
+            Case {
+                name: "inode numbers",
+                expr: "(os.stat(__file__).st_ino, os.stat('/.germline/release').st_ino)",
+                ..CASE
+            },
+        ],
+        &[],
+    );
     assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
 }
 
-/// Open (SECURITY.md, same section): a release whose manifest takes a start-up item
-/// (`{item:NAME}`, filled by the deployer's `[startup_items]`) cannot be verified offline
-/// at all: the opening carries no start-up item and `germline verify` refuses to start it.
+/// A release whose manifest takes a start-up item (`{item:NAME}`, filled by the deployer's
+/// `[startup_items]`) and whose request carries the value it was given replays as it ran
+/// at a third party: the opening records the deployment's start-up items. Off (no
+/// deployment in the opening), `germline verify` cannot start the release at all.
 #[test]
-#[ignore = "open: a release taking a start-up item cannot be verified offline"]
 fn a_release_taking_a_startup_item_replays_offline() {
-    let tmp = tempfile::tempdir().unwrap();
-    let here = tmp.path().join("host");
-    let rel = here.join("rel");
-    common::mixer_release(&rel, "placeholder", true);
-    let manifest = std::fs::read_to_string(rel.join("germline.toml")).unwrap();
-    let manifest =
-        manifest.replace("deterministic = true\n", "deterministic = true\nenv = { CONFIG = \"{item:config}\" }\n");
-    std::fs::write(rel.join("germline.toml"), manifest).unwrap();
-    let config = here.join("config.txt");
-    std::fs::write(&config, "public settings").unwrap();
-    let (invoice, payslip, _) =
-        common::mixer_world(&here, 64, &format!("[startup_items]\nconfig = \"{}\"\n", config.display()));
-    let witness = call_to_witness(&here, &here.join("data"), &invoice, &payslip, &[]);
-    let v = offline_verdict(&tmp.path().join("third-party"), &here, &witness, (&invoice, &payslip), &[], &[]);
-    assert_eq!(v["reproduced"], v["recorded"], "{v}");
+    let run = |both_env: &[(&str, &str)]| {
+        let tmp = tempfile::tempdir().unwrap();
+        let here = tmp.path().join("host");
+        let rel = here.join("rel");
+        mixer_carrying(&rel, "os.environ['CONFIG']");
+        let manifest = std::fs::read_to_string(rel.join("germline.toml")).unwrap();
+        let manifest =
+            manifest.replace("deterministic = true\n", "deterministic = true\nenv = { CONFIG = \"{item:config}\" }\n");
+        std::fs::write(rel.join("germline.toml"), manifest).unwrap();
+        let config = here.join("config.txt");
+        std::fs::write(&config, "public settings").unwrap();
+        let (invoice, payslip, _) =
+            common::mixer_world(&here, 64, &format!("[startup_items]\nconfig = \"{}\"\n", config.display()));
+        let witness = call_to_witness(&here, &here.join("data"), &invoice, &payslip, both_env);
+        let there = tmp.path().join("third-party");
+        third_party(&there, &here, &witness, &invoice, &payslip);
+        std::fs::copy(format!("{}.opening", witness.display()), there.join("w.witness.opening")).unwrap();
+        let args = ["verify", "w.witness", "--release", "rel.tar.gz", "--items", "items"];
+        germline_status(&[], &args, &there, &there.join("d"), both_env)
+    };
+    let (code, _, out) = run(&[("GERMLINE_TEST_HOST_MACHINE", "1")]);
+    assert!(code == Some(1) && out.contains("{item:config} has no value"), "off: {code:?} {out}");
+    let (code, stdout, out) = run(&[]);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!((code, &v["recorded"], &v["reproduced"]), (Some(0), &v["recorded"], &v["recorded"]), "{v}");
+    assert_eq!(v["recorded"], "item_witness", "{v}");
 }

@@ -394,6 +394,30 @@ impl Default for EvidenceSwitches {
 }
 
 impl GermlineRuntime {
+    /// The deployment this runtime's copies run in, for trigger evidence (none with
+    /// [`crate::confine::host_machine_for_tests`]).
+    fn deployment(&self) -> Option<crate::evidence::Deployment> {
+        if crate::confine::host_machine_for_tests() {
+            return None;
+        }
+        let limits = &self.policy.limits;
+        Some(crate::evidence::Deployment {
+            environment: self.policy.environment.clone(),
+            data_roots: self.policy.data_roots(),
+            memory_bytes: limits.memory_bytes,
+            processes: limits.processes,
+            cpu_seconds: limits.cpu_seconds,
+            deadline_ms: u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
+            max_message_bytes: limits.max_message_bytes,
+            pool: self.pool_size,
+            copy_source: limits.copy_source,
+            resident_root: self.spec.resident_root,
+            immortal_heap: !crate::germline::immortal_heap_off(),
+            startup_items: self.policy.startup_items.clone(),
+            machine: crate::evidence::Machine::here(&self.spec.runtime.python),
+        })
+    }
+
     /// Starts the germline for `release_dir` under `policy`. Fails (refusing the release)
     /// if the germline does not start or fails G1–G3.
     pub fn start(
@@ -682,6 +706,7 @@ impl GermlineRuntime {
                     copies: plan.groups.len(),
                     secret: fresh_secret()?,
                     tool_sealed: self.tools_labelled.load(std::sync::atomic::Ordering::SeqCst),
+                    deployment: self.deployment(),
                 });
             }
         }

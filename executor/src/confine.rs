@@ -317,6 +317,9 @@ pub struct PreparedSandbox {
     /// Whether RLIMIT_SIGPENDING is lifted before the user namespace and set to
     /// [`PENDING_SIGNALS`] inside (off only with [`SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS`]).
     signal_queue_limits: bool,
+    /// [`host_machine_for_tests`]: leave the broker's host name, unset limits, umask and
+    /// signal actions.
+    host_machine: bool,
     control_fd: Option<RawFd>,
     report: OwnedFd,
     report_rx: Option<OwnedFd>,
@@ -386,13 +389,13 @@ const DEVICES: [&str; 4] = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/rand
 
 /// The only host `/etc` entries the germline's root holds: data the interpreter and its
 /// libraries read and that is the same on every host of a distribution, never a secret:
-/// the dynamic linker's cache, the timezone, public CA certificates and OpenSSL's
-/// defaults, the IANA service and protocol tables, and the `alternatives` symlink farm
-/// that `/usr/bin` entries point through. Missing entries are skipped.
-pub const HOST_ETC: [&str; 8] = [
+/// the dynamic linker's cache, public CA certificates and OpenSSL's defaults, the IANA
+/// service and protocol tables, and the `alternatives` symlink farm that `/usr/bin`
+/// entries point through. Missing entries are skipped. Not the host's time zone: the
+/// root's own is UTC ([`SYNTHETIC_ETC`]), so a copy's local time is the same on every
+/// host and a third party's replay sees what the call saw.
+pub const HOST_ETC: [&str; 6] = [
     "/etc/ld.so.cache",
-    "/etc/localtime",
-    "/etc/timezone",
     "/etc/ssl/certs",
     "/etc/ssl/openssl.cnf",
     "/etc/services",
@@ -402,8 +405,9 @@ pub const HOST_ETC: [&str; 8] = [
 
 /// The `/etc` files germline writes for the root: the sandbox user is in-namespace root,
 /// named `germline`; `nobody` is how unmapped host ids appear. No resolver: copies reach
-/// hosts only through the broker's proxy, which resolves names itself.
-const SYNTHETIC_ETC: [(&str, &str); 5] = [
+/// hosts only through the broker's proxy, which resolves names itself. The time zone is
+/// UTC ([`UTC_TZIF`]) on every host.
+const SYNTHETIC_ETC: [(&str, &str); 7] = [
     (
         "/etc/passwd",
         "germline:x:0:0:germline sandbox:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -412,7 +416,29 @@ const SYNTHETIC_ETC: [(&str, &str); 5] = [
     ("/etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\nservices: files\nprotocols: files\n"),
     ("/etc/hosts", "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"),
     ("/etc/resolv.conf", "# germline: no name servers; names are resolved by the broker.\noptions attempts:1 timeout:1\n"),
+    ("/etc/localtime", UTC_TZIF),
+    ("/etc/timezone", "Etc/UTC\n"),
 ];
+
+/// One TZif block (RFC 8536, section 3) of a zone with no transitions and one local time
+/// type, UTC: the header (version 2, counts isut 0, isstd 0, leap 0, time 0, type 1,
+/// char 4), the type (offset 0, not DST, designation 0) and the designation `UTC`.
+macro_rules! utc_tzif_block {
+    () => {
+        concat!(
+            "TZif2",
+            "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            "\0\0\0\x01\0\0\0\x04",
+            "\0\0\0\0\0\0",
+            "UTC\0"
+        )
+    };
+}
+
+/// `/etc/localtime` of the root: UTC as a version-2 TZif file (the version-1 block, the
+/// 64-bit block, and the footer's POSIX TZ string).
+pub const UTC_TZIF: &str = concat!(utc_tzif_block!(), utc_tzif_block!(), "\nUTC0\n");
 
 fn sandbox_err(s: String) -> ExecutorError {
     ExecutorError::Sandbox(s)
@@ -604,14 +630,14 @@ impl<'a> RootPlan<'a> {
         Ok(())
     }
 
-    fn write(&mut self, p: &Path, contents: &str) -> Result<(), ExecutorError> {
+    fn write(&mut self, p: &Path, contents: &[u8]) -> Result<(), ExecutorError> {
         if self.nodes.contains_key(p) {
             return Ok(());
         }
         if let Some(parent) = p.parent() {
             self.ensure_dir(parent, "file", p)?;
         }
-        let op = RootOp::Write(self.staged(p)?, contents.as_bytes().to_vec());
+        let op = RootOp::Write(self.staged(p)?, contents.to_vec());
         self.push(op, format!("writing {} in the root", p.display()));
         self.nodes.insert(p.to_path_buf(), Node::File);
         Ok(())
@@ -640,8 +666,13 @@ impl<'a> RootPlan<'a> {
         if self.nodes.get(Path::new("/etc")) == Some(&Node::HostDir) {
             return Err(sandbox_err("read-only path /etc: the germline's root has a minimal /etc of its own".into()));
         }
+        let host_machine = host_machine_for_tests();
         for (p, contents) in SYNTHETIC_ETC {
-            self.write(Path::new(p), contents)?;
+            let host_zone = match host_machine && matches!(p, "/etc/localtime" | "/etc/timezone") {
+                true => std::fs::read(p).ok(),
+                false => None,
+            };
+            self.write(Path::new(p), host_zone.as_deref().unwrap_or(contents.as_bytes()))?;
         }
         for p in HOST_ETC {
             if std::fs::symlink_metadata(p).is_ok() {
@@ -812,6 +843,7 @@ impl Confinement {
             limits: self.limits.clone(),
             pid_namespace: self.switches.pid_namespace,
             signal_queue_limits: !SIGNAL_QUEUE_LIMITS_OFF_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst),
+            host_machine: host_machine_for_tests(),
             control_fd,
             report,
             report_rx: Some(report_rx),
@@ -857,9 +889,10 @@ enum Step {
     ControlFd,
     ImportScratch,
     ResidentTree,
+    HostName,
 }
 
-const STEPS: [&str; 17] = [
+const STEPS: [&str; 18] = [
     "creating the private mount namespace",
     "mounting the root's tmpfs",
     "entering the stage directory",
@@ -877,9 +910,10 @@ const STEPS: [&str; 17] = [
     "passing the control socket",
     "mounting the germline's import scratch",
     "entering the resident tree's mount namespace",
+    "naming the germline's host",
 ];
 
-const _: () = assert!(STEPS.len() == (Step::ResidentTree as u32 - Step::MountNamespace as u32 + 1) as usize);
+const _: () = assert!(STEPS.len() == (Step::HostName as u32 - Step::MountNamespace as u32 + 1) as usize);
 
 /// Explains a failed germline start by the step the child reported.
 pub struct BuildReport {
@@ -1088,6 +1122,11 @@ impl PreparedSandbox {
 
     fn apply_in_child(&mut self) -> io::Result<()> {
         use libc::*;
+        // The root is built, and the germline runs, with umask 022 whatever the broker's:
+        // under 077 the root's own directories and files would be unreadable by the
+        // sandbox ids, and a copy would read the broker's umask back.
+        // SAFETY: umask cannot fail.
+        let broker_umask = unsafe { umask(0o022) };
         // CLONE_NEWPID moves the germline's children (not the germline) into a new PID
         // namespace; the first of them, the keeper, is its init.
         let namespaces: c_int = CLONE_NEWUSER
@@ -1158,6 +1197,14 @@ impl PreparedSandbox {
             let lim = rlimit { rlim_cur: val, rlim_max: val };
             // SAFETY: valid pointer to a local rlimit.
             self.step(Step::Limits as u32, check(unsafe { setrlimit(res, &lim) }))?;
+        }
+        if self.host_machine {
+            // SAFETY: umask cannot fail.
+            unsafe { umask(broker_umask) };
+        } else {
+            self.step(Step::Limits as u32, fixed_limits())?;
+            self.step(Step::HostName as u32, fixed_host_name())?;
+            default_signal_actions();
         }
         if self.signal_queue_limits {
             let lim = rlimit { rlim_cur: PENDING_SIGNALS, rlim_max: PENDING_SIGNALS };
@@ -1297,6 +1344,70 @@ fn proc_path(pid: libc::pid_t, file: &str) -> [u8; 48] {
         out[i] = b;
     }
     out
+}
+
+/// The limits no policy sets, each fixed (soft and hard) at Linux's usual default, or at
+/// the broker's hard limit where that is lower: a copy that reads them sees the same on
+/// every host, not the broker's (`ulimit -s` of whoever started it).
+const FIXED_LIMITS: [(libc::__rlimit_resource_t, u64); 10] = [
+    (libc::RLIMIT_STACK, 8 << 20),
+    (libc::RLIMIT_FSIZE, libc::RLIM_INFINITY),
+    (libc::RLIMIT_DATA, libc::RLIM_INFINITY),
+    (libc::RLIMIT_RSS, libc::RLIM_INFINITY),
+    (libc::RLIMIT_MEMLOCK, 8 << 20),
+    (libc::RLIMIT_LOCKS, libc::RLIM_INFINITY),
+    (libc::RLIMIT_MSGQUEUE, 819_200),
+    (libc::RLIMIT_NICE, 0),
+    (libc::RLIMIT_RTPRIO, 0),
+    (libc::RLIMIT_RTTIME, libc::RLIM_INFINITY),
+];
+
+fn fixed_limits() -> io::Result<()> {
+    for (res, val) in FIXED_LIMITS {
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: valid pointer to a local rlimit.
+        check(unsafe { libc::getrlimit(res, &mut now) })?;
+        let v = val.min(now.rlim_max);
+        // SAFETY: valid pointer to a local rlimit; never above the current hard limit.
+        check(unsafe { libc::setrlimit(res, &libc::rlimit { rlim_cur: v, rlim_max: v }) })?;
+    }
+    Ok(())
+}
+
+/// Debug builds only ("mechanism off"): `GERMLINE_TEST_HOST_MACHINE=1` gives the germline
+/// the broker's host name, time zone, stack and other unset limits, umask and ignored
+/// signals, and leaves its trigger evidence without the deployment
+/// ([`crate::evidence::Deployment`]), as before: what a third party's replay then fails
+/// to reproduce.
+pub fn host_machine_for_tests() -> bool {
+    crate::test_switch("GERMLINE_TEST_HOST_MACHINE")
+}
+
+/// Signal actions as no one set them: an ignored signal stays ignored across exec (`nohup`
+/// ignores SIGHUP), and a copy could read back how the broker was started. Every signal
+/// gets its default action and none is blocked.
+fn default_signal_actions() {
+    // SAFETY: signal and sigprocmask are async-signal-safe and take plain values; signal
+    // fails harmlessly for SIGKILL, SIGSTOP and the C library's own signals.
+    unsafe {
+        for sig in 1..=libc::SIGRTMAX() {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+    }
+}
+
+/// The germline's host and domain name, in its own UTS namespace: the same on every host.
+pub const HOST_NAME: &str = "germline";
+
+fn fixed_host_name() -> io::Result<()> {
+    let domain = b"(none)";
+    // SAFETY: pointers to constant buffers with their lengths.
+    check(unsafe { libc::sethostname(HOST_NAME.as_ptr().cast(), HOST_NAME.len()) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setdomainname(domain.as_ptr().cast(), domain.len()) })
 }
 
 /// Test-only switch ("mechanism off"): leave RLIMIT_SIGPENDING as the broker's, as before
@@ -1603,6 +1714,21 @@ mod tests {
         assert!(plan.binds.iter().all(|b| !b.starts_with("/etc") || HOST_ETC.iter().any(|h| b.starts_with(h))));
         assert!(!plan.binds.iter().any(|b| b == Path::new("/etc/shadow") || b == Path::new("/etc")));
         assert!(plan.what.last().is_some_and(|w| w.contains("empty tmpfs over data root /etc/app/finance")));
+        // The time zone is the root's own, not the host's.
+        assert_eq!(plan.nodes.get(Path::new("/etc/localtime")), Some(&Node::File));
+        assert!(!plan.binds.iter().any(|b| b.ends_with("localtime") || b.ends_with("timezone")));
+    }
+
+    #[test]
+    fn the_roots_time_zone_is_utc_as_tzdata_writes_it() {
+        let tz = UTC_TZIF.as_bytes();
+        // RFC 8536: two blocks of header (44 bytes), one type (6) and "UTC\0", a footer.
+        assert_eq!(tz.len(), 2 * (44 + 6 + 4) + 6);
+        assert!(tz.starts_with(b"TZif2") && tz[54..].starts_with(b"TZif2") && tz.ends_with(b"\nUTC0\n"));
+        assert_eq!(&tz[36..44], &[0, 0, 0, 1, 0, 0, 0, 4], "one type, four designation bytes");
+        if let Ok(tzdata) = std::fs::read("/usr/share/zoneinfo/Etc/UTC") {
+            assert_eq!(tz, &tzdata[..], "as tzdata writes Etc/UTC");
+        }
     }
 
     #[test]

@@ -86,6 +86,105 @@ pub struct ItemRecord {
     pub sha256: String,
 }
 
+/// The deployment a trigger's copies ran in, as far as release code can see it and
+/// germline does not make it the same everywhere itself (the root's host name, time zone
+/// and unset limits are): the host's configuration, which `germline verify` starts its
+/// germline with, and the machine, which it compares with its own. So a third party
+/// replays in what the call ran in, or says where it could not (SECURITY.md, "What a
+/// third party's re-check reproduces").
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    /// The policy's `[environment]`.
+    pub environment: BTreeMap<String, String>,
+    /// Every item rule's data root (each is an empty directory in the root).
+    pub data_roots: Vec<std::path::PathBuf>,
+    /// `[limits]`: memory per copy in bytes.
+    pub memory_bytes: u64,
+    /// `[limits]`: processes per copy.
+    pub processes: u64,
+    /// `[limits]`: CPU seconds per copy process.
+    pub cpu_seconds: u64,
+    /// `[limits]`: the deadline in milliseconds.
+    pub deadline_ms: u64,
+    /// `[limits]`: the largest message.
+    pub max_message_bytes: usize,
+    /// `[limits]`: ready copies per germline.
+    pub pool: usize,
+    /// `[limits]`: how copies are made, unless the manifest says.
+    pub copy_source: crate::manifest::CopySourceKind,
+    /// `[sandbox]`: whether the root was resident.
+    pub resident_root: bool,
+    /// Whether the germline made its heap immortal (`GERMLINE_IMMORTAL_HEAP`).
+    pub immortal_heap: bool,
+    /// `[startup_items]`: the path the deployment gave each of the manifest's item
+    /// placeholders (a path is configuration; what lies there is an item, which a
+    /// verifier is given like the others).
+    #[serde(default)]
+    pub startup_items: BTreeMap<String, String>,
+    /// The machine.
+    pub machine: Machine,
+}
+
+/// What a copy sees of the machine that no configuration sets: a replay elsewhere may see
+/// other values, and then a verdict it does not reproduce says nothing about the host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    /// `uname`'s system, release, version and machine (not the node name: the germline's
+    /// own is fixed).
+    pub kernel: String,
+    /// The CPUs the broker, and so every copy, may run on (`sched_getaffinity`).
+    pub cpus: Vec<usize>,
+    /// The interpreter every copy runs (its path is what `sys.executable` says).
+    pub runtime: std::path::PathBuf,
+}
+
+impl Machine {
+    /// This process's machine, with `runtime` the interpreter.
+    pub fn here(runtime: &std::path::Path) -> Machine {
+        Machine { kernel: kernel(), cpus: cpus(), runtime: runtime.to_path_buf() }
+    }
+
+    /// Where `other` (the replaying machine) differs from this one, each said in words.
+    pub fn differences(&self, other: &Machine) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.kernel != other.kernel {
+            out.push(format!("kernel: recorded {:?}, here {:?}", self.kernel, other.kernel));
+        }
+        if self.cpus != other.cpus {
+            out.push(format!("CPUs: recorded {:?}, here {:?}", self.cpus, other.cpus));
+        }
+        if self.runtime != other.runtime {
+            out.push(format!("runtime: recorded {}, here {}", self.runtime.display(), other.runtime.display()));
+        }
+        out
+    }
+}
+
+fn kernel() -> String {
+    // SAFETY: uname fills a zeroed struct it is given; every field is NUL-terminated.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a local utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    [field(&u.sysname), field(&u.release), field(&u.version), field(&u.machine)].join(" ")
+}
+
+fn cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a local cpu_set_t with its size.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: CPU_ISSET reads the set within its size.
+    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
 /// Everything needed to replay the serving copy of a trigger with either view.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TriggerEvidence {
@@ -132,6 +231,10 @@ pub struct TriggerEvidence {
     /// ([`PublicEvidence::tool`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tool_sealed: bool,
+    /// The deployment the copies ran in; absent from openings of hosts before it was
+    /// recorded (then `germline verify` can place only the items' own directories).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<Deployment>,
 }
 
 /// What is published of a trigger: call metadata and a keyed commitment (module docs).
@@ -327,6 +430,7 @@ mod tests {
             copies: 2,
             secret: fresh_secret().unwrap_or_else(|e| panic!("{e}")),
             tool_sealed,
+            deployment: None,
         }
     }
 

@@ -184,17 +184,29 @@ fn fold_nested(set: BTreeSet<PathBuf>) -> Vec<PathBuf> {
 
 fn write_shim(root: &Path) -> Result<PathBuf, ExecutorError> {
     use sha2::{Digest, Sha256};
+    use std::os::unix::fs::PermissionsExt;
     let mut h = Sha256::new();
     h.update(HOST_PY);
     h.update(SLOT_PY);
     let dir = root.join(format!("shim-{}", &hex::encode(h.finalize())[..16]));
     let want = [("germline_host.py", HOST_PY), ("germline_slot.py", SLOT_PY)];
-    let intact = want.iter().all(|(n, c)| std::fs::read_to_string(dir.join(n)).is_ok_and(|s| s == *c));
+    // Modes are set, not left to the umask: the sandbox ids read the shim.
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777).ok();
+    let intact = mode(&dir) == Some(0o755)
+        && want.iter().all(|(n, c)| {
+            std::fs::read_to_string(dir.join(n)).is_ok_and(|s| s == *c) && mode(&dir.join(n)) == Some(0o644)
+        });
     if !intact {
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
+                .map_err(ExecutorError::io(format!("setting the mode of {}", p.display())))
+        };
         std::fs::create_dir_all(&dir).map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+        set(&dir, 0o755)?;
         for (n, c) in want {
             let tmp = dir.join(format!(".{n}.tmp{}", std::process::id()));
             std::fs::write(&tmp, c).map_err(ExecutorError::io(format!("writing {}", tmp.display())))?;
+            set(&tmp, 0o644)?;
             std::fs::rename(&tmp, dir.join(n)).map_err(ExecutorError::io("installing shim"))?;
         }
     }
@@ -350,7 +362,8 @@ pub static BROKER_WATCH_OFF_FOR_TESTS: AtomicBool = AtomicBool::new(false);
 /// on it. `GERMLINE_IMMORTAL_HEAP=0` in the broker's environment sets it too.
 pub static IMMORTAL_HEAP_OFF: AtomicBool = AtomicBool::new(false);
 
-fn immortal_heap_off() -> bool {
+/// Whether germlines started now leave their heap mortal ([`IMMORTAL_HEAP_OFF`]).
+pub fn immortal_heap_off() -> bool {
     IMMORTAL_HEAP_OFF.load(Ordering::SeqCst) || std::env::var_os("GERMLINE_IMMORTAL_HEAP").is_some_and(|v| v == "0")
 }
 
