@@ -7,9 +7,9 @@
 //! items (recorded in the opening) or its host name, time zone, limits, umask or signal
 //! actions (the same in every root). One that carries the machine's CPU set or kernel is
 //! not reproduced on another machine, which says so (inconclusive) instead of holding it
-//! against the host. One that carries what the host's root shows under `/.germline` (file
-//! times, inode numbers, the CA) is not reproduced (open, ignored: SECURITY.md, "What a
-//! third party's re-check reproduces").
+//! against the host. One that carries what differs between two germlines of a release
+//! (its files' times and inode numbers, the CA) is judged alike by the host, which replays
+//! on a germline of its own home, and a third party.
 
 mod common;
 
@@ -238,11 +238,12 @@ fn a_release_iterating_a_set_of_strings_replays_as_it_ran() {
 /// A release that declared determinism and puts its own paths into its request: the
 /// working directory, `__file__`, `sys.path` and its environment (which names the
 /// deployment CA's file). A third party unpacks the release elsewhere (`germline verify`
-/// uses a temporary directory) and its data directory is another. With the fixed layout
-/// (on) every germline sees the release, the shim and the CA at the same paths, and the
-/// third party reproduces the item witness; with the host's paths (off) its control
-/// replay differs and it reproduces `declared_broken`, where the host recorded
-/// `item_witness` (its own verifier replays on the same paths).
+/// uses a temporary directory) and its data directory is another, and the host's own
+/// verifier replays on a germline of its own home. With the fixed layout (on) every
+/// germline sees the release, the shim and the CA at the same paths, and both record the
+/// item witness; with the host's paths (off) both control replays differ and the witness
+/// is `declared_broken` (before the host replayed on a home of its own, it recorded
+/// `item_witness` here, and only the third party found the declaration broken).
 #[test]
 fn a_release_putting_its_own_paths_in_a_request_replays_as_it_ran_offline() {
     let paths = "__import__('os').getcwd() + __file__ + str(__import__('sys').path) + \
@@ -256,11 +257,12 @@ fn a_release_putting_its_own_paths_in_a_request_replays_as_it_ran_offline() {
         let env: &[(&str, &str)] = if fixed { &[] } else { &[("GERMLINE_TEST_HOST_PATHS", "1")] };
         let witness = call_to_witness(&here, &data, &invoice, &payslip, env);
         let v = offline_verdict(&tmp.path().join("third-party"), &here, &witness, (&invoice, &payslip), env, &[]);
-        assert_eq!(v["recorded"], "item_witness", "{v}");
         if fixed {
+            assert_eq!(v["recorded"], "item_witness", "{v}");
             assert_eq!(v["reproduced"], "item_witness", "{v}");
             assert_eq!(v["control_differs"], serde_json::json!([false, false, false]), "{v}");
         } else {
+            assert_eq!(v["recorded"], "declared_broken", "the host's paths: {v}");
             assert_eq!(v["reproduced"], "declared_broken", "the host's paths: {v}");
         }
     }
@@ -434,32 +436,39 @@ fn a_third_party_on_another_machine_says_its_check_is_inconclusive() {
     }
 }
 
-/// Open (SECURITY.md, "What a third party's re-check reproduces"): a request carrying
-/// what the host's root shows a copy under `/.germline` (the deployment CA, the times and
-/// inode numbers the host gave the release's and the shim's files), none of which the
-/// opening names, replays otherwise at a third party. The host records `item_witness`
-/// (its own replays run on the same root), the third party `declared_broken`. Each case
-/// fails today; the test lists them.
+/// What the host's root shows a copy under `/.germline` and differs between two germlines
+/// of one release (the deployment CA, the times and inode numbers of the release's and
+/// the shim's files): a request carrying it is judged alike by the host and a third
+/// party. The host replays on a germline of its own home (a copy of the release, a shim
+/// and a CA of its own), as a third party does, so both see values other than the
+/// call's, and both find the release's determinism declaration broken. Off
+/// (`GERMLINE_TEST_REPLAY_SAME_HOME=1`: the host replays on the call's files and CA), the
+/// host records `item_witness` and the third party reproduces `declared_broken`.
 #[test]
-#[ignore = "open: a request carrying the host's file times, inode numbers or CA is not reproduced offline"]
-fn a_request_carrying_what_the_hosts_root_shows_a_copy_replays_as_it_ran_offline() {
-    let differ = not_reproduced(
-        &[
-            Case { name: "CA certificate", expr: "open('/.germline/ca/germline-ca.pem').read()", ..CASE },
-            Case { name: "CA time", expr: "os.stat('/.germline/ca/germline-ca.pem').st_mtime_ns", ..CASE },
-            Case { name: "release mtime", expr: "os.stat(__file__).st_mtime_ns", ..CASE },
-            Case { name: "release ctime", expr: "os.stat(__file__).st_ctime_ns", ..CASE },
-            Case { name: "release atime", expr: "os.stat('/.germline/release/germline.toml').st_atime_ns", ..CASE },
-            Case { name: "shim mtime", expr: "os.stat('/.germline/shim/germline_host.py').st_mtime_ns", ..CASE },
-            Case {
-                name: "inode numbers",
-                expr: "(os.stat(__file__).st_ino, os.stat('/.germline/release').st_ino)",
-                ..CASE
-            },
-        ],
-        &[],
-    );
-    assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
+fn a_request_carrying_what_differs_between_germlines_is_judged_alike_by_the_host_and_a_third_party() {
+    let cases = [
+        Case { name: "CA certificate", expr: "open('/.germline/ca/germline-ca.pem').read()", ..CASE },
+        Case { name: "CA time", expr: "os.stat('/.germline/ca/germline-ca.pem').st_mtime_ns", ..CASE },
+        Case { name: "release mtime", expr: "os.stat(__file__).st_mtime_ns", ..CASE },
+        Case { name: "release ctime", expr: "os.stat(__file__).st_ctime_ns", ..CASE },
+        Case { name: "release atime", expr: "os.stat('/.germline/release/germline.toml').st_atime_ns", ..CASE },
+        Case { name: "shim mtime", expr: "os.stat('/.germline/shim/germline_host.py').st_mtime_ns", ..CASE },
+        Case {
+            name: "inode numbers",
+            expr: "(os.stat(__file__).st_ino, os.stat('/.germline/release').st_ino)",
+            ..CASE
+        },
+    ];
+    let off = offline_verdicts(&cases, &[("GERMLINE_TEST_REPLAY_SAME_HOME", "1")]);
+    let verdicts = |vs: &[serde_json::Value]| -> Vec<String> {
+        vs.iter().map(|v| format!("{} {} {} {}", v["name"], v["recorded"], v["reproduced"], v["exit"])).collect()
+    };
+    let named = |r: &str, p: &str, exit: i32| -> Vec<String> {
+        cases.iter().map(|c| format!("\"{}\" \"{r}\" \"{p}\" {exit}", c.name)).collect()
+    };
+    assert_eq!(verdicts(&off), named("item_witness", "declared_broken", 1), "off");
+    let on = offline_verdicts(&cases, &[]);
+    assert_eq!(verdicts(&on), named("declared_broken", "declared_broken", 0), "on");
 }
 
 /// A release whose manifest takes a start-up item (`{item:NAME}`, filled by the deployer's

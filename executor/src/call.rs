@@ -362,6 +362,53 @@ pub struct GermlineRuntime {
     /// every lane): a call's tool name may then be one that copy chose, and the evidence
     /// of its triggers publishes it only as a keyed commitment.
     tools_labelled: Arc<std::sync::atomic::AtomicBool>,
+    /// The home of its own a replay germline was started from ([`GermlineRuntime::replay_maker`]),
+    /// held only to be removed after the germline (fields drop in order).
+    _home: Option<ReplayHome>,
+}
+
+/// A directory beside the runtime's home holding a replay germline's copy of the release,
+/// its shim and its CA; removed when dropped.
+struct ReplayHome(PathBuf);
+
+impl Drop for ReplayHome {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!("removing the replay home {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// `spec` and `policy` moved to a new home beside the runtime's: a copy of the release, a
+/// shim and a CA of its own ([`GermlineRuntime::replay_maker`]).
+fn replay_home(spec: &GermlineSpec, policy: &Policy) -> Result<(GermlineSpec, Policy, ReplayHome), ExecutorError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = spec.runtime.shim_dir.parent().ok_or_else(|| ExecutorError::internal("the shim has no home"))?;
+    // A broker killed while it replayed left its home behind: removed once its pid is gone.
+    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix("replay-")).and_then(|r| r.split('-').next());
+        if pid.is_some_and(|p| p.parse::<u32>().is_ok() && !Path::new("/proc").join(p).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let mut tag = [0u8; 8];
+    getrandom::fill(&mut tag).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
+    let dir = base.join(format!("replay-{}-{}", std::process::id(), hex::encode(tag)));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
+    let home = ReplayHome(dir);
+    let release_dir = home.0.join("release");
+    crate::germline::copy_release(&spec.release_dir, &release_dir)?;
+    let mut policy = policy.clone();
+    let tls = policy.open_tls(&home.0.join("ca"))?;
+    let is_ca = |p: &PathBuf| p.file_name().is_some_and(|n| n == crate::ca::CA_CERT_FILE);
+    let extra_read =
+        spec.extra_read.iter().filter(|p| !is_ca(p)).cloned().chain([tls.ca_cert_path().to_path_buf()]).collect();
+    let runtime = spec.runtime.with_shim_in(&home.0)?;
+    Ok((GermlineSpec { release_dir, runtime, extra_read, ..spec.clone() }, policy, home))
 }
 
 /// A running release's refusal.
@@ -504,6 +551,7 @@ impl GermlineRuntime {
             refused: Arc::default(),
             restart: true,
             tools_labelled: Arc::default(),
+            _home: None,
         })
     }
 
@@ -558,6 +606,20 @@ impl GermlineRuntime {
     /// Starts another germline of this release (a lane, see [`crate::lanes`]) when called:
     /// same release, policy and switches, sharing this one's slots and refusal.
     pub fn lane_maker(&self) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
+        self.maker(false)
+    }
+
+    /// Starts a germline of this release to replay its triggers on when called, as a third
+    /// party's `germline verify` would start one: from a home of its own, with its own
+    /// copy of the release, its own shim and its own CA. What differs between two such
+    /// germlines (the files' times and inode numbers, the CA) then differs for the host's
+    /// replay as for a third party's, and both reach the same verdict on a request that
+    /// carries it. Otherwise as [`GermlineRuntime::lane_maker`].
+    pub fn replay_maker(&self) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
+        self.maker(!crate::test_switch("GERMLINE_TEST_REPLAY_SAME_HOME"))
+    }
+
+    fn maker(&self, own_home: bool) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
         let (spec, manifest, policy) = (self.spec.clone(), self.manifest.clone(), self.policy.clone());
         let (release, slots, refused) = (self.release, self.slots.clone(), self.refused.clone());
         let tools_labelled = self.tools_labelled.clone();
@@ -567,14 +629,21 @@ impl GermlineRuntime {
             if let Some(r) = refused.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
                 return Err(ExecutorError::Call(format!("release refused: {}", r.why)));
             }
+            let (spec, policy, home) = match own_home {
+                true => {
+                    let (spec, policy, home) = replay_home(&spec, &policy)?;
+                    (spec, policy, Some(home))
+                }
+                false => (spec.clone(), policy.clone(), None),
+            };
             let germline = Germline::start(&spec)?;
             tracing::info!(release = %release, "another germline of the release started, in {:?}", germline.start_time);
             Ok(GermlineRuntime {
                 pool: Some(copy_pool(germline, pool_size, &policy, &manifest)),
                 pool_size,
-                spec: spec.clone(),
+                spec,
                 manifest: manifest.clone(),
-                policy: policy.clone(),
+                policy,
                 release,
                 slots: slots.clone(),
                 splitting,
@@ -583,6 +652,7 @@ impl GermlineRuntime {
                 refused: refused.clone(),
                 restart: true,
                 tools_labelled: tools_labelled.clone(),
+                _home: home,
             })
         }
     }

@@ -182,6 +182,50 @@ fn fold_nested(set: BTreeSet<PathBuf>) -> Vec<PathBuf> {
     all.iter().filter(|p| !all.iter().any(|o| o != *p && p.starts_with(o))).cloned().collect()
 }
 
+impl PythonRuntime {
+    /// This runtime with a shim of its own written into `root` (new files: their own
+    /// inode numbers and times).
+    pub fn with_shim_in(&self, root: &Path) -> Result<PythonRuntime, ExecutorError> {
+        let shim_dir = write_shim(root)?;
+        let mut read: BTreeSet<PathBuf> = self.read_paths.iter().filter(|p| **p != self.shim_dir).cloned().collect();
+        read.insert(shim_dir.clone());
+        Ok(PythonRuntime { shim_dir, read_paths: fold_nested(read), ..self.clone() })
+    }
+}
+
+/// Copies a release directory to `to` (which must not exist): directories 0755, files
+/// 0644 or 0755 as they are executable, links as links. Anything else is refused.
+pub fn copy_release(from: &Path, to: &Path) -> Result<(), ExecutorError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |what: &str, p: &Path| ExecutorError::io(format!("copying the release: {what} {}", p.display()));
+    let set =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).map_err(io("mode of", p));
+    std::fs::create_dir(to).map_err(io("creating", to))?;
+    set(to, 0o755)?;
+    let mut entries: Vec<std::fs::DirEntry> =
+        std::fs::read_dir(from).map_err(io("listing", from))?.collect::<Result<_, _>>().map_err(io("listing", from))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let meta = std::fs::symlink_metadata(&src).map_err(io("reading", &src))?;
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&src).map_err(io("reading", &src))?;
+            std::os::unix::fs::symlink(target, &dst).map_err(io("linking", &dst))?;
+        } else if meta.is_dir() {
+            copy_release(&src, &dst)?;
+        } else if meta.is_file() {
+            std::fs::copy(&src, &dst).map_err(io("copying", &src))?;
+            set(&dst, if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 })?;
+        } else {
+            return Err(ExecutorError::Sandbox(format!(
+                "copying the release: {} is neither a file, a directory nor a link",
+                src.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn write_shim(root: &Path) -> Result<PathBuf, ExecutorError> {
     use sha2::{Digest, Sha256};
     use std::os::unix::fs::PermissionsExt;

@@ -21,8 +21,8 @@
 //! is caught by anyone who holds the items (`germline verify`), and its key can be
 //! dropped from the configuration. A re-check on another machine can fail for an honest
 //! host too (a release can carry what the machine shows a copy into its request), and
-//! `germline verify` then says so (exit 3, inconclusive); what of its root a copy still
-//! sees is open (SECURITY.md, "What a third party's re-check reproduces").
+//! `germline verify` then says so (exit 3, inconclusive; SECURITY.md, "What a third
+//! party's re-check reproduces").
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -73,7 +73,8 @@ impl Host {
 
     /// A host around a started runtime; dampening and witnesses go to `ledger` (germline
     /// runtimes), witness files under `data_dir`. Its triggers are verified on a germline
-    /// of their own ([`Verifier`]), made like this one (release id set first).
+    /// of their own ([`Verifier`]), made like this one (release id set first) but from a
+    /// home of its own, as a third party's would be ([`GermlineRuntime::replay_maker`]).
     ///
     /// Refused when a copy of the release could read `data_dir` or the trigger log (see
     /// [`check_private`]).
@@ -86,7 +87,7 @@ impl Host {
     fn checked(rt: Runtime, ledger: Option<Arc<Ledger>>, data_dir: PathBuf) -> Host {
         let verifier = match (&rt, &ledger) {
             (Runtime::Germline(g), Some(l)) => {
-                let make: verification::MakeGermline = Arc::new(g.lane_maker());
+                let make: verification::MakeGermline = Arc::new(g.replay_maker());
                 Some(Verifier::new(g.release, make, l.clone(), data_dir))
             }
             _ => None,
