@@ -107,13 +107,7 @@ fn replay_policy(ev: &TriggerEvidence) -> anyhow::Result<Policy> {
 fn machine_differences(ev: &TriggerEvidence, python: &Path) -> Vec<String> {
     // A host that did not record its deployment gets no excuse from it: its verdict is
     // held against it as before.
-    let Some(d) = &ev.deployment else {
-        eprintln!(
-            "germline verify: the opening records no deployment (a host before it was recorded): the replay places \
-             only the items' own directories"
-        );
-        return Vec::new();
-    };
+    let Some(d) = &ev.deployment else { return Vec::new() };
     let mut out = d.machine.differences(&Machine::here(python));
     let resident = germline_executor::policy::default_resident_root();
     if d.resident_root != resident {
@@ -169,6 +163,12 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     let contents = load_items(ev, &args.items)?;
     let python = PythonRuntime::discover(&germline_host::home())?;
     let differs = machine_differences(ev, &python.python);
+    if ev.deployment.is_none() {
+        eprintln!(
+            "germline verify: the opening records no deployment (a host before it was recorded): the replay places \
+             only the items' own directories"
+        );
+    }
     if ev.deployment.as_ref().is_some_and(|d| !d.immortal_heap) {
         germline_executor::germline::IMMORTAL_HEAP_OFF.store(true, std::sync::atomic::Ordering::SeqCst);
     } else if ev.deployment.is_some() && germline_executor::germline::immortal_heap_off() {
