@@ -136,12 +136,21 @@ pub struct Machine {
     pub cpus: Vec<usize>,
     /// The interpreter every copy runs (its path is what `sys.executable` says).
     pub runtime: std::path::PathBuf,
+    /// The CPU, as `cpuid` tells any process: vendor, family, model, stepping and model
+    /// name of the broker's first CPU in `/proc/cpuinfo`. Empty from a host that did not
+    /// record it (then it is no excuse).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cpu: String,
+    /// That CPU's feature flags (`/proc/cpuinfo`'s `flags`), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_flags: Vec<String>,
 }
 
 impl Machine {
     /// This process's machine, with `runtime` the interpreter.
     pub fn here(runtime: &std::path::Path) -> Machine {
-        Machine { kernel: kernel(), cpus: cpus(), runtime: runtime.to_path_buf() }
+        let (cpu, cpu_flags) = std::fs::read_to_string("/proc/cpuinfo").map(|t| cpu(&t)).unwrap_or_default();
+        Machine { kernel: kernel(), cpus: cpus(), runtime: runtime.to_path_buf(), cpu, cpu_flags }
     }
 
     /// Where `other` (the replaying machine) differs from this one, each said in words.
@@ -156,8 +165,50 @@ impl Machine {
         if self.runtime != other.runtime {
             out.push(format!("runtime: recorded {}, here {}", self.runtime.display(), other.runtime.display()));
         }
+        if !self.cpu.is_empty() && self.cpu != other.cpu {
+            out.push(format!("CPU: recorded {:?}, here {:?}", self.cpu, other.cpu));
+        }
+        if !self.cpu_flags.is_empty() && self.cpu_flags != other.cpu_flags {
+            let only = |a: &[String], b: &[String]| {
+                let mut d: Vec<&str> = a.iter().filter(|f| !b.contains(f)).map(String::as_str).collect();
+                let more = d.len().saturating_sub(MAX_FLAGS_SAID);
+                d.truncate(MAX_FLAGS_SAID);
+                let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+                format!("[{}]{more}", d.join(" "))
+            };
+            out.push(format!(
+                "CPU flags: recorded only {}, here only {}",
+                only(&self.cpu_flags, &other.cpu_flags),
+                only(&other.cpu_flags, &self.cpu_flags)
+            ));
+        }
         out
     }
+}
+
+/// Most CPU flags a difference names on each side.
+const MAX_FLAGS_SAID: usize = 12;
+
+/// The first CPU of `/proc/cpuinfo` text: its identity (vendor, family/model/stepping,
+/// model name) and its sorted flags. A field the architecture does not have is left out.
+fn cpu(info: &str) -> (String, Vec<String>) {
+    let first = info.split("\n\n").next().unwrap_or("");
+    let field = |k: &str| {
+        first.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            (name.trim() == k).then(|| value.trim().to_owned())
+        })
+    };
+    let ids =
+        ["vendor_id", "cpu family", "model", "stepping", "model name", "CPU implementer", "CPU part", "CPU variant"];
+    let identity: Vec<String> = ids.iter().filter_map(|k| field(k).map(|v| format!("{k}={v}"))).collect();
+    let mut flags: Vec<String> = field("flags")
+        .or_else(|| field("Features"))
+        .map(|f| f.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    flags.sort();
+    flags.dedup();
+    (identity.join(", "), flags)
 }
 
 fn kernel() -> String {
@@ -408,6 +459,31 @@ pub fn encode_replies(replies: &BTreeMap<HostName, Vec<Vec<u8>>>) -> BTreeMap<Ho
 mod tests {
     use super::*;
     use germline_model::TriggerKind;
+
+    #[test]
+    fn the_machine_names_its_cpu_and_says_where_another_differs() {
+        let info = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n\
+                    model name\t: Intel Xeon\nstepping\t: 7\nflags\t\t: sse2 avx2 fpu avx512f\n\n\
+                    processor\t: 1\nvendor_id\t: Other\nflags\t\t: none\n";
+        let (id, flags) = cpu(info);
+        assert_eq!(id, "vendor_id=GenuineIntel, cpu family=6, model=85, stepping=7, model name=Intel Xeon");
+        assert_eq!(flags, ["avx2", "avx512f", "fpu", "sse2"]);
+        let here = Machine::here(std::path::Path::new("/usr/bin/python3"));
+        if std::path::Path::new("/proc/cpuinfo").exists() {
+            assert!(!here.cpu.is_empty() && !here.cpu_flags.is_empty(), "{here:?}");
+        }
+        assert!(here.differences(&here.clone()).is_empty());
+        let other = Machine { cpu: id.clone(), cpu_flags: flags.clone(), ..here.clone() };
+        let said = here.differences(&other).join("; ");
+        assert!(said.contains("CPU: recorded") && said.contains("Intel Xeon"), "{said}");
+        let fewer = Machine { cpu_flags: vec!["avx2".into(), "fpu".into(), "sse2".into()], ..other.clone() };
+        assert_eq!(other.differences(&fewer), ["CPU flags: recorded only [avx512f], here only []"]);
+        // A host that did not record its CPU gets no excuse from it.
+        let unrecorded = Machine { cpu: String::new(), cpu_flags: Vec::new(), ..here.clone() };
+        assert!(unrecorded.differences(&other).is_empty());
+        let json = serde_json::to_string(&unrecorded).unwrap();
+        assert!(!json.contains("cpu\"") && !json.contains("cpu_flags"), "an older opening encodes as before: {json}");
+    }
 
     fn evidence(tool: &str, tool_sealed: bool) -> TriggerEvidence {
         TriggerEvidence {

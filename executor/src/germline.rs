@@ -341,6 +341,31 @@ pub fn startup_environment(
     Ok(env)
 }
 
+/// Where the C library looks for the zone `TZ` names in `env` (a leading `:` dropped; a
+/// relative name under `TZDIR`, else `/usr/share/zoneinfo`), if the host has a file there.
+/// `None` without `TZ`, for a POSIX rule such as `CET-1CEST,M3.5.0,M10.5.0/3` (no such
+/// file: the C library parses the rule, in every root alike), for a name that is no file
+/// (a directory: the C library cannot read it in any root either) and for a file in `/etc`,
+/// which is the root's own (germline writes its `/etc/localtime`).
+pub fn zone_file(env: &[(String, String)]) -> Option<PathBuf> {
+    let get = |k: &str| env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let tz = get("TZ")?;
+    let name = tz.strip_prefix(':').unwrap_or(tz);
+    if name.is_empty() {
+        return None;
+    }
+    let path = if name.starts_with('/') {
+        PathBuf::from(name)
+    } else {
+        Path::new(get("TZDIR").filter(|d| !d.is_empty()).unwrap_or("/usr/share/zoneinfo")).join(name)
+    };
+    let lexical = path.components().any(|c| c == std::path::Component::ParentDir);
+    if !lexical && path.starts_with("/etc") {
+        return None;
+    }
+    std::fs::metadata(&path).is_ok_and(|m| m.is_file()).then_some(path)
+}
+
 /// Test-only switch ("mechanism off"): hand the germline a control socket (at fd 3) that
 /// it keeps across forks, as before issue 11, so every copy shares its options and queue.
 /// Never set outside tests.
@@ -893,6 +918,25 @@ impl Germline {
                         "system path {} leads to {}, outside the interpreter's paths and the system directories a \
                          germline's root may bind",
                         p.display(),
+                        outside.display()
+                    ),
+                ));
+            }
+            system.extend(links);
+        }
+        // The zone file a `TZ` in the environment names: with all of `/usr` bound the
+        // default root has it, so a resident root binds it too rather than leave the C
+        // library to fall back, silently, to UTC.
+        if let Some(zone) = zone_file(&spec.env) {
+            let links = crate::resident::chain(&zone)
+                .map_err(|e| ExecutorError::refused("start", format!("the germline's time zone: {e}")))?;
+            if let Some(outside) = links.iter().find(|l| !spec.runtime.read_paths.iter().any(|r| l.starts_with(r))) {
+                return Err(ExecutorError::refused(
+                    "start",
+                    format!(
+                        "TZ names the zone file {}, which leads to {}, outside the system directories a germline's \
+                         root may bind",
+                        zone.display(),
                         outside.display()
                     ),
                 ));

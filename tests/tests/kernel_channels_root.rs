@@ -289,3 +289,56 @@ fn a_root_that_cannot_be_built_is_refused_with_the_path_named() {
     let ids = germline_executor::confine::SandboxIds::parse("0:65534").unwrap_err().to_string();
     assert!(ids.contains("GERMLINE_SANDBOX_IDS") && ids.contains("host root"), "{ids}");
 }
+
+/// A named time zone (`[environment] TZ`) reads alike in the resident root, which binds only
+/// what the release reads, and in the default root, which binds all of `/usr`: the resident
+/// root binds the zone file rather than leave the C library to fall back, silently, to UTC.
+/// Without `TZ` both are UTC (the root's own `/etc/localtime`), a POSIX rule needs no file,
+/// and a zone file outside what a root may bind is refused by name in both.
+#[test]
+fn a_named_time_zone_reads_alike_in_every_root() {
+    assert_root();
+    let berlin = Path::new("/usr/share/zoneinfo/Europe/Berlin");
+    assert!(berlin.is_file(), "{} is missing: this test needs the host's tzdata", berlin.display());
+    const LOCAL: &str = r#"
+import time
+def create_server():
+    m = FastMCP("x")
+    @m.tool()
+    def zone() -> str:
+        return time.strftime("%Z %z", time.localtime(1700000000))
+    return m
+"#;
+    let w = World::new();
+    let rel = w.release("zone", "[tools.zone]\n", LOCAL);
+    let policy = |env: &str, resident: bool| {
+        w.policy(&[], &[("agent", &[])], &format!("[environment]\n{env}\n[sandbox]\nresident_root = {resident}\n"))
+    };
+    let cases = [
+        ("", "UTC +0000"),
+        ("TZ = \"Europe/Berlin\"", "CET +0100"),
+        ("TZ = \":Europe/Berlin\"", "CET +0100"),
+        ("TZ = \"/usr/share/zoneinfo/Europe/Berlin\"", "CET +0100"),
+        ("TZ = \"Berlin\"\nTZDIR = \"/usr/share/zoneinfo/Europe\"", "CET +0100"),
+        ("TZ = \"CET-1CEST,M3.5.0,M10.5.0/3\"", "CET +0100"),
+        ("TZ = \":/etc/localtime\"", "UTC +0000"),
+    ];
+    for resident in [false, true] {
+        for (env, want) in cases {
+            let mut rt = started(w.start_with(RuntimeKind::Germline, &rel, policy(env, resident), ON));
+            let o = rt.call(&request("zone", json!({}), &[]));
+            assert_eq!(result_text(&o), want, "{env:?}, resident root {resident}: {:?}", o.error);
+        }
+    }
+    // A zone file the default root does not show (its answer would be UTC, silently) and
+    // the resident root may not bind.
+    let own = w.dir.path().join("Berlin");
+    std::fs::copy(berlin, &own).unwrap();
+    let tz = own.display().to_string();
+    for resident in [false, true] {
+        let env = format!("TZ = \"{tz}\"");
+        let e = w.start_with(RuntimeKind::Germline, &rel, policy(&env, resident), ON).err().map(|e| e.to_string());
+        let e = e.unwrap_or_default();
+        assert!(e.contains("germline refused (start)") && e.contains(&format!("TZ names the zone file {tz}")), "{e}");
+    }
+}
