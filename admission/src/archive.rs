@@ -107,7 +107,7 @@ struct SourceEntry {
 
 /// Files that differ between two otherwise identical installs.
 fn is_nondeterministic(name: &str) -> bool {
-    name == "__pycache__" || name.ends_with(".pyc") || name.ends_with(".pyo")
+    germline_model::left_out_of_release(name)
 }
 
 /// A digest of release directory `dir`'s state as the file system reports it, without

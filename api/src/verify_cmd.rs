@@ -89,11 +89,19 @@ fn replay_policy(ev: &TriggerEvidence) -> anyhow::Result<Policy> {
         doc.insert("limits".into(), Value::Table(limits));
         let startup = d.startup_items.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
         doc.insert("startup_items".into(), Value::Table(startup));
+        // The host's root, where this machine can build it (a resident root needs a broker
+        // that is root); where not, [`machine_differences`] names it.
+        if !d.resident_root || germline_executor::policy::default_resident_root() {
+            let mut sandbox = Table::new();
+            sandbox.insert("resident_root".into(), Value::Boolean(d.resident_root));
+            doc.insert("sandbox".into(), Value::Table(sandbox));
+        }
     }
     roots.sort();
     roots.dedup();
     let rule = |r: &String| {
         let mut t = Table::new();
+        let r = germline_executor::policy::literal_glob(Path::new(r));
         t.insert("path".into(), Value::from(format!("{r}/**")));
         t.insert("label".into(), Value::Array(vec!["witness".into()]));
         Value::Table(t)
@@ -109,9 +117,9 @@ fn machine_differences(ev: &TriggerEvidence, python: &Path) -> Vec<String> {
     // held against it as before.
     let Some(d) = &ev.deployment else { return Vec::new() };
     let mut out = d.machine.differences(&Machine::here(python));
-    let resident = germline_executor::policy::default_resident_root();
-    if d.resident_root != resident {
-        out.push(format!("resident root: recorded {}, here {resident}", d.resident_root));
+    let (resident, why) = germline_executor::policy::resident_root_default();
+    if d.resident_root && !resident {
+        out.push(format!("resident root: recorded, not made here ({why})"));
     }
     out
 }
@@ -140,8 +148,13 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     opening.check(&w.body)?;
     let ev = &opening.evidence;
     let tmp = tempfile::tempdir()?;
+    // The release as its canonical archive holds it, in a directory of this run's, as the
+    // host's replay copies it: no byte code, modes as archived, files made in name order.
     let (release_dir, hash) = if args.release.is_dir() {
-        (args.release.canonicalize()?, germline_host::release_id(&args.release)?)
+        let hash = germline_host::release_id(&args.release)?;
+        let dir = tmp.path().join("release");
+        germline_executor::germline::copy_release(&args.release, &dir)?;
+        (dir, hash)
     } else {
         let hash = ReleaseHash::of_bytes(&std::fs::read(&args.release).context("reading the release archive")?);
         if hash != ev.release {

@@ -73,9 +73,21 @@ fn germline_status(
 /// Runs the mixer's leaking call on `here/rel` and builds its archive `here/rel.tar.gz`;
 /// returns the witness file the call's verification wrote.
 fn call_to_witness(here: &Path, data: &Path, invoice: &Path, payslip: &Path, env: &[(&str, &str)]) -> PathBuf {
+    call_to_witness_under(&[], here, data, invoice, payslip, env)
+}
+
+/// [`call_to_witness`] with the host's broker run under the command prefix `wrap`.
+fn call_to_witness_under(
+    wrap: &[&str],
+    here: &Path,
+    data: &Path,
+    invoice: &Path,
+    payslip: &Path,
+    env: &[(&str, &str)],
+) -> PathBuf {
     let args = common::mixer_call_args("rel", invoice, payslip);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (ok, _, out) = germline_env(&args, here, data, env);
+    let (ok, _, out) = germline_under(wrap, &args, here, data, env);
     assert!(ok, "{out}");
     let witness = walk(&data.join("witnesses"))
         .into_iter()
@@ -283,18 +295,45 @@ fn mixer_carrying(rel: &Path, expr: &str) {
     std::fs::write(rel.join("server.py"), server).unwrap();
 }
 
-/// A request carrying `expr` on a host whose policy adds `host_policy` (`{items}` names
-/// the items' directory) and whose broker has `host_env`, verified by a third party under
-/// the command prefix `third_wrap`.
+/// A request carrying `expr` from the release `setup` changes, on a host whose policy adds
+/// `host_policy` (`{items}` names the items' directory) and whose broker has `host_env`
+/// and runs under the command prefix `host_wrap`, verified by a third party with
+/// `third_env` under `third_wrap`.
 struct Case {
     name: &'static str,
     expr: &'static str,
+    setup: fn(&Path),
     host_policy: &'static str,
     host_env: &'static [(&'static str, &'static str)],
+    host_wrap: &'static [&'static str],
+    third_env: &'static [(&'static str, &'static str)],
     third_wrap: &'static [&'static str],
 }
 
-const CASE: Case = Case { name: "", expr: "", host_policy: "", host_env: &[], third_wrap: &[] };
+fn as_written(_: &Path) {}
+
+const CASE: Case = Case {
+    name: "",
+    expr: "",
+    setup: as_written,
+    host_policy: "",
+    host_env: &[],
+    host_wrap: &[],
+    third_env: &[],
+    third_wrap: &[],
+};
+
+/// Byte code in the release directory, which its canonical archive leaves out.
+fn with_byte_code(rel: &Path) {
+    std::fs::write(rel.join("cache.pyc"), b"not in the canonical archive").unwrap();
+}
+
+/// Ten more files in the release directory, made out of name order.
+fn with_many_files(rel: &Path) {
+    for n in ["juliett", "alpha", "india", "bravo", "hotel", "charlie", "golf", "delta", "foxtrot", "echo"] {
+        std::fs::write(rel.join(format!("{n}.txt")), n).unwrap();
+    }
+}
 
 /// A third party on another machine (simulated here): another CPU set, stack limit, host
 /// name, time zone, kernel release.
@@ -311,6 +350,16 @@ const OTHER_ZONE: &[&str] = &[
 const OTHER_KERNEL: &[&str] = &["setarch", "x86_64", "--uname-2.6"];
 const OTHER_UMASK: &[&str] = &["sh", "-c", "umask 077; exec \"$0\" \"$@\""];
 const OTHER_SIGNALS: &[&str] = &["sh", "-c", "trap '' HUP; exec \"$0\" \"$@\""];
+const OTHER_FILE_SIZE: &[&str] = &["prlimit", "--fsize=100000000:100000000"];
+const OTHER_MESSAGE_QUEUES: &[&str] = &["prlimit", "--msgqueue=1000:1000"];
+/// The same machine booted at another time: a time namespace whose clocks are 100000 s on.
+const OTHER_BOOT: &[&str] = &["unshare", "-T", "--boottime", "100000", "--monotonic", "100000"];
+/// A host whose broker turned address-space randomization off for itself (and, as it is
+/// inherited, for whatever it starts).
+const NO_ASLR: &[&str] = &["setarch", "x86_64", "-R"];
+/// The boot clock (kilo-seconds), read past the twin clock.
+const BOOT_CLOCK: &str = "int(time.time.__globals__['_real']['clock_gettime'](time.CLOCK_BOOTTIME) // 1000)";
+const DEFAULT_ROOT: &str = "[sandbox]\nresident_root = false\n";
 const ENVIRONMENT: &str = "[environment]\nREGION = \"eu-west-1\"\n";
 const LIMITS: &str = "[limits]\nmemory_mb = 900\n";
 const ANOTHER_ROOT: &str = "[[items]]\npath = \"{items}/legal/**\"\nlabel = [\"hr\"]\n";
@@ -323,12 +372,14 @@ fn offline_verdicts(cases: &[Case], both_env: &[(&str, &str)]) -> Vec<serde_json
         let tmp = tempfile::tempdir().unwrap();
         let here = tmp.path().join("host");
         mixer_carrying(&here.join("rel"), case.expr);
+        (case.setup)(&here.join("rel"));
         let items = here.join("items").display().to_string();
         let (invoice, payslip, _) = common::mixer_world(&here, 64, &case.host_policy.replace("{items}", &items));
         let host_env: Vec<(&str, &str)> = case.host_env.iter().chain(both_env).copied().collect();
-        let witness = call_to_witness(&here, &here.join("data"), &invoice, &payslip, &host_env);
+        let witness = call_to_witness_under(case.host_wrap, &here, &here.join("data"), &invoice, &payslip, &host_env);
         let there = tmp.path().join("third-party");
-        let mut v = offline_verdict(&there, &here, &witness, (&invoice, &payslip), both_env, case.third_wrap);
+        let third_env: Vec<(&str, &str)> = case.third_env.iter().chain(both_env).copied().collect();
+        let mut v = offline_verdict(&there, &here, &witness, (&invoice, &payslip), &third_env, case.third_wrap);
         v["name"] = serde_json::json!(case.name);
         v
     };
@@ -369,6 +420,8 @@ fn a_third_party_with_another_configuration_and_machine_reproduces_a_request_car
             Case { name: "kernel release", expr: n, third_wrap: OTHER_KERNEL, ..CASE },
             Case { name: "umask", expr: n, third_wrap: OTHER_UMASK, ..CASE },
             Case { name: "ignored signal", expr: n, third_wrap: OTHER_SIGNALS, ..CASE },
+            Case { name: "boot time", expr: n, third_wrap: OTHER_BOOT, ..CASE },
+            Case { name: "default root", expr: n, host_policy: DEFAULT_ROOT, ..CASE },
         ],
         &[],
     );
@@ -377,9 +430,9 @@ fn a_third_party_with_another_configuration_and_machine_reproduces_a_request_car
 
 /// What the host's configuration and machine show a copy, carried in a request, where the
 /// opening records the configuration (its `[environment]`, `[limits]`, every data root, the
-/// immortal-heap switch) and germline makes the rest the same everywhere (host name, time
-/// zone, stack limit, umask, signal actions).
-const CONFIGURATION_AND_FIXED: [Case; 9] = [
+/// immortal-heap switch, the root) and germline makes the rest the same everywhere (host
+/// name, time zone, limits, umask, signal actions, boot clocks).
+const CONFIGURATION_AND_FIXED: [Case; 11] = [
     Case { name: "policy environment", expr: "sorted(os.environ.items())", host_policy: ENVIRONMENT, ..CASE },
     Case { name: "policy limits", expr: "resource.getrlimit(resource.RLIMIT_AS)", host_policy: LIMITS, ..CASE },
     Case {
@@ -399,6 +452,8 @@ const CONFIGURATION_AND_FIXED: [Case; 9] = [
     },
     Case { name: "umask", expr: "(os.umask(0o22), os.umask(0o22))", third_wrap: OTHER_UMASK, ..CASE },
     Case { name: "ignored signal", expr: "signal.getsignal(signal.SIGHUP)", third_wrap: OTHER_SIGNALS, ..CASE },
+    Case { name: "boot clock", expr: BOOT_CLOCK, third_wrap: OTHER_BOOT, ..CASE },
+    Case { name: "the default root", expr: "os.stat('/.germline/release').st_dev", host_policy: DEFAULT_ROOT, ..CASE },
 ];
 
 /// A request carrying the host's configuration or what germline fixes replays as it ran
@@ -413,17 +468,46 @@ fn a_request_carrying_the_hosts_configuration_or_what_germline_fixes_replays_as_
     assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
 }
 
-/// A request carrying what only the machine shows (its CPU set, its kernel): a third party
-/// on another machine does not reproduce the verdict, and says it is inconclusive (exit
-/// 3), naming where its machine differs from the one the opening records. Off (no
-/// deployment in the opening), the same disagreement is exit 1, held against the host.
+/// Whether this process may raise its hard limits (CAP_SYS_RESOURCE, which this machine's
+/// root lacks).
+fn may_raise_limits() -> bool {
+    std::fs::read_to_string("/proc/self/status").unwrap().lines().any(|l| {
+        l.strip_prefix("CapEff:")
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|c| c & (1 << 24) != 0)
+    })
+}
+
+/// A request carrying what only the machine shows (its CPU set, its kernel, hard limits
+/// below the ones germline fixes, which a broker without CAP_SYS_RESOURCE cannot raise,
+/// as here): a third party on another machine does not reproduce the verdict, and says it
+/// is inconclusive (exit 3), naming where its machine differs from the one the opening
+/// records. Off (no deployment in the opening), the same disagreement is exit 1, held
+/// against the host.
 #[test]
 fn a_third_party_on_another_machine_says_its_check_is_inconclusive() {
     let cases = [
         Case { name: "CPU set", expr: "sorted(os.sched_getaffinity(0))", third_wrap: OTHER_CPUS, ..CASE },
         Case { name: "kernel release", expr: "os.uname().release", third_wrap: OTHER_KERNEL, ..CASE },
+        Case {
+            name: "file size hard limit",
+            expr: "resource.getrlimit(resource.RLIMIT_FSIZE)",
+            third_wrap: OTHER_FILE_SIZE,
+            ..CASE
+        },
+        Case {
+            name: "message queue hard limit",
+            expr: "resource.getrlimit(resource.RLIMIT_MSGQUEUE)",
+            third_wrap: OTHER_MESSAGE_QUEUES,
+            ..CASE
+        },
     ];
-    for (v, named) in offline_verdicts(&cases, &[]).iter().zip(["CPUs", "kernel"]) {
+    for (v, named) in offline_verdicts(&cases, &[]).iter().zip(["CPUs", "kernel", "limits below", "limits below"]) {
+        if named == "limits below" && may_raise_limits() {
+            // A third party that may raise its hard limits gives its germline the fixed ones.
+            assert_eq!((v["reproduced"].as_str(), v["exit"].as_i64()), (Some("item_witness"), Some(0)), "{v}");
+            continue;
+        }
         assert_eq!(v["recorded"], "item_witness", "{v}");
         assert_ne!(v["reproduced"], "item_witness", "{v}");
         assert_eq!(v["exit"], 3, "{v}");
@@ -436,14 +520,16 @@ fn a_third_party_on_another_machine_says_its_check_is_inconclusive() {
     }
 }
 
-/// What the host's root shows a copy under `/.germline` and differs between two germlines
-/// of one release (the deployment CA, the times and inode numbers of the release's and
-/// the shim's files): a request carrying it is judged alike by the host and a third
-/// party. The host replays on a germline of its own home (a copy of the release, a shim
-/// and a CA of its own), as a third party does, so both see values other than the
-/// call's, and both find the release's determinism declaration broken. Off
-/// (`GERMLINE_TEST_REPLAY_SAME_HOME=1`: the host replays on the call's files and CA), the
-/// host records `item_witness` and the third party reproduces `declared_broken`.
+/// What differs between two germlines of one release (the deployment CA, the times and
+/// inode numbers of the release's and the shim's files, the in-memory tree's device and
+/// the times it copied the interpreter's files at, byte code the archive leaves out): a
+/// request carrying it is judged alike by the host and a third party. The host replays on
+/// a germline of its own home (a copy of the release as archived, a shim, a CA and a
+/// resident tree of its own, the tree's inode numbers started at a random point), as a
+/// third party does, so both see values other than the call's, and both find the
+/// release's determinism declaration broken. Off (`GERMLINE_TEST_REPLAY_SAME_HOME=1`: the
+/// host replays on the call's files, CA and tree), the host records `item_witness` and the
+/// third party reproduces `declared_broken`.
 #[test]
 fn a_request_carrying_what_differs_between_germlines_is_judged_alike_by_the_host_and_a_third_party() {
     let cases = [
@@ -458,6 +544,16 @@ fn a_request_carrying_what_differs_between_germlines_is_judged_alike_by_the_host
             expr: "(os.stat(__file__).st_ino, os.stat('/.germline/release').st_ino)",
             ..CASE
         },
+        Case { name: "CA inode number", expr: "os.stat('/.germline/ca/germline-ca.pem').st_ino", ..CASE },
+        Case { name: "tree device", expr: "os.stat('/.germline/release').st_dev", ..CASE },
+        Case { name: "interpreter file ctime", expr: "os.stat(os.__file__).st_ctime_ns", ..CASE },
+        Case { name: "interpreter directory ctime", expr: "os.stat(os.path.dirname(os.__file__)).st_ctime_ns", ..CASE },
+        Case {
+            name: "byte code in the release",
+            expr: "sorted(os.listdir('/.germline/release'))",
+            setup: with_byte_code,
+            ..CASE
+        },
     ];
     let off = offline_verdicts(&cases, &[("GERMLINE_TEST_REPLAY_SAME_HOME", "1")]);
     let verdicts = |vs: &[serde_json::Value]| -> Vec<String> {
@@ -469,6 +565,101 @@ fn a_request_carrying_what_differs_between_germlines_is_judged_alike_by_the_host
     assert_eq!(verdicts(&off), named("item_witness", "declared_broken", 1), "off");
     let on = offline_verdicts(&cases, &[]);
     assert_eq!(verdicts(&on), named("declared_broken", "declared_broken", 0), "on");
+}
+
+/// A host whose broker runs without address-space randomization (`setarch -R`): germline
+/// turns it back on for every germline, so the host's replay lays out its memory otherwise
+/// than the call's, as a third party's does, and a request carrying an address is found
+/// `declared_broken` by both. Off (`GERMLINE_TEST_HOST_MACHINE=1`: the germline keeps the
+/// broker's persona), the host's call and replay lay out alike and the host records
+/// `item_witness`, which the third party does not reproduce.
+#[test]
+fn a_host_without_address_randomization_is_judged_alike_by_a_third_party() {
+    let cases = [Case { name: "addresses", expr: "(id(os), id(sys), id(len))", host_wrap: NO_ASLR, ..CASE }];
+    let v = &offline_verdicts(&cases, &[("GERMLINE_TEST_HOST_MACHINE", "1")])[0];
+    assert_eq!(
+        (v["recorded"].as_str(), v["reproduced"].as_str()),
+        (Some("item_witness"), Some("declared_broken")),
+        "off: {v}"
+    );
+    let v = &offline_verdicts(&cases, &[])[0];
+    assert_eq!(
+        (v["recorded"].as_str(), v["reproduced"].as_str(), v["exit"].as_i64()),
+        (Some("declared_broken"), Some("declared_broken"), Some(0)),
+        "on: {v}"
+    );
+}
+
+/// A request carrying the release directory's listing replays alike from any file system:
+/// the in-memory tree makes each directory's entries in name order, so the listing is the
+/// same whether the release came from the host's file system (listed in its own hash
+/// order) or from a third party's unpacking into a tmpfs (`TMPDIR=/dev/shm`). Off
+/// (`GERMLINE_TEST_TREE_HOST_ORDER=1`: entries in the order the host lists them), the host
+/// records `item_witness` and the third party does not reproduce it.
+#[test]
+fn a_request_carrying_a_directory_listing_replays_alike_from_any_file_system() {
+    let cases = [Case {
+        name: "release listing",
+        expr: "os.listdir('/.germline/release')",
+        setup: with_many_files,
+        third_env: &[("TMPDIR", "/dev/shm")],
+        ..CASE
+    }];
+    let v = &offline_verdicts(&cases, &[("GERMLINE_TEST_TREE_HOST_ORDER", "1")])[0];
+    assert_eq!(v["recorded"], "item_witness", "off: {v}");
+    assert_ne!(v["reproduced"], "item_witness", "off: {v}");
+    let v = &offline_verdicts(&cases, &[])[0];
+    assert_eq!(
+        (v["recorded"].as_str(), v["reproduced"].as_str(), v["exit"].as_i64()),
+        (Some("item_witness"), Some("item_witness"), Some(0)),
+        "on: {v}"
+    );
+}
+
+/// Items in directories whose names hold glob characters (`{`, `[`, `}`): the replay's
+/// policy names their directories as literal globs, and the third party reproduces the
+/// host's verdict (before, `germline verify` could not parse its own policy).
+#[test]
+fn items_in_directories_named_with_glob_characters_replay_offline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let here = tmp.path().join("host");
+    mixer_carrying(&here.join("rel"), "'neutral'");
+    let (invoice, _, _) = common::mixer_world(&here, 64, "");
+    let payslip = here.join("items/hr/Q3 {draft}x{/q[3/a}b/payslip.txt");
+    std::fs::create_dir_all(payslip.parent().unwrap()).unwrap();
+    std::fs::write(&payslip, "salary 99").unwrap();
+    let witness = call_to_witness(&here, &here.join("data"), &invoice, &payslip, &[]);
+    let there = tmp.path().join("third-party");
+    std::fs::create_dir_all(&there).unwrap();
+    for src in [&invoice, &payslip] {
+        let dst = there.join("items").join(src.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(src, dst).unwrap();
+    }
+    std::fs::copy(&witness, there.join("w.witness")).unwrap();
+    std::fs::copy(format!("{}.opening", witness.display()), there.join("w.witness.opening")).unwrap();
+    std::fs::copy(here.join("rel.tar.gz"), there.join("rel.tar.gz")).unwrap();
+    let args = ["verify", "w.witness", "--release", "rel.tar.gz", "--items", "items"];
+    let (code, stdout, out) = germline_status(&[], &args, &there, &there.join("d"), &[]);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (code, v["recorded"].as_str(), v["reproduced"].as_str()),
+        (Some(0), Some("item_witness"), Some("item_witness")),
+        "{v}"
+    );
+}
+
+/// OPEN (SECURITY.md, "What a third party's re-check reproduces", the real-time clock): a
+/// request carrying the kernel's real time at a coarse grain (a minute, from the time the
+/// kernel gives a file the copy writes) replays alike at the host, seconds after the call,
+/// and otherwise at a third party a minute later, who exits 1.
+#[test]
+#[ignore = "open: the kernel's real-time clock at a coarse grain (SECURITY.md)"]
+fn a_request_carrying_the_real_time_at_a_coarse_grain_replays_as_it_ran_a_minute_later() {
+    const MINUTE: &str = "(lambda p: os.stat(p).st_mtime_ns // 60_000_000_000)(__import__('tempfile').mkstemp()[1])";
+    const A_MINUTE_LATER: &[&str] = &["sh", "-c", "sleep 61; exec \"$0\" \"$@\""];
+    let differ = not_reproduced(&[Case { name: "real minute", expr: MINUTE, third_wrap: A_MINUTE_LATER, ..CASE }], &[]);
+    assert!(differ.is_empty(), "not reproduced offline:\n{}", differ.join("\n"));
 }
 
 /// A release whose manifest takes a start-up item (`{item:NAME}`, filled by the deployer's

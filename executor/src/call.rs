@@ -368,13 +368,44 @@ pub struct GermlineRuntime {
 }
 
 /// A directory beside the runtime's home holding a replay germline's copy of the release,
-/// its shim and its CA; removed when dropped.
-struct ReplayHome(PathBuf);
+/// its shim and its CA: held (an exclusive `flock` on the directory) while the germline
+/// lives, and removed when dropped, before the lock goes.
+struct ReplayHome {
+    dir: PathBuf,
+    _held: std::fs::File,
+}
 
 impl Drop for ReplayHome {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!("removing the replay home {}: {e}", self.0.display());
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!("removing the replay home {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// Prefix of a replay home's name.
+const REPLAY_HOME: &str = "replay-";
+/// Prefix of a replay home made but not yet held and named (for microseconds).
+const REPLAY_HOME_NEW: &str = ".replay-new-";
+/// Age beyond which an unnamed replay home is a dead broker's.
+const REPLAY_HOME_NEW_STALE: Duration = Duration::from_secs(60);
+
+/// Removes what brokers that died left in `base`: replay homes no process holds (a lock
+/// goes with its process, in whatever pid namespace it ran, so no live broker's home is
+/// taken for a dead one's) and unnamed ones older than [`REPLAY_HOME_NEW_STALE`].
+fn sweep_replay_homes(base: &Path) {
+    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let stale = if name.starts_with(REPLAY_HOME) {
+            std::fs::File::open(e.path()).is_ok_and(|d| d.try_lock().is_ok())
+        } else if name.starts_with(REPLAY_HOME_NEW) {
+            e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|a| a > REPLAY_HOME_NEW_STALE))
+        } else {
+            false
+        };
+        if stale {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
@@ -384,31 +415,42 @@ impl Drop for ReplayHome {
 fn replay_home(spec: &GermlineSpec, policy: &Policy) -> Result<(GermlineSpec, Policy, ReplayHome), ExecutorError> {
     use std::os::unix::fs::DirBuilderExt;
     let base = spec.runtime.shim_dir.parent().ok_or_else(|| ExecutorError::internal("the shim has no home"))?;
-    // A broker killed while it replayed left its home behind: removed once its pid is gone.
-    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let pid = name.to_str().and_then(|n| n.strip_prefix("replay-")).and_then(|r| r.split('-').next());
-        if pid.is_some_and(|p| p.parse::<u32>().is_ok() && !Path::new("/proc").join(p).exists()) {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    sweep_replay_homes(base);
     let mut tag = [0u8; 8];
     getrandom::fill(&mut tag).map_err(|e| ExecutorError::Sandbox(format!("getrandom: {e}")))?;
-    let dir = base.join(format!("replay-{}-{}", std::process::id(), hex::encode(tag)));
+    let tag = hex::encode(tag);
+    // Made under a name no sweep takes while live, held, then named: a sweep never finds
+    // it named and unheld.
+    let new = base.join(format!("{REPLAY_HOME_NEW}{tag}"));
     std::fs::DirBuilder::new()
         .mode(0o700)
-        .create(&dir)
-        .map_err(ExecutorError::io(format!("creating {}", dir.display())))?;
-    let home = ReplayHome(dir);
-    let release_dir = home.0.join("release");
+        .create(&new)
+        .map_err(ExecutorError::io(format!("creating {}", new.display())))?;
+    let held = std::fs::File::open(&new)
+        .and_then(|d| d.lock().map(|()| d))
+        .map_err(ExecutorError::io(format!("locking {}", new.display())));
+    let dir = base.join(format!("{REPLAY_HOME}{tag}"));
+    let held = held.and_then(|held| {
+        std::fs::rename(&new, &dir).map_err(ExecutorError::io(format!("naming {}", dir.display())))?;
+        Ok(held)
+    });
+    let held = match held {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&new);
+            return Err(e);
+        }
+    };
+    let home = ReplayHome { dir, _held: held };
+    let release_dir = home.dir.join("release");
     crate::germline::copy_release(&spec.release_dir, &release_dir)?;
     let mut policy = policy.clone();
-    let tls = policy.open_tls(&home.0.join("ca"))?;
+    let tls = policy.open_tls(&home.dir.join("ca"))?;
     let is_ca = |p: &PathBuf| p.file_name().is_some_and(|n| n == crate::ca::CA_CERT_FILE);
     let extra_read =
         spec.extra_read.iter().filter(|p| !is_ca(p)).cloned().chain([tls.ca_cert_path().to_path_buf()]).collect();
-    let runtime = spec.runtime.with_shim_in(&home.0)?;
-    Ok((GermlineSpec { release_dir, runtime, extra_read, ..spec.clone() }, policy, home))
+    let runtime = spec.runtime.with_shim_in(&home.dir)?;
+    Ok((GermlineSpec { release_dir, runtime, extra_read, own_tree: true, ..spec.clone() }, policy, home))
 }
 
 /// A running release's refusal.
@@ -514,6 +556,7 @@ impl GermlineRuntime {
             copy_source: manifest.copy_source.either(policy.limits.copy_source),
             scratch_paths: manifest.scratch.clone(),
             resident_root: policy.sandbox.resident_root,
+            own_tree: false,
         };
         if policy.limits.pool > crate::policy::MAX_POOL {
             return Err(ExecutorError::Policy(format!(
@@ -611,10 +654,11 @@ impl GermlineRuntime {
 
     /// Starts a germline of this release to replay its triggers on when called, as a third
     /// party's `germline verify` would start one: from a home of its own, with its own
-    /// copy of the release, its own shim and its own CA. What differs between two such
-    /// germlines (the files' times and inode numbers, the CA) then differs for the host's
-    /// replay as for a third party's, and both reach the same verdict on a request that
-    /// carries it. Otherwise as [`GermlineRuntime::lane_maker`].
+    /// copy of the release, its own shim and its own CA, and (with a resident root) its own
+    /// in-memory tree. What differs between two such germlines (the files' times and inode
+    /// numbers, the tree's device, the CA) then differs for the host's replay as for a
+    /// third party's, and both reach the same verdict on a request that carries it.
+    /// Otherwise as [`GermlineRuntime::lane_maker`].
     pub fn replay_maker(&self) -> impl Fn() -> Result<GermlineRuntime, ExecutorError> + Send + Sync + 'static {
         self.maker(!crate::test_switch("GERMLINE_TEST_REPLAY_SAME_HOME"))
     }
@@ -1657,6 +1701,29 @@ fn host_of(v: &str) -> Option<HostName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sweep_removes_only_the_replay_homes_no_live_process_holds() {
+        let base = tempfile::tempdir().unwrap();
+        let at = |n: &str| base.path().join(n);
+        for n in ["replay-dead", "replay-live", ".replay-new-fresh", ".replay-new-old", "shim"] {
+            std::fs::create_dir(at(n)).unwrap();
+            std::fs::write(at(n).join("f"), n).unwrap();
+        }
+        // Another open file description: its lock is held as another broker's would be.
+        let live = std::fs::File::open(at("replay-live")).unwrap();
+        live.lock().unwrap();
+        let old = std::time::SystemTime::now() - 2 * REPLAY_HOME_NEW_STALE;
+        std::fs::File::open(at(".replay-new-old")).unwrap().set_modified(old).unwrap();
+        sweep_replay_homes(base.path());
+        let left: Vec<bool> = ["replay-dead", "replay-live", ".replay-new-fresh", ".replay-new-old", "shim"]
+            .map(|n| at(n).exists())
+            .into();
+        assert_eq!(left, [false, true, true, false, true]);
+        drop(live);
+        sweep_replay_homes(base.path());
+        assert!(!at("replay-live").exists(), "its holder gone, the home goes at the next sweep");
+    }
 
     #[test]
     fn file_uris_name_their_local_paths() {

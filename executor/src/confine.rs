@@ -890,9 +890,10 @@ enum Step {
     ImportScratch,
     ResidentTree,
     HostName,
+    Clocks,
 }
 
-const STEPS: [&str; 18] = [
+const STEPS: [&str; 19] = [
     "creating the private mount namespace",
     "mounting the root's tmpfs",
     "entering the stage directory",
@@ -911,9 +912,10 @@ const STEPS: [&str; 18] = [
     "mounting the germline's import scratch",
     "entering the resident tree's mount namespace",
     "naming the germline's host",
+    "setting the germline's boot clocks",
 ];
 
-const _: () = assert!(STEPS.len() == (Step::HostName as u32 - Step::MountNamespace as u32 + 1) as usize);
+const _: () = assert!(STEPS.len() == (Step::Clocks as u32 - Step::MountNamespace as u32 + 1) as usize);
 
 /// Explains a failed germline start by the step the child reported.
 pub struct BuildReport {
@@ -1159,6 +1161,9 @@ impl PreparedSandbox {
                 if self.signal_queue_limits {
                     self.step(Step::Limits as u32, unshared_signal_queue(true))?;
                 }
+                // Still host root: no hard limit the starter set stands below a value the
+                // germline sets.
+                self.step(Step::Limits as u32, lift_hard_limits(&self.limits, !self.host_machine))?;
                 // Still host root: the helper that will write maps holding more than
                 // this process's own id is forked now.
                 let mapper =
@@ -1184,6 +1189,10 @@ impl PreparedSandbox {
                 self.step(Step::StageDir as u32, check(unsafe { chdir(self.stage.as_ptr()) }))?;
             }
         }
+        if !self.host_machine {
+            // Root in the germline's user namespace, and the host's /proc still mounted.
+            self.step(Step::Clocks as u32, fixed_boot_clocks())?;
+        }
         self.enter_stage()?;
         // SAFETY: chdir to a prepared path.
         self.step(Step::Workdir as u32, check(unsafe { chdir(self.workdir.as_ptr()) }))?;
@@ -1204,6 +1213,7 @@ impl PreparedSandbox {
         } else {
             self.step(Step::Limits as u32, fixed_limits())?;
             self.step(Step::HostName as u32, fixed_host_name())?;
+            self.step(Step::Limits as u32, randomized_layout())?;
             default_signal_actions();
         }
         if self.signal_queue_limits {
@@ -1362,6 +1372,125 @@ const FIXED_LIMITS: [(libc::__rlimit_resource_t, u64); 10] = [
     (libc::RLIMIT_RTTIME, libc::RLIM_INFINITY),
 ];
 
+/// As host root: raises each hard limit that stands below a value the germline sets, the
+/// policy's limits and (with `fixed`) [`FIXED_LIMITS`], so that a broker or `germline
+/// verify` started under lower ones (`prlimit`, a container's) gives its germline the same
+/// limits as any other, and is not refused for them.
+fn lift_hard_limits(limits: &ResourceLimits, fixed: bool) -> io::Result<()> {
+    use libc::*;
+    let policy = [
+        (RLIMIT_AS, limits.memory_bytes),
+        (RLIMIT_NPROC, limits.processes),
+        (RLIMIT_CPU, limits.cpu_seconds),
+        (RLIMIT_NOFILE, limits.open_files),
+    ];
+    let fixed: &[(__rlimit_resource_t, u64)] = if fixed { &FIXED_LIMITS } else { &[] };
+    for &(res, val) in policy.iter().chain(fixed) {
+        let mut now = rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: valid pointer to a local rlimit.
+        check(unsafe { getrlimit(res, &mut now) })?;
+        if now.rlim_max < val {
+            // SAFETY: valid pointer to a local rlimit. Raising a hard limit needs
+            // CAP_SYS_RESOURCE, which host root may lack (a container's): the limit then
+            // stays, a fixed one lower ([`clamped_fixed_limits`] records it) and a policy's
+            // refused by name before the germline was forked ([`hard_limits_allow`]).
+            let rc = unsafe { setrlimit(res, &rlimit { rlim_cur: now.rlim_cur, rlim_max: val }) };
+            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(EPERM) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Address-space layout randomization, whatever the starter chose (`setarch -R` sets the
+/// personality flag that turns it off, and it is inherited): with it off, every germline of
+/// a release, the call's and its replays', would lay out its memory alike, and a request
+/// carrying an address would replay at the host as it never does elsewhere. The system-wide
+/// switch (`kernel.randomize_va_space`) is the machine's ([`crate::evidence::Machine`]).
+fn randomized_layout() -> io::Result<()> {
+    // SAFETY: personality with 0xffffffff only reads the current persona.
+    let persona = unsafe { libc::personality(0xffff_ffff) };
+    check(persona)?;
+    let off = libc::ADDR_NO_RANDOMIZE as libc::c_int;
+    if persona & off != 0 {
+        // SAFETY: plain syscall with a persona derived from the current one.
+        check(unsafe { libc::personality((persona & !off) as libc::c_ulong) })?;
+    }
+    Ok(())
+}
+
+/// `CAP_SYS_RESOURCE` (linux/capability.h).
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process may raise its hard limits (CAP_SYS_RESOURCE in its effective set).
+fn may_raise_limits() -> bool {
+    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
+    })
+}
+
+/// Refuses, naming it, a policy limit above this process's hard limit where it may not
+/// raise it (no CAP_SYS_RESOURCE: a broker that is not root, or a container's root): the
+/// germline would otherwise fail to start with the bare error of `setrlimit`.
+pub fn hard_limits_allow(limits: &ResourceLimits) -> Result<(), String> {
+    if may_raise_limits() {
+        return Ok(());
+    }
+    let named = [
+        ("address space (RLIMIT_AS, [limits] memory_mb)", libc::RLIMIT_AS, limits.memory_bytes),
+        ("processes (RLIMIT_NPROC, [limits] processes)", libc::RLIMIT_NPROC, limits.processes),
+        ("CPU seconds (RLIMIT_CPU, [limits] cpu_seconds)", libc::RLIMIT_CPU, limits.cpu_seconds),
+        ("open files (RLIMIT_NOFILE)", libc::RLIMIT_NOFILE, limits.open_files),
+    ];
+    for (what, res, val) in named {
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: valid pointer to a local rlimit.
+        if unsafe { libc::getrlimit(res, &mut now) } == 0 && now.rlim_max < val {
+            return Err(format!(
+                "the germline's {what} limit is {val}, above this process's hard limit {} (which it may not \
+                 raise without CAP_SYS_RESOURCE): raise the hard limit for the broker (ulimit -H, prlimit)",
+                now.rlim_max
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The limits of [`FIXED_LIMITS`] this process's germlines get below their fixed value
+/// (name=value), because the broker's hard limits are lower and it may not raise them (no
+/// CAP_SYS_RESOURCE): what the machine's starter chose, recorded as the machine's
+/// ([`crate::evidence::Machine`]).
+pub fn clamped_fixed_limits() -> Vec<String> {
+    if may_raise_limits() {
+        return Vec::new();
+    }
+    let name = |res| match res {
+        libc::RLIMIT_STACK => "stack",
+        libc::RLIMIT_FSIZE => "fsize",
+        libc::RLIMIT_DATA => "data",
+        libc::RLIMIT_RSS => "rss",
+        libc::RLIMIT_MEMLOCK => "memlock",
+        libc::RLIMIT_LOCKS => "locks",
+        libc::RLIMIT_MSGQUEUE => "msgqueue",
+        libc::RLIMIT_NICE => "nice",
+        libc::RLIMIT_RTPRIO => "rtprio",
+        _ => "rttime",
+    };
+    let mut out = Vec::new();
+    for (res, val) in FIXED_LIMITS {
+        let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: valid pointer to a local rlimit.
+        if unsafe { libc::getrlimit(res, &mut now) } == 0 && now.rlim_max < val {
+            out.push(format!("{}={}", name(res), now.rlim_max));
+        }
+    }
+    out
+}
+
 fn fixed_limits() -> io::Result<()> {
     for (res, val) in FIXED_LIMITS {
         let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -1397,6 +1526,140 @@ fn default_signal_actions() {
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
+}
+
+/// What the germline's monotonic and boot clocks read as it starts (seconds): the same on
+/// every host, rather than how long the host has been up.
+pub const CLOCKS_AT_START: i64 = 86_400;
+
+/// Moves the germline into a time namespace of its own whose monotonic and boot clocks
+/// read [`CLOCKS_AT_START`] now: every germline, the call's, its replay's and a third
+/// party's, starts its boot clocks alike, where the host's would tell when the host booted
+/// (and a replay on another machine would not reproduce a request carrying it). A kernel
+/// without time namespaces leaves the host's clocks (its build is the machine's, in the
+/// opening). Runs in the forked child: no allocation.
+fn fixed_boot_clocks() -> io::Result<()> {
+    use libc::*;
+    // SAFETY: plain syscall; the new namespace is for this process's children until the
+    // setns below.
+    if unsafe { unshare(CLONE_NEWTIME) } != 0 {
+        let e = io::Error::last_os_error();
+        return if matches!(e.raw_os_error(), Some(EINVAL) | Some(ENOSYS)) { Ok(()) } else { Err(e) };
+    }
+    // The new namespace starts with the offsets of the one this process is in (a broker or
+    // `germline verify` run in a time namespace of its own), and an offset is taken from
+    // the host's clock: the clock this process reads, less its offset.
+    let inherited = time_offsets()?;
+    let mut text = [0u8; 96];
+    let mut at = 0usize;
+    let mut put = |bytes: &[u8]| {
+        text[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    const NS: i128 = 1_000_000_000;
+    for (i, (name, clock)) in
+        [(&b"monotonic "[..], CLOCK_MONOTONIC), (&b"boottime "[..], CLOCK_BOOTTIME)].into_iter().enumerate()
+    {
+        let mut now = timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: valid pointer to a local timespec.
+        check(unsafe { clock_gettime(clock, &mut now) })?;
+        let here = i128::from(now.tv_sec) * NS + i128::from(now.tv_nsec);
+        let (off_sec, off_nsec) = inherited[i];
+        let host = here - (i128::from(off_sec) * NS + i128::from(off_nsec));
+        let offset = i128::from(CLOCKS_AT_START) * NS - host;
+        let (sec, nsec) = (offset.div_euclid(NS) as i64, offset.rem_euclid(NS) as i64);
+        put(name);
+        let mut digits = [0u8; 24];
+        put(decimal(sec, &mut digits));
+        put(b" ");
+        put(decimal(nsec, &mut digits));
+        put(b"\n");
+    }
+    // SAFETY: open/write/close on a constant path and a local buffer.
+    unsafe {
+        let fd = open(c"/proc/self/timens_offsets".as_ptr(), O_WRONLY | O_CLOEXEC);
+        check(fd)?;
+        let wrote = write(fd, text.as_ptr().cast(), at);
+        close(fd);
+        if wrote != at as isize {
+            return Err(if wrote < 0 { io::Error::last_os_error() } else { io::Error::other("short write") });
+        }
+        let ns = open(c"/proc/self/ns/time_for_children".as_ptr(), O_RDONLY | O_CLOEXEC);
+        check(ns)?;
+        let joined = setns(ns, CLONE_NEWTIME);
+        let e = io::Error::last_os_error();
+        close(ns);
+        if joined != 0 {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The monotonic and boot-time offsets (seconds, nanoseconds) of the time namespace this
+/// process's children start in, as `/proc/self/timens_offsets` lists them. No allocation.
+fn time_offsets() -> io::Result<[(i64, i64); 2]> {
+    use libc::*;
+    let mut buf = [0u8; 256];
+    // SAFETY: open/read/close on a constant path into a local buffer.
+    let n = unsafe {
+        let fd = open(c"/proc/self/timens_offsets".as_ptr(), O_RDONLY | O_CLOEXEC);
+        check(fd)?;
+        let n = read(fd, buf.as_mut_ptr().cast(), buf.len());
+        close(fd);
+        n
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let number = |f: Option<&[u8]>| -> io::Result<i64> {
+        let f = f.ok_or_else(|| io::Error::other("timens_offsets: a field is missing"))?;
+        let (negative, digits) = match f.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, f),
+        };
+        let mut v: i64 = 0;
+        for &d in digits {
+            if !d.is_ascii_digit() {
+                return Err(io::Error::other("timens_offsets: not a number"));
+            }
+            v = v
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(i64::from(d - b'0')))
+                .ok_or_else(|| io::Error::other("timens_offsets: out of range"))?;
+        }
+        Ok(if negative { -v } else { v })
+    };
+    let mut out = [(0, 0); 2];
+    for line in buf[..n as usize].split(|&b| b == b'\n') {
+        let mut fields = line.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
+        let i = match fields.next() {
+            Some(b"monotonic") => 0,
+            Some(b"boottime") => 1,
+            _ => continue,
+        };
+        out[i] = (number(fields.next())?, number(fields.next())?);
+    }
+    Ok(out)
+}
+
+/// `n` in decimal, written at the end of `buf`, without allocating.
+fn decimal(n: i64, buf: &mut [u8; 24]) -> &[u8] {
+    let mut i = buf.len();
+    let mut m = n.unsigned_abs();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (m % 10) as u8;
+        m /= 10;
+        if m == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    &buf[i..]
 }
 
 /// The germline's host and domain name, in its own UTS namespace: the same on every host.

@@ -144,13 +144,32 @@ pub struct Machine {
     /// That CPU's feature flags (`/proc/cpuinfo`'s `flags`), sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cpu_flags: Vec<String>,
+    /// The system's address-space randomization (`kernel.randomize_va_space`; germline
+    /// undoes only a process's own opt-out).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address_randomization: String,
+    /// Fixed limits the broker could not give its germlines because its own hard limits
+    /// are lower (a broker that is not root; [`crate::confine::clamped_fixed_limits`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clamped_limits: Vec<String>,
 }
 
 impl Machine {
     /// This process's machine, with `runtime` the interpreter.
     pub fn here(runtime: &std::path::Path) -> Machine {
         let (cpu, cpu_flags) = std::fs::read_to_string("/proc/cpuinfo").map(|t| cpu(&t)).unwrap_or_default();
-        Machine { kernel: kernel(), cpus: cpus(), runtime: runtime.to_path_buf(), cpu, cpu_flags }
+        let address_randomization = std::fs::read_to_string("/proc/sys/kernel/randomize_va_space")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Machine {
+            kernel: kernel(),
+            cpus: cpus(),
+            runtime: runtime.to_path_buf(),
+            cpu,
+            cpu_flags,
+            address_randomization,
+            clamped_limits: crate::confine::clamped_fixed_limits(),
+        }
     }
 
     /// Where `other` (the replaying machine) differs from this one, each said in words.
@@ -164,6 +183,18 @@ impl Machine {
         }
         if self.runtime != other.runtime {
             out.push(format!("runtime: recorded {}, here {}", self.runtime.display(), other.runtime.display()));
+        }
+        if !self.address_randomization.is_empty() && self.address_randomization != other.address_randomization {
+            out.push(format!(
+                "address randomization (kernel.randomize_va_space): recorded {}, here {}",
+                self.address_randomization, other.address_randomization
+            ));
+        }
+        if self.clamped_limits != other.clamped_limits {
+            out.push(format!(
+                "limits below the fixed ones: recorded {:?}, here {:?}",
+                self.clamped_limits, other.clamped_limits
+            ));
         }
         if !self.cpu.is_empty() && self.cpu != other.cpu {
             out.push(format!("CPU: recorded {:?}, here {:?}", self.cpu, other.cpu));
@@ -479,10 +510,24 @@ mod tests {
         let fewer = Machine { cpu_flags: vec!["avx2".into(), "fpu".into(), "sse2".into()], ..other.clone() };
         assert_eq!(other.differences(&fewer), ["CPU flags: recorded only [avx512f], here only []"]);
         // A host that did not record its CPU gets no excuse from it.
-        let unrecorded = Machine { cpu: String::new(), cpu_flags: Vec::new(), ..here.clone() };
-        assert!(unrecorded.differences(&other).is_empty());
+        let unrecorded = Machine {
+            cpu: String::new(),
+            cpu_flags: Vec::new(),
+            address_randomization: String::new(),
+            clamped_limits: Vec::new(),
+            ..here.clone()
+        };
+        assert!(unrecorded.differences(&Machine { clamped_limits: Vec::new(), ..other.clone() }).is_empty());
+        let no_aslr = Machine { address_randomization: "0".into(), ..here.clone() };
+        assert!(no_aslr.differences(&Machine { address_randomization: "2".into(), ..here.clone() })[0]
+            .contains("randomize_va_space"));
+        let clamped = Machine { clamped_limits: vec!["stack=4194304".into()], ..here.clone() };
+        assert!(clamped.differences(&Machine { clamped_limits: Vec::new(), ..here.clone() })[0].contains("stack="));
         let json = serde_json::to_string(&unrecorded).unwrap();
-        assert!(!json.contains("cpu\"") && !json.contains("cpu_flags"), "an older opening encodes as before: {json}");
+        assert!(
+            ["cpu\"", "cpu_flags", "address_randomization", "clamped_limits"].iter().all(|f| !json.contains(f)),
+            "an older opening encodes as before: {json}"
+        );
     }
 
     fn evidence(tool: &str, tool_sealed: bool) -> TriggerEvidence {

@@ -193,8 +193,10 @@ impl PythonRuntime {
     }
 }
 
-/// Copies a release directory to `to` (which must not exist): directories 0755, files
-/// 0644 or 0755 as they are executable, links as links. Anything else is refused.
+/// Copies a release directory to `to` (which must not exist) as its canonical archive holds
+/// it: directories 0755, files 0644 or 0755 as they are executable, links as links, in name
+/// order, byte code left out ([`germline_model::left_out_of_release`]). Anything else is
+/// refused.
 pub fn copy_release(from: &Path, to: &Path) -> Result<(), ExecutorError> {
     use std::os::unix::fs::PermissionsExt;
     let io = |what: &str, p: &Path| ExecutorError::io(format!("copying the release: {what} {}", p.display()));
@@ -206,6 +208,9 @@ pub fn copy_release(from: &Path, to: &Path) -> Result<(), ExecutorError> {
         std::fs::read_dir(from).map_err(io("listing", from))?.collect::<Result<_, _>>().map_err(io("listing", from))?;
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
+        if germline_model::left_out_of_release(&e.file_name().to_string_lossy()) {
+            continue;
+        }
         let (src, dst) = (e.path(), to.join(e.file_name()));
         let meta = std::fs::symlink_metadata(&src).map_err(io("reading", &src))?;
         if meta.file_type().is_symlink() {
@@ -295,6 +300,9 @@ pub struct GermlineSpec {
     /// A root of only what the germline reads, all of it locked in memory
     /// ([`crate::resident`], `[sandbox] resident_root`).
     pub resident_root: bool,
+    /// A resident root copied into an in-memory tree of this germline's own rather than the
+    /// broker's shared one ([`crate::resident::make`]): a replay's germline.
+    pub own_tree: bool,
 }
 
 /// Variables a manifest or policy may not set: the interpreter's and the loader's, and
@@ -894,6 +902,7 @@ impl Germline {
             .release_dir
             .canonicalize()
             .map_err(ExecutorError::io(format!("release directory {}", spec.release_dir.display())))?;
+        crate::confine::hard_limits_allow(&spec.limits).map_err(|e| ExecutorError::refused("start", e))?;
         // Data roots need not exist on the host: the germline's root holds them empty, and
         // each copy gets its view mounted there.
         let (ours, theirs, control_inode) = if SHARED_CONTROL_SOCKET_FOR_TESTS.load(Ordering::SeqCst) {
@@ -946,7 +955,7 @@ impl Germline {
         let (read_only, masks, resident) = if spec.resident_root {
             let extra: Vec<PathBuf> = spec.extra_read.iter().cloned().chain(system).collect();
             let made = crate::resident::resident_paths(&spec.runtime, &release_dir, &extra).and_then(|paths| {
-                let lock = crate::resident::make(&paths, &crate::confine::HOST_ETC)?;
+                let lock = crate::resident::make(&paths, &crate::confine::HOST_ETC, spec.own_tree)?;
                 Ok((paths, lock))
             });
             let (paths, lock) = made.map_err(|e| {
@@ -1967,6 +1976,7 @@ pub fn check_release(release_dir: &Path, runtime: PythonRuntime) -> Result<Durat
         copy_source: manifest.copy_source,
         scratch_paths: manifest.scratch.clone(),
         resident_root: crate::policy::default_resident_root(),
+        own_tree: false,
     };
     let mut g = Germline::start(&spec)?;
     let copy = g.fork_copy()?;

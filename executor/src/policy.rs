@@ -489,23 +489,54 @@ fn path_rule(glob: &str, label: Label) -> Result<PathRule, ExecutorError> {
         .build()
         .map_err(|e| perr(format!("item path {glob:?}: {e}")))?
         .compile_matcher();
+    let comps: Vec<&str> = glob.split('/').filter(|c| !c.is_empty()).collect();
     let mut root = PathBuf::from("/");
-    for comp in glob.split('/').filter(|c| !c.is_empty()) {
-        if comp.contains(['*', '?', '[', '{']) {
-            break;
-        }
-        root.push(comp);
+    let mut fixed = 0;
+    for comp in &comps {
+        let Some(name) = literal(comp) else { break };
+        root.push(name);
+        fixed += 1;
     }
     if root == Path::new("/") {
         return Err(perr(format!("item path {glob:?} needs a fixed directory prefix")));
     }
-    if !glob[root.as_os_str().len()..].starts_with('/') {
+    // A rule naming one file: its root is the directory holding it.
+    if fixed == comps.len() && !glob.ends_with('/') {
         root.pop();
     }
     if glob.split('/').any(|c| c == ".." || c == ".") || glob.contains("//") {
         return Err(perr(format!("item path {glob:?} must be in canonical form (no `.`, `..` or `//`)")));
     }
     Ok(PathRule { glob: glob.to_owned(), matcher, root, label })
+}
+
+/// The glob that matches `path` and nothing else: each glob metacharacter in it escaped
+/// as a class of itself (`{` as `[{]`), which [`Policy::data_roots`] reads as the literal
+/// it stands for.
+pub fn literal_glob(path: &Path) -> String {
+    globset::escape(&path.to_string_lossy())
+}
+
+/// Path component `comp` of a glob as the name it matches, with escaped metacharacters
+/// ([`literal_glob`]) undone; `None` if it holds a wildcard, class or alternation.
+fn literal(comp: &str) -> Option<String> {
+    let c: Vec<char> = comp.chars().collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < c.len() {
+        match c[i] {
+            '[' if i + 2 < c.len() && c[i + 2] == ']' && "?*[]{}".contains(c[i + 1]) => {
+                out.push(c[i + 1]);
+                i += 3;
+            }
+            '*' | '?' | '[' | '{' => return None,
+            ch => {
+                out.push(ch);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
 }
 
 impl PathRule {
@@ -580,6 +611,23 @@ mod tests {
         for glob in ["/d/../x/**", "/d/./x/**", "/d//x/**"] {
             assert!(bad(&format!("tags=['a']\n[[items]]\npath='{glob}'\nlabel=['a']")).contains("canonical"), "{glob}");
         }
+    }
+
+    #[test]
+    fn a_directory_named_with_glob_characters_is_a_rule_and_a_data_root_when_escaped() {
+        for dir in ["/d/Q3 {draft}x{", "/d/q[3", "/d/a]b}c", "/d/what?*"] {
+            let glob = format!("{}/**", literal_glob(Path::new(dir)));
+            let p = Policy::parse(&format!("tags=['a']\n[[items]]\npath={glob:?}\nlabel=['a']"))
+                .unwrap_or_else(|e| panic!("{dir}: {e}"));
+            assert_eq!(p.data_roots(), [PathBuf::from(dir)], "{glob}");
+            assert!(p.labels_path(&Path::new(dir).join("payslip.txt")), "{glob}");
+            assert!(!p.labels_path(Path::new("/d/other/payslip.txt")), "{glob}");
+        }
+        // Unescaped, the same characters are glob syntax: the root ends before them.
+        let p = Policy::parse("tags=['a']\n[[items]]\npath='/d/q*/x/**'\nlabel=['a']").unwrap();
+        assert_eq!(p.data_roots(), [PathBuf::from("/d")]);
+        let p = Policy::parse("tags=['a']\n[[items]]\npath='/d/hr/pay.pdf'\nlabel=['a']").unwrap();
+        assert_eq!(p.data_roots(), [PathBuf::from("/d/hr")], "a rule naming one file has its directory as root");
     }
 
     #[test]

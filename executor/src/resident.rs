@@ -446,12 +446,15 @@ pub fn files(paths: &ResidentPaths, etc: &[&str]) -> Result<Vec<(PathBuf, std::f
     Ok(files)
 }
 
-/// A germline's resident root: `paths` and the host `etc` entries copied into the broker's
-/// in-memory tree ([`Tree::fill`]) and every file of theirs there locked ([`lock`]). The
-/// root binds them from the tree ([`ResidentLock::source`]).
-pub fn make(paths: &ResidentPaths, etc: &[&str]) -> Result<ResidentLock, ExecutorError> {
+/// A germline's resident root: `paths` and the host `etc` entries copied into an in-memory
+/// tree ([`Tree::fill`]) and every file of theirs there locked ([`lock`]). The root binds
+/// them from the tree ([`ResidentLock::source`]). The tree is the broker's, shared by its
+/// germlines, or with `own` one made for this germline alone, dropped with it: a replay's
+/// germline gets its own, so that what the call's tree shows (its device, its files' change
+/// times and inode numbers) is no more the replay's than a third party's.
+pub fn make(paths: &ResidentPaths, etc: &[&str], own: bool) -> Result<ResidentLock, ExecutorError> {
     let t0 = std::time::Instant::now();
-    let tree = Tree::get()?;
+    let tree = if own { Arc::new(Tree::make()?) } else { Tree::get()? };
     let roots: Vec<PathBuf> = paths.read_only.iter().cloned().chain(etc.iter().map(PathBuf::from)).collect();
     tree.hold(&roots);
     // Held before the fill: a fill that fails part way gives back what it copied.
@@ -796,6 +799,30 @@ impl TreeSource {
     }
 }
 
+/// Most inode numbers [`burn_inode_numbers`] skips.
+const INODE_BURN: u32 = 1 << 12;
+
+/// Test-only switch ("mechanism off"): a new tree numbers its inodes from 1, as a tmpfs does.
+pub static INODE_BURN_OFF_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Skips a random number (below [`INODE_BURN`]) of the inode numbers of the new tmpfs at
+/// `dir`, which numbers its inodes in order from 1: two trees filled alike (the call's and
+/// its replay's, or a third party's) would otherwise give their files the same numbers
+/// whenever as many files went in before them, and a copy reads them (`stat`).
+fn burn_inode_numbers(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if INODE_BURN_OFF_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst) {
+        return Ok(());
+    }
+    let mut n = [0u8; 4];
+    getrandom::fill(&mut n).map_err(|e| std::io::Error::other(e.to_string()))?;
+    for _ in 0..u32::from_ne_bytes(n) % INODE_BURN {
+        // An unnamed file takes an inode number and gives none back when it is closed.
+        std::fs::OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE).open(dir)?;
+    }
+    Ok(())
+}
+
 /// What a file of the tree was copied from, to notice a host file that changed since.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Stamp {
@@ -921,7 +948,9 @@ impl Tree {
                     c"mode=0755".as_ptr().cast(),
                 ))?;
             }
-            let dir = std::fs::File::open(at.to_str().map_err(std::io::Error::other)?)?;
+            let path = at.to_str().map_err(std::io::Error::other)?;
+            burn_inode_numbers(Path::new(path))?;
+            let dir = std::fs::File::open(path)?;
             let ns = std::fs::File::open("/proc/thread-self/ns/mnt")?;
             Ok((ns.into(), dir.into()))
         })
@@ -1028,9 +1057,19 @@ impl Tree {
                     if paths.masks.iter().any(|m| m == &at) {
                         continue;
                     }
-                    for entry in std::fs::read_dir(&at).map_err(err)? {
-                        let entry = entry.map_err(err)?;
-                        let path = entry.path();
+                    // Made in name order (popped from the stack in reverse of the push),
+                    // whatever order the host's file system lists them in: a directory in
+                    // the tree lists, and numbers, its entries alike on every host. Off
+                    // (`GERMLINE_TEST_TREE_HOST_ORDER=1`, debug builds): the host's order.
+                    let mut entries = std::fs::read_dir(&at)
+                        .map_err(err)?
+                        .map(|e| e.map(|e| e.path()))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(err)?;
+                    if !crate::test_switch("GERMLINE_TEST_TREE_HOST_ORDER") {
+                        entries.sort();
+                    }
+                    for path in entries.into_iter().rev() {
                         let m = std::fs::symlink_metadata(&path).map_err(err)?;
                         stack.push((path, m));
                     }
@@ -1282,6 +1321,37 @@ mod tests {
         assert_eq!(ctime("sub"), sub_ctime, "a directory with nothing changed in it keeps its ctime");
     }
 
+    /// Trees filled alike number their files apart (a random count of inode numbers skipped
+    /// first); off, a new tmpfs numbers from 1, so they match. Their devices always differ.
+    #[test]
+    fn trees_filled_alike_number_their_files_apart() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some((_dir, d)) = tree_test_dir() else { return };
+        std::fs::create_dir_all(d.join("pkg")).unwrap();
+        std::fs::write(d.join("pkg/a.py"), b"a").unwrap();
+        let paths = ResidentPaths { read_only: vec![d.join("pkg")], masks: vec![] };
+        let numbers = |burn: bool| {
+            INODE_BURN_OFF_FOR_TESTS.store(!burn, SeqCst);
+            // All three live at once, as the call's, the replay's and a third party's may.
+            let trees: Vec<Tree> = (0..3).map(|_| Tree::make().unwrap()).collect();
+            let got: Vec<(u64, u64)> = trees
+                .iter()
+                .map(|tree| {
+                    tree.fill(&paths, &[]).unwrap();
+                    let m = std::fs::metadata(tree.here(&d.join("pkg/a.py"))).unwrap();
+                    (m.ino(), m.dev())
+                })
+                .collect();
+            INODE_BURN_OFF_FOR_TESTS.store(false, SeqCst);
+            got
+        };
+        let off = numbers(false);
+        assert!(off.iter().all(|(ino, _)| *ino == off[0].0), "off: a new tmpfs numbers alike: {off:?}");
+        let on = numbers(true);
+        assert!(!on.iter().all(|(ino, _)| *ino == on[0].0), "on: three trees numbered alike: {on:?}");
+        assert!(on.iter().all(|(_, dev)| on.iter().filter(|(_, d)| d == dev).count() == 1), "{on:?}");
+    }
+
     /// A long-running broker's tree holds what its live germlines bind: what the last
     /// germline holding it drops is removed (a path under a held one stays until that goes).
     #[test]
@@ -1292,9 +1362,9 @@ mod tests {
             std::fs::write(d.join(f), f).unwrap();
         }
         let root = |ps: &[&str]| ResidentPaths { read_only: ps.iter().map(|p| d.join(p)).collect(), masks: vec![] };
-        let one = make(&root(&["one", "shared"]), &[]).unwrap();
-        let two = make(&root(&["two", "shared"]), &[]).unwrap();
-        let inner = make(&root(&["shared/inner"]), &[]).unwrap();
+        let one = make(&root(&["one", "shared"]), &[], false).unwrap();
+        let two = make(&root(&["two", "shared"]), &[], false).unwrap();
+        let inner = make(&root(&["shared/inner"]), &[], false).unwrap();
         let tree = Tree::current().expect("held by the germlines");
         let present = |f: &str| tree.here(&d.join(f)).exists();
         for f in ["one/a.py", "two/b.py", "shared/s.py", "shared/inner/i.py"] {
@@ -1306,7 +1376,7 @@ mod tests {
         drop(two);
         assert!(!present("two"));
         assert!(present("shared/inner/i.py") && present("shared/s.py"), "a held path keeps the root above it");
-        let again = make(&root(&["one"]), &[]).unwrap();
+        let again = make(&root(&["one"]), &[], false).unwrap();
         assert!(present("one/a.py"), "bound again, copied again");
         drop(inner);
         assert!(!present("shared"), "with the path below it gone, the root above goes too");

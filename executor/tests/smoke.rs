@@ -37,6 +37,7 @@ fn release(tmp: &Path, code: &str, data: &Path) -> GermlineSpec {
         copy_source: Default::default(),
         scratch_paths: Vec::new(),
         resident_root: false,
+        own_tree: false,
     }
 }
 

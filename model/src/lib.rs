@@ -65,7 +65,7 @@ pub use slot::{
     Slot, SlotEntry, SlotKey, MAX_SLOT_ENTRIES, MAX_SLOT_KEY_BYTES, MAX_SLOT_TOTAL_BYTES, MAX_SLOT_VALUE_BYTES,
     MAX_USER_BYTES,
 };
-pub use vocab::{Clearance, ConsumerName, HostName, ItemName, Label, ReleaseHash, Tag};
+pub use vocab::{left_out_of_release, Clearance, ConsumerName, HostName, ItemName, Label, ReleaseHash, Tag};
 
 /// The crate's one error type: untrusted input that does not parse into the model, or a
 /// request the model refuses (so callers fail closed instead of guessing).

@@ -149,6 +149,14 @@ impl Clearance {
     }
 }
 
+/// Whether a release's file or directory named `name` is left out of its canonical
+/// archive, and so out of its hash: byte code (`__pycache__`, `*.pyc`, `*.pyo`), which
+/// differs between two otherwise identical installs. What replays a release leaves it out
+/// too, so every germline of a release sees the same files.
+pub fn left_out_of_release(name: &str) -> bool {
+    name == "__pycache__" || name.ends_with(".pyc") || name.ends_with(".pyo")
+}
+
 /// SHA-256 of a release's canonical archive: the release's identity everywhere.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ReleaseHash(pub [u8; 32]);
