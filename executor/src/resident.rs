@@ -869,6 +869,9 @@ pub struct Tree {
     dir: std::os::fd::OwnedFd,
     mountpoint: PathBuf,
     state: Mutex<TreeState>,
+    /// The mountpoint's host directory, open with an exclusive `flock` while the tree
+    /// lives: a sweep ([`remove_stale_mountpoints`]) leaves it alone.
+    _held: std::fs::File,
 }
 
 /// What the tree holds, under one lock: filling and removing never overlap.
@@ -920,15 +923,21 @@ impl Tree {
         remove_stale_mountpoints();
         let mut tag = [0u8; 8];
         getrandom::fill(&mut tag).map_err(|e| ExecutorError::Sandbox(format!("resident root: randomness: {e}")))?;
-        let mountpoint = std::env::temp_dir().join(format!(
-            "germline-tree-{}-{n}-{:016x}",
-            std::process::id(),
-            u64::from_ne_bytes(tag)
-        ));
+        let name = format!("{}-{n}-{:016x}", std::process::id(), u64::from_ne_bytes(tag));
+        let mountpoint = std::env::temp_dir().join(format!("{MOUNTPOINT}{name}"));
+        // Made under a name no sweep takes while live, held, then named.
+        let new = std::env::temp_dir().join(format!("{MOUNTPOINT_NEW}{name}"));
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(&mountpoint)
-            .map_err(ExecutorError::io(format!("resident root: creating {}", mountpoint.display())))?;
+            .create(&new)
+            .map_err(ExecutorError::io(format!("resident root: creating {}", new.display())))?;
+        let held = std::fs::File::open(&new)
+            .and_then(|d| d.lock().map(|()| d))
+            .and_then(|d| std::fs::rename(&new, &mountpoint).map(|()| d))
+            .map_err(|e| {
+                let _ = std::fs::remove_dir(&new);
+                ExecutorError::Sandbox(format!("resident root: holding {}: {e}", mountpoint.display()))
+            })?;
         let at = cstr(&mountpoint).map_err(ExecutorError::io("resident root: the tree's path"))?;
         // A thread of its own enters the new mount namespace (unsharing it unshares only
         // the calling thread's), mounts the tmpfs, opens both and ends; the descriptors keep
@@ -957,7 +966,7 @@ impl Tree {
         .join()
         .map_err(|_| ExecutorError::internal("the resident tree's set-up thread panicked"))?;
         match made {
-            Ok((namespace, dir)) => Ok(Tree { namespace, dir, mountpoint, state: Mutex::default() }),
+            Ok((namespace, dir)) => Ok(Tree { namespace, dir, mountpoint, state: Mutex::default(), _held: held }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&mountpoint);
                 Err(ExecutorError::Sandbox(format!(
@@ -1162,18 +1171,30 @@ impl Drop for Tree {
     }
 }
 
-/// Removes the (empty) mountpoint directories of trees whose broker is gone: each is
-/// named `germline-tree-PID-…`, and one is left behind by a broker that was killed. A
-/// directory of a live pid stays (it may be this broker's or a live one's).
+/// Prefix of a tree's mountpoint directory (in the temporary directory).
+const MOUNTPOINT: &str = "germline-tree-";
+/// Prefix of one made but not yet held and named (for microseconds).
+const MOUNTPOINT_NEW: &str = ".germline-tree-new-";
+
+/// Removes the (empty) mountpoint directories of trees whose broker is gone, which a
+/// broker that was killed leaves behind: those no process holds (a tree holds its own
+/// with a lock, which goes with its process, in whatever pid namespace it ran) and
+/// unnamed ones older than a minute.
 fn remove_stale_mountpoints() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("germline-tree-")).and_then(|r| r.split('-').next())
-        else {
-            continue;
+        let Some(name) = name.to_str() else { continue };
+        let stale = if name.starts_with(MOUNTPOINT) {
+            std::fs::File::open(e.path()).is_ok_and(|d| d.try_lock().is_ok())
+        } else if name.starts_with(MOUNTPOINT_NEW) {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|a| a > std::time::Duration::from_secs(60)))
+        } else {
+            false
         };
-        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+        if stale {
             // Only an empty directory: anything else is not a mountpoint this left.
             let _ = std::fs::remove_dir(e.path());
         }
@@ -1387,15 +1408,20 @@ mod tests {
     /// never one of a live pid.
     #[test]
     fn mountpoints_of_brokers_that_are_gone_are_removed() {
-        let gone = std::env::temp_dir().join("germline-tree-999999999-0-00");
+        let gone = std::env::temp_dir().join(format!("germline-tree-{}-998-00", std::process::id()));
         let live = std::env::temp_dir().join(format!("germline-tree-{}-999-00", std::process::id()));
         for d in [&gone, &live] {
             std::fs::create_dir_all(d).unwrap();
         }
+        // Held as a live broker's tree holds it (another open file description).
+        let held = std::fs::File::open(&live).unwrap();
+        held.lock().unwrap();
         remove_stale_mountpoints();
-        assert!(!gone.exists(), "pid 999999999 is above any pid_max");
-        assert!(live.exists(), "this process's");
-        std::fs::remove_dir(&live).unwrap();
+        assert!(!gone.exists(), "no process holds it");
+        assert!(live.exists(), "held, whatever pid it names");
+        drop(held);
+        remove_stale_mountpoints();
+        assert!(!live.exists(), "its holder gone");
     }
 
     #[test]
