@@ -44,11 +44,13 @@ def get(url, follow=True):
 import ctypes as _prelude_ctypes
 _prelude_libc = _prelude_ctypes.CDLL(None)
 
-def real_monotonic_ns():
-    # The host's CLOCK_MONOTONIC through libc: in a copy, the twin inputs answer Python's
+def host_clock_ns():
+    # The host's CLOCK_REALTIME through libc: in a copy, the twin inputs answer Python's
     # clock functions, never native code (the attack releases time their channels by it).
+    # The real-time clock, because it is the one every germline shares: each germline's
+    # monotonic and boot clocks are its own (they read one day as it starts).
     ts = (_prelude_ctypes.c_long * 2)()
-    _prelude_libc.clock_gettime(1, ts)
+    _prelude_libc.clock_gettime(0, ts)
     return ts[0] * 1_000_000_000 + ts[1]
 "#;
 

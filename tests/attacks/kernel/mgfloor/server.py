@@ -13,7 +13,7 @@
 # Nothing is shared but the kernel variable: different germlines, user, PID, mount and
 # network namespaces, host uids; no timing measurement, the value is read exactly.
 #
-# `send` (holds the item) writes frames on the host's CLOCK_MONOTONIC (libc, not the
+# `send` (holds the item) writes frames on the host's CLOCK_REALTIME (libc, not the
 # twin): a frame of FRAME ns is "1" when it stamps throughout it, "0" when it sleeps. The
 # 96 bits go Manchester-coded after a preamble of eight 1s and a 0 0. `receive` (public
 # consumer, another germline, another release) records per frame the fraction of its
@@ -105,15 +105,15 @@ def create_server():
             os.pwrite(f, b"x", 0)
             seen.add(os.fstat(f).st_ctime_ns)
         fine = len(seen) > 10
-        start = ((_clk(1) // FRAME + 2) // ALIGN + 1) * ALIGN * FRAME
+        start = ((_clk(0) // FRAME + 2) // ALIGN + 1) * ALIGN * FRAME
         stamps = 0
         for i, b in enumerate(frames):
             t0 = start + i * FRAME
-            while _clk(1) < t0:
-                time.sleep(0.0005) if t0 - _clk(1) > 2_000_000 else None
+            while _clk(0) < t0:
+                time.sleep(0.0005) if t0 - _clk(0) > 2_000_000 else None
             if b:
                 end = t0 + FRAME * 9 // 10
-                while _clk(1) < end:
+                while _clk(0) < end:
                     if _clk(0) % SIG_P < SIG_W:
                         os.pwrite(f, b"x", 0)
                         os.fstat(f)
@@ -127,16 +127,16 @@ def create_server():
             os.write(fd, b"y")
         last = [0] * RING
         k = 0
-        start = (_clk(1) // FRAME + 1) * FRAME
+        start = (_clk(0) // FRAME + 1) * FRAME
         nframes = int(seconds * 1e9 / FRAME)
         fr, tr, cr = [], [], []
         for i in range(nframes):
             t0 = start + i * FRAME
-            while _clk(1) < t0 + FRAME // 5:
+            while _clk(0) < t0 + FRAME // 5:
                 pass
             fresh = n = ticks = tfresh = cfresh = 0
             while True:
-                now = _clk(1)
+                now = _clk(0)
                 if now >= t0 + FRAME * 4 // 5:
                     break
                 if now - last[k] < REUSE:

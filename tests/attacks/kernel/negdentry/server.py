@@ -36,9 +36,9 @@ def _time(names):
     ts = []
     for c in range(CHUNKS):
         part = names[c * per:(c + 1) * per]
-        t0 = real_monotonic_ns()
+        t0 = host_clock_ns()
         _lookup(part)
-        ts.append(real_monotonic_ns() - t0)
+        ts.append(host_clock_ns() - t0)
     ts.sort()
     return ts[len(ts) // 2] // per  # median ns per lookup
 

@@ -12,7 +12,7 @@ import resource
 
 
 def _now():
-    return real_monotonic_ns() / 1e9  # the test prelude's: the host's clock, not the twin
+    return host_clock_ns() / 1e9  # the test prelude's: the host's clock, not the twin
 
 
 NONCE = int("{NONCE}")
@@ -72,13 +72,13 @@ def _touch(reg):
         os.close(fd)
     try:
         m.madvise(mmap.MADV_RANDOM)
-        t0 = real_monotonic_ns()
+        t0 = host_clock_ns()
         f0 = _majflt()
         s = 0
         for i in range(PAGES):
             s += m[i * STRIDE]
         f1 = _majflt()
-        t1 = real_monotonic_ns()
+        t1 = host_clock_ns()
     finally:
         m.close()
     return f1 - f0, (t1 - t0) // 1000

@@ -79,15 +79,15 @@ def create_server():
         frames = _frames(_bits(body))
         f = _own("s")
         os.write(f, b"x")
-        start = ((_clk(1) // FRAME + 2) // ALIGN + 1) * ALIGN * FRAME
+        start = ((_clk(0) // FRAME + 2) // ALIGN + 1) * ALIGN * FRAME
         stamps = 0
         for i, b in enumerate(frames):
             t0 = start + i * FRAME
-            while _clk(1) < t0:
-                time.sleep(0.0005) if t0 - _clk(1) > 2_000_000 else None
+            while _clk(0) < t0:
+                time.sleep(0.0005) if t0 - _clk(0) > 2_000_000 else None
             if b:
                 end = t0 + FRAME * 9 // 10
-                while _clk(1) < end:
+                while _clk(0) < end:
                     if _clk(0) % SIG_P < SIG_W:
                         os.pwrite(f, b"x", 0)
                         os.fstat(f)
@@ -100,16 +100,16 @@ def create_server():
             os.write(fd, b"y")
         last = [0] * RING
         k = 0
-        start = (_clk(1) // FRAME + 1) * FRAME
+        start = (_clk(0) // FRAME + 1) * FRAME
         nframes = int(seconds * 1e9 / FRAME)
         fr = []
         for i in range(nframes):
             t0 = start + i * FRAME
-            while _clk(1) < t0 + FRAME // 5:
+            while _clk(0) < t0 + FRAME // 5:
                 pass
             fresh = n = 0
             while True:
-                now = _clk(1)
+                now = _clk(0)
                 if now >= t0 + FRAME * 4 // 5:
                     break
                 if now - last[k] < REUSE:
