@@ -1582,7 +1582,7 @@ fn fixed_boot_clocks() -> io::Result<()> {
         let wrote = write(fd, text.as_ptr().cast(), at);
         close(fd);
         if wrote != at as isize {
-            return Err(if wrote < 0 { io::Error::last_os_error() } else { io::Error::other("short write") });
+            return Err(if wrote < 0 { io::Error::last_os_error() } else { io::Error::from_raw_os_error(EIO) });
         }
         let ns = open(c"/proc/self/ns/time_for_children".as_ptr(), O_RDONLY | O_CLOEXEC);
         check(ns)?;
@@ -1613,7 +1613,7 @@ fn time_offsets() -> io::Result<[(i64, i64); 2]> {
         return Err(io::Error::last_os_error());
     }
     let number = |f: Option<&[u8]>| -> io::Result<i64> {
-        let f = f.ok_or_else(|| io::Error::other("timens_offsets: a field is missing"))?;
+        let f = f.ok_or_else(|| io::Error::from_raw_os_error(EINVAL))?;
         let (negative, digits) = match f.split_first() {
             Some((b'-', rest)) => (true, rest),
             _ => (false, f),
@@ -1621,12 +1621,12 @@ fn time_offsets() -> io::Result<[(i64, i64); 2]> {
         let mut v: i64 = 0;
         for &d in digits {
             if !d.is_ascii_digit() {
-                return Err(io::Error::other("timens_offsets: not a number"));
+                return Err(io::Error::from_raw_os_error(EINVAL));
             }
             v = v
                 .checked_mul(10)
                 .and_then(|v| v.checked_add(i64::from(d - b'0')))
-                .ok_or_else(|| io::Error::other("timens_offsets: out of range"))?;
+                .ok_or_else(|| io::Error::from_raw_os_error(ERANGE))?;
         }
         Ok(if negative { -v } else { v })
     };
