@@ -86,7 +86,13 @@ fn main() -> anyhow::Result<()> {
         Command::Call(a) => exec_cmd::call(a)?,
         Command::Session(a) => exec_cmd::session(a)?,
         Command::Demo(a) => demo::run(&a)?,
-        Command::Verify(a) => verify_cmd::run(&a)?,
+        // A witness that cannot be checked (unreadable, edited, its opening or release not
+        // the host's, a germline that will not start) is not evidence against the host:
+        // exit 1 means only a verdict the replay did not reproduce.
+        Command::Verify(a) => verify_cmd::run(&a).unwrap_or_else(|e| {
+            eprintln!("germline verify: could not check the witness: {e:#}");
+            verify_cmd::EXIT_UNCHECKED
+        }),
         // --- ledger commands ---
         Command::Ledger(a) => germline_ledger::cli::run_ledger_command(&a)?,
         // --- end ledger commands ---

@@ -128,7 +128,13 @@ fn machine_differences(ev: &TriggerEvidence, python: &Path) -> Vec<String> {
 /// not evidence against the host.
 pub const EXIT_INCONCLUSIVE: i32 = 3;
 
-/// Runs `germline verify`; exit 0 only when the recorded verdict is reproduced.
+/// Exit status of a witness that could not be checked: neither reproduced nor not.
+pub const EXIT_UNCHECKED: i32 = 2;
+
+/// Runs `germline verify`; exit 0 only when the recorded verdict is reproduced, 1 when the
+/// replay gives another on a machine like the recorded one, [`EXIT_INCONCLUSIVE`] on
+/// another machine. An error is a witness that could not be checked
+/// ([`EXIT_UNCHECKED`]).
 pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     let bytes = std::fs::read(&args.witness).with_context(|| format!("reading {}", args.witness.display()))?;
     let trusted = match &args.trusted_key {

@@ -154,41 +154,47 @@ fn a_witness_reproduces_offline_and_edits_are_rejected() {
     let opening = PathBuf::from(format!("{}.opening", witness.display()));
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&opening).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "{}", opening.display());
+    // Exit 2 for every witness that cannot be checked: not evidence against the host,
+    // which exit 1 (a replay that gives another verdict) is.
     let verify = |w: &str, release: &str| {
-        germline(&["verify", w, "--release", release, "--items", "items"], &there, &there.join("d"))
+        let (code, _, all) =
+            germline_status(&[], &["verify", w, "--release", release, "--items", "items"], &there, &there.join("d"), &[]);
+        (code, all)
     };
     // Without the opening the witness shows only its signature and commitments.
-    let (ok, out) = verify("w.witness", "rel.tar.gz");
-    assert!(!ok && out.contains("opening"), "{out}");
+    let (code, out) = verify("w.witness", "rel.tar.gz");
+    assert!(code == Some(2) && out.contains("opening"), "{code:?} {out}");
     std::fs::copy(&opening, there.join("w.witness.opening")).unwrap();
-    let (ok, out) = verify("w.witness", "rel.tar.gz");
-    assert!(ok && out.contains("\"reproduced\":\"item_witness\""), "{out}");
+    let (code, out) = verify("w.witness", "rel.tar.gz");
+    assert!(code == Some(0) && out.contains("\"reproduced\":\"item_witness\""), "{code:?} {out}");
     // An opening with one replayed input changed does not open the witness's commitment.
     let text = std::fs::read_to_string(there.join("w.witness.opening")).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["evidence"]["twin"]["clock"] = serde_json::json!(1.0);
     std::fs::write(there.join("forged.opening"), v.to_string()).unwrap();
-    let (ok, out) = germline(
+    let (code, _, out) = germline_status(
+        &[],
         &["verify", "w.witness", "--opening", "forged.opening", "--release", "rel.tar.gz", "--items", "items"],
         &there,
         &there.join("d"),
+        &[],
     );
-    assert!(!ok && out.contains("does not match the commitment"), "{out}");
+    assert!(code == Some(2) && out.contains("does not match the commitment"), "{code:?} {out}");
 
     let mut edited = std::fs::read(there.join("w.witness")).unwrap();
     let mid = edited.len() / 2;
     edited[mid] ^= 1;
     std::fs::write(there.join("edited.witness"), edited).unwrap();
-    let (ok, out) = verify("edited.witness", "rel.tar.gz");
-    assert!(!ok && out.contains("witness rejected"), "{out}");
+    let (code, out) = verify("edited.witness", "rel.tar.gz");
+    assert!(code == Some(2) && out.contains("witness rejected"), "{code:?} {out}");
 
     std::fs::write(there.join("other.tar.gz"), b"not the release").unwrap();
-    let (ok, out) = verify("w.witness", "other.tar.gz");
-    assert!(!ok && out.contains("release mismatch"), "{out}");
+    let (code, out) = verify("w.witness", "other.tar.gz");
+    assert!(code == Some(2) && out.contains("release mismatch"), "{code:?} {out}");
 
     std::fs::write(their_items.join(items.strip_prefix("/").unwrap()).join("hr/payslip.txt"), "salary 98").unwrap();
-    let (ok, out) = verify("w.witness", "rel.tar.gz");
-    assert!(!ok && out.contains("does not match its recorded hash"), "{out}");
+    let (code, out) = verify("w.witness", "rel.tar.gz");
+    assert!(code == Some(2) && out.contains("does not match its recorded hash"), "{code:?} {out}");
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
@@ -689,7 +695,7 @@ fn a_release_taking_a_startup_item_replays_offline() {
         germline_status(&[], &args, &there, &there.join("d"), both_env)
     };
     let (code, _, out) = run(&[("GERMLINE_TEST_HOST_MACHINE", "1")]);
-    assert!(code == Some(1) && out.contains("{item:config} has no value"), "off: {code:?} {out}");
+    assert!(code == Some(2) && out.contains("{item:config} has no value"), "off: {code:?} {out}");
     let (code, stdout, out) = run(&[]);
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!((code, &v["recorded"], &v["reproduced"]), (Some(0), &v["recorded"], &v["recorded"]), "{v}");
