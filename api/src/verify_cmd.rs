@@ -193,6 +193,10 @@ pub fn run(args: &VerifyArgs) -> anyhow::Result<i32> {
     } else if ev.deployment.is_some() && germline_executor::germline::immortal_heap_off() {
         bail!("the host's germline made its heap immortal: unset GERMLINE_IMMORTAL_HEAP to replay as it ran");
     }
+    // The replay's tree is never the call's device, as the host's replay's is not.
+    if let Some(dev) = ev.deployment.as_ref().and_then(|d| d.tree_device) {
+        germline_executor::resident::avoid_device(dev);
+    }
     let mut rt = GermlineRuntime::start(&release_dir, replay_policy(ev)?, python, Splitting::Plan)?;
     rt.release = hash;
     let report = verify_trigger(&mut rt, ev, &contents, args.tries, w.body.declared_deterministic)?;

@@ -503,6 +503,13 @@ impl GermlineRuntime {
             resident_root: self.spec.resident_root,
             immortal_heap: !crate::germline::immortal_heap_off(),
             startup_items: self.policy.startup_items.clone(),
+            // The broker's shared tree, which every call's germline binds from (a replay's
+            // own tree records no evidence).
+            tree_device: if self.spec.resident_root && !self.spec.own_tree {
+                crate::resident::Tree::current().and_then(|t| t.device().ok())
+            } else {
+                None
+            },
             machine: crate::evidence::Machine::here(&self.spec.runtime.python),
         })
     }

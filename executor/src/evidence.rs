@@ -121,6 +121,12 @@ pub struct Deployment {
     /// verifier is given like the others).
     #[serde(default)]
     pub startup_items: BTreeMap<String, String>,
+    /// The device of the in-memory tree the call's root was bound from (a resident root):
+    /// a replay's tree never gets it ([`crate::resident::avoid_device`]), so a request that
+    /// carries it replays otherwise at the host and at a third party alike. None from a
+    /// host that did not record it, or a root that was not resident.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_device: Option<u64>,
     /// The machine.
     pub machine: Machine,
 }

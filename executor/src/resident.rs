@@ -799,6 +799,39 @@ impl TreeSource {
     }
 }
 
+/// Devices no tree this process makes may have: every device its shared tree (the one
+/// calls are made on, [`Tree::get`]) has had, and the device of the call's tree an opening
+/// records ([`avoid_device`]). The kernel gives a
+/// new tmpfs the lowest free device number, so a tree made after the call's tree went away
+/// (a third party's `germline verify` on a like machine, or a host's replay after its
+/// germline restarted) would often get the call's device, and a request carrying it would
+/// replay as it ran there but not at a replay made while the call's tree was live.
+static AVOIDED_DEVICES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// Most devices [`AVOIDED_DEVICES`] keeps (the oldest are forgotten first).
+const MAX_AVOIDED_DEVICES: usize = 256;
+
+/// Test-only switch ("mechanism off"): a tree takes the device the kernel gives it.
+pub static AVOID_DEVICES_OFF_FOR_TESTS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes `dev` a device no tree this process makes from now on has: the device of the
+/// call's tree, as the opening records it, before a replay's germline is started.
+pub fn avoid_device(dev: u64) {
+    let mut avoided = AVOIDED_DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    if !avoided.contains(&dev) {
+        if avoided.len() >= MAX_AVOIDED_DEVICES {
+            avoided.remove(0);
+        }
+        avoided.push(dev);
+    }
+}
+
+/// Whether a tree may have device `dev` (not one of [`AVOIDED_DEVICES`]).
+fn device_allowed(dev: u64) -> bool {
+    AVOID_DEVICES_OFF_FOR_TESTS.load(std::sync::atomic::Ordering::SeqCst)
+        || !AVOIDED_DEVICES.lock().unwrap_or_else(|p| p.into_inner()).contains(&dev)
+}
+
 /// Most inode numbers [`burn_inode_numbers`] skips.
 const INODE_BURN: u32 = 1 << 12;
 
@@ -902,6 +935,9 @@ impl Tree {
             return Ok(t);
         }
         let t = Arc::new(Tree::make()?);
+        // The tree calls are made on: no replay's tree of this process gets its device, even
+        // once it is gone.
+        avoid_device(t.device()?);
         *slot = Arc::downgrade(&t);
         Ok(t)
     }
@@ -949,15 +985,37 @@ impl Tree {
             unsafe {
                 ck(unshare(CLONE_NEWNS))?;
                 ck(mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), MS_REC | MS_PRIVATE, std::ptr::null()))?;
-                ck(mount(
-                    c"germline-tree".as_ptr(),
-                    at.as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    MS_NOSUID | MS_NODEV | MS_NOATIME,
-                    c"mode=0755".as_ptr().cast(),
-                ))?;
             }
             let path = at.to_str().map_err(std::io::Error::other)?;
+            // A tmpfs whose device is avoided stays mounted beneath the next, holding its
+            // device, so the next gets another; all go with the namespace. Each holds a
+            // device of its own, so one more mount than there are devices to avoid has one
+            // that is not.
+            let most = AVOIDED_DEVICES.lock().unwrap_or_else(|p| p.into_inner()).len() + 1;
+            let mut mounts = 0;
+            loop {
+                // SAFETY: mount on constant or prepared NUL-terminated strings.
+                ck(unsafe {
+                    mount(
+                        c"germline-tree".as_ptr(),
+                        at.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        MS_NOSUID | MS_NODEV | MS_NOATIME,
+                        c"mode=0755".as_ptr().cast(),
+                    )
+                })?;
+                mounts += 1;
+                let dev = std::fs::metadata(path)?.dev();
+                if device_allowed(dev) {
+                    break;
+                }
+                if mounts >= most {
+                    return Err(std::io::Error::other(format!(
+                        "{mounts} tmpfs mounts in a row got devices a replay must not have (the call's, or an \
+                         earlier tree's)"
+                    )));
+                }
+            }
             burn_inode_numbers(Path::new(path))?;
             let dir = std::fs::File::open(path)?;
             let ns = std::fs::File::open("/proc/thread-self/ns/mnt")?;
@@ -975,6 +1033,13 @@ impl Tree {
                 )))
             }
         }
+    }
+
+    /// The tree's device (`st_dev` of every file in it).
+    pub fn device(&self) -> Result<u64, ExecutorError> {
+        let f = std::fs::File::open(self.here(Path::new("/")))
+            .map_err(ExecutorError::io("resident root: opening the tree"))?;
+        Ok(f.metadata().map_err(ExecutorError::io("resident root: the tree's device"))?.dev())
     }
 
     /// How the germline's set-up finds the tree.
@@ -1371,6 +1436,30 @@ mod tests {
         let on = numbers(true);
         assert!(!on.iter().all(|(ino, _)| *ino == on[0].0), "on: three trees numbered alike: {on:?}");
         assert!(on.iter().all(|(_, dev)| on.iter().filter(|(_, d)| d == dev).count() == 1), "{on:?}");
+    }
+
+    /// A tree made after the call's is gone never gets the call's device, which the kernel
+    /// gives the next tmpfs (the lowest free number); off, it does.
+    #[test]
+    fn a_tree_never_gets_a_device_to_avoid() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Some((_dir, _d)) = tree_test_dir() else { return };
+        // Whether a tree made after one with device `dev` is dropped gets `dev`, in one of
+        // 50 tries over a second (the kernel frees a device once the tmpfs is torn down,
+        // and another test's mount may take the number in between).
+        let reused = |off: bool| {
+            let dev = Tree::make().unwrap().device().unwrap();
+            avoid_device(dev);
+            (0..50).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                AVOID_DEVICES_OFF_FOR_TESTS.store(off, SeqCst);
+                let next = Tree::make().map(|t| t.device().unwrap());
+                AVOID_DEVICES_OFF_FOR_TESTS.store(false, SeqCst);
+                next.unwrap() == dev
+            })
+        };
+        assert!(reused(true), "off: a new tmpfs never took the device the last one freed");
+        assert!(!reused(false), "on: a tree got a device it was to avoid");
     }
 
     /// A long-running broker's tree holds what its live germlines bind: what the last
