@@ -157,8 +157,13 @@ fn a_witness_reproduces_offline_and_edits_are_rejected() {
     // Exit 2 for every witness that cannot be checked: not evidence against the host,
     // which exit 1 (a replay that gives another verdict) is.
     let verify = |w: &str, release: &str| {
-        let (code, _, all) =
-            germline_status(&[], &["verify", w, "--release", release, "--items", "items"], &there, &there.join("d"), &[]);
+        let (code, _, all) = germline_status(
+            &[],
+            &["verify", w, "--release", release, "--items", "items"],
+            &there,
+            &there.join("d"),
+            &[],
+        );
         (code, all)
     };
     // Without the opening the witness shows only its signature and commitments.
@@ -370,6 +375,12 @@ const ENVIRONMENT: &str = "[environment]\nREGION = \"eu-west-1\"\n";
 const LIMITS: &str = "[limits]\nmemory_mb = 900\n";
 const ANOTHER_ROOT: &str = "[[items]]\npath = \"{items}/legal/**\"\nlabel = [\"hr\"]\n";
 const HEAP_SWITCH: &[(&str, &str)] = &[("GERMLINE_IMMORTAL_HEAP", "0")];
+
+/// A third party's outcome as the tests compare it: the verdict recorded, the verdict
+/// reproduced and `germline verify`'s exit status.
+fn outcome(v: &serde_json::Value) -> (Option<&str>, Option<&str>, Option<i64>) {
+    (v["recorded"].as_str(), v["reproduced"].as_str(), v["exit"].as_i64())
+}
 
 /// Each case on a fresh host and a fresh third party, both with `both_env` added, three at
 /// a time: each case's third-party verdict (`name` added).
@@ -589,11 +600,7 @@ fn a_host_without_address_randomization_is_judged_alike_by_a_third_party() {
         "off: {v}"
     );
     let v = &offline_verdicts(&cases, &[])[0];
-    assert_eq!(
-        (v["recorded"].as_str(), v["reproduced"].as_str(), v["exit"].as_i64()),
-        (Some("declared_broken"), Some("declared_broken"), Some(0)),
-        "on: {v}"
-    );
+    assert_eq!(outcome(v), (Some("declared_broken"), Some("declared_broken"), Some(0)), "on: {v}");
 }
 
 /// A request carrying the release directory's listing replays alike from any file system:
@@ -615,11 +622,7 @@ fn a_request_carrying_a_directory_listing_replays_alike_from_any_file_system() {
     assert_eq!(v["recorded"], "item_witness", "off: {v}");
     assert_ne!(v["reproduced"], "item_witness", "off: {v}");
     let v = &offline_verdicts(&cases, &[])[0];
-    assert_eq!(
-        (v["recorded"].as_str(), v["reproduced"].as_str(), v["exit"].as_i64()),
-        (Some("item_witness"), Some("item_witness"), Some(0)),
-        "on: {v}"
-    );
+    assert_eq!(outcome(v), (Some("item_witness"), Some("item_witness"), Some(0)), "on: {v}");
 }
 
 /// Items in directories whose names hold glob characters (`{`, `[`, `}`): the replay's
@@ -717,7 +720,10 @@ fn a_release_taking_a_startup_item_replays_offline() {
 
 /// One case on a fresh host, then its third party's verdict; `around` runs that third
 /// party (it may change this machine for the third party's run and undo it after).
-fn adv2_verdict(case: &Case, around: &dyn Fn(&dyn Fn() -> serde_json::Value) -> serde_json::Value) -> serde_json::Value {
+fn adv2_verdict(
+    case: &Case,
+    around: &dyn Fn(&dyn Fn() -> serde_json::Value) -> serde_json::Value,
+) -> serde_json::Value {
     let tmp = tempfile::tempdir().unwrap();
     let here = tmp.path().join("host");
     mixer_carrying(&here.join("rel"), case.expr);
@@ -726,7 +732,8 @@ fn adv2_verdict(case: &Case, around: &dyn Fn(&dyn Fn() -> serde_json::Value) -> 
     let (invoice, payslip, _) = common::mixer_world(&here, 64, &case.host_policy.replace("{items}", &items));
     let witness = call_to_witness_under(case.host_wrap, &here, &here.join("data"), &invoice, &payslip, case.host_env);
     let there = tmp.path().join("third-party");
-    let mut v = around(&|| offline_verdict(&there, &here, &witness, (&invoice, &payslip), case.third_env, case.third_wrap));
+    let mut v =
+        around(&|| offline_verdict(&there, &here, &witness, (&invoice, &payslip), case.third_env, case.third_wrap));
     v["name"] = serde_json::json!(case.name);
     v
 }
@@ -744,11 +751,7 @@ fn adv2_finding(
     eprintln!("adv2 {} control: {c}", case.name);
     let a = adv2_verdict(case, around);
     eprintln!("adv2 {} attack: {a}", case.name);
-    assert_eq!(
-        (c["recorded"].as_str(), c["reproduced"].as_str(), c["exit"].as_i64()),
-        (Some("item_witness"), Some("item_witness"), Some(0)),
-        "control: {c}"
-    );
+    assert_eq!(outcome(&c), (Some("item_witness"), Some("item_witness"), Some(0)), "control: {c}");
     assert_eq!(a["recorded"], "item_witness", "attack: {a}");
     assert_ne!(a["reproduced"], "item_witness", "attack: {a}");
     assert_eq!((a["exit"].as_i64(), &a["machine_differs"]), (Some(1), &serde_json::json!([])), "attack: {a}");
@@ -765,6 +768,13 @@ fn adv2_host_python(code: &str) -> String {
     let out = Command::new(python).arg("-c").arg(code).output().expect("python");
     assert!(out.status.success(), "{code}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A third party's command prefix: `setup` (shell) run in a mount namespace of its own,
+/// then `germline verify` there.
+fn adv2_in_mount_namespace(setup: String) -> &'static [&'static str] {
+    let script: &'static str = Box::leak(format!("{setup} && exec \"$0\" \"$@\"").into_boxed_str());
+    Box::leak(vec!["unshare", "-m", "sh", "-c", script].into_boxed_slice())
 }
 
 /// `struct timex` and `adjtimex` for [`adv2_host_python`].
@@ -848,22 +858,9 @@ fn adv2_a_legacy_mmap_layout_of_the_hosts_starter_is_kept() {
 fn adv2_device_nodes_are_the_hosts() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
-    let wrap: &'static [&'static str] = Box::leak(
-        vec![
-            "unshare",
-            "-m",
-            "sh",
-            "-c",
-            &*Box::leak(
-                format!(
-                    "mount -t tmpfs adv2-dev {d} && mknod -m 666 {d}/null c 1 3 && mount --bind {d}/null /dev/null && \
-                     exec \"$0\" \"$@\""
-                )
-                .into_boxed_str(),
-            ),
-        ]
-        .into_boxed_slice(),
-    );
+    let wrap = adv2_in_mount_namespace(format!(
+        "mount -t tmpfs adv2-dev {d} && mknod -m 666 {d}/null c 1 3 && mount --bind {d}/null /dev/null"
+    ));
     let case = Case { name: "device node", expr: "os.stat('/dev/null').st_mtime_ns", third_wrap: wrap, ..CASE };
     adv2_finding(&case, &adv2_plain);
 }
@@ -888,18 +885,7 @@ fn adv2_the_tree_keeps_the_hosts_file_times() {
         .unwrap()
         .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000))
         .unwrap();
-    let wrap: &'static [&'static str] = Box::leak(
-        vec![
-            "unshare",
-            "-m",
-            "sh",
-            "-c",
-            &*Box::leak(
-                format!("mount --bind {} {os_py} && exec \"$0\" \"$@\"", copy.display()).into_boxed_str(),
-            ),
-        ]
-        .into_boxed_slice(),
-    );
+    let wrap = adv2_in_mount_namespace(format!("mount --bind {} {os_py}", copy.display()));
     let case = Case { name: "host file times", expr: "os.stat(os.__file__).st_mtime_ns", third_wrap: wrap, ..CASE };
     adv2_finding(&case, &adv2_plain);
 }
@@ -1036,9 +1022,15 @@ fn adv2_a_later_trigger_of_a_call_is_replayed_on_an_older_germline() {
         let t0 = std::time::Instant::now();
         let data = here.join("data");
         let witness = call_to_witness(&here, &data, &invoice, &payslip, &[]);
-        let witnesses: Vec<PathBuf> =
-            walk(&data.join("witnesses")).into_iter().filter(|p| p.extension().is_some_and(|e| e == "witness")).collect();
-        eprintln!("adv2 ager first_trigger={first_trigger}: host took {:?}, {} witness(es)", t0.elapsed(), witnesses.len());
+        let witnesses: Vec<PathBuf> = walk(&data.join("witnesses"))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "witness"))
+            .collect();
+        eprintln!(
+            "adv2 ager first_trigger={first_trigger}: host took {:?}, {} witness(es)",
+            t0.elapsed(),
+            witnesses.len()
+        );
         let t1 = std::time::Instant::now();
         let v = offline_verdict(&tmp.path().join("third-party"), &here, &witness, (&invoice, &payslip), &[], &[]);
         eprintln!("adv2 ager first_trigger={first_trigger}: third party took {:?}: {v}", t1.elapsed());
